@@ -1,0 +1,73 @@
+"""`ninfer count-tokens`: the exact prompt token count of a rendered conversation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from ninfer.cli.common import resolve_artifact
+from ninfer.cli.errors import UserError
+
+
+def _read_json(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path}: {what} file not found") from None
+    except json.JSONDecodeError as e:
+        raise UserError(
+            f"{path}: {what} file is not valid JSON ({e.msg} at line {e.lineno})"
+        ) from e
+
+
+def _load_messages(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    doc = _read_json(path, "messages")
+    tools = None
+    if isinstance(doc, dict):
+        tools = doc.get("tools")
+        doc = doc.get("messages")
+    if not isinstance(doc, list) or not all(isinstance(m, dict) for m in doc):
+        raise UserError(f"{path}: expected a JSON array of messages or {{messages, tools}}")
+    return doc, tools
+
+
+def count_tokens(
+    artifact: Path | None = typer.Argument(None, help="Artifact (.ninfer); the demo when omitted."),
+    text: str | None = typer.Option(None, "--text", help="Count this text as one user message."),
+    messages: Path | None = typer.Option(
+        None, "--messages", help="JSON file: an array of messages or {messages, tools}."
+    ),
+    tools: Path | None = typer.Option(None, "--tools", help="JSON file with an array of tools."),
+    show: bool = typer.Option(False, "--show", help="Print the rendered prompt too."),
+    no_thinking: bool = typer.Option(False, "--no-thinking", help="Render with thinking off."),
+    chat_template: Path | None = typer.Option(
+        None, "--chat-template", help="Render with this Jinja template instead of the artifact's."
+    ),
+) -> None:
+    """Render the chat template and print the prompt's exact token count."""
+    from ninfer.artifact.reader import Artifact
+    from ninfer.chat.template import ChatTemplate
+    from ninfer.tokenizer import Tokenizer
+
+    if (text is None) == (messages is None):
+        raise UserError("give exactly one of --text or --messages")
+    if messages is not None:
+        msgs, file_tools = _load_messages(messages)
+    else:
+        msgs, file_tools = [{"role": "user", "content": text}], None
+    tool_list = _read_json(tools, "tools") if tools is not None else file_tools
+    if tool_list is not None and not isinstance(tool_list, list):
+        raise UserError("tools must be a JSON array")
+    with Artifact(resolve_artifact(artifact)) as art:
+        source = chat_template.read_text() if chat_template else art.chat_template()
+        tokenizer = Tokenizer.from_json(art.tokenizer_json)
+    template = ChatTemplate(source)
+    kwargs = {"enable_thinking": False} if no_thinking else {}
+    ids = template.render_ids(tokenizer, msgs, tools=tool_list, **kwargs)
+    if show:
+        typer.echo(template.render(msgs, tools=tool_list, **kwargs), nl=False)
+        typer.echo("")
+    typer.echo(str(len(ids)))

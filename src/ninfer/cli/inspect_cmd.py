@@ -1,0 +1,70 @@
+"""`ninfer inspect-artifact`: what an artifact holds, as rich tables or JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ninfer.cli.common import resolve_artifact
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def inspect_artifact(
+    path: Path | None = typer.Argument(None, help="Artifact (.ninfer); the demo when omitted."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    verify: bool = typer.Option(False, "--verify", help="Also check every tensor's checksum."),
+) -> None:
+    """Show an artifact's metadata, components, config, tensors and chat templates."""
+    from ninfer.artifact.reader import Artifact
+    from ninfer.artifact.summary import summarize
+
+    with Artifact(resolve_artifact(path)) as art:
+        if verify:
+            art.verify()
+        info = summarize(art)
+    if as_json:
+        typer.echo(json.dumps(info, indent=2))
+        return
+    con = Console()
+    meta = info["metadata"]
+    if meta.get("random_weights"):
+        con.print(
+            "[bold yellow]RANDOM WEIGHTS[/]: this artifact is a demo; its output is meaningless."
+        )
+    t = Table(title=f"{info['path']} ({_size(info['file_bytes'])})", show_header=False)
+    for k in ("name", "architecture", "producer", "weights", "random_weights", "tokenizer_source"):
+        t.add_row(k, str(meta.get(k)))
+    t.add_row("components", ", ".join(info["components"]))
+    if verify:
+        t.add_row("checksums", "all tensors verified")
+    con.print(t)
+    c = Table(title="config", show_header=False)
+    for k, v in info["config"].items():
+        c.add_row(k, str(v))
+    con.print(c)
+    ts = Table(title=f"tensors ({info['num_tensors']})")
+    for col in ("component", "format", "count", "bytes"):
+        ts.add_column(col, justify="right" if col in ("count", "bytes") else "left")
+    for row in info["tensors"]:
+        ts.add_row(row["component"], row["format"], str(row["count"]), _size(row["bytes"]))
+    con.print(ts)
+    tt = Table(title="chat templates")
+    tt.add_column("name")
+    tt.add_column("chars", justify="right")
+    tt.add_column("default")
+    for name, d in info["chat_templates"].items():
+        tt.add_row(name, str(d["chars"]), "yes" if d["default"] else "")
+    con.print(tt)
+    gen = info["generation"]
+    con.print(f"eos ids: {gen.get('eos_token_ids')}; presets: {', '.join(gen.get('presets', {}))}")

@@ -1,0 +1,25 @@
+"""Subcommands of the design card that do not exist yet: listed in --help, fail explicitly."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import typer
+
+COMMANDS = {
+    "serve": "Serve OpenAI / Anthropic HTTP APIs (not built yet).",
+    "chat": "Chat with a model in the terminal (not built yet).",
+    "bench": "Benchmark prefill and decode (not built yet).",
+}
+CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+def make(name: str) -> Callable[[typer.Context], None]:
+    def command(ctx: typer.Context) -> None:
+        from ninfer.cli.errors import UserError
+
+        UserError.print(f"`ninfer {name}` is not supported yet in this version of ninfer")
+        raise typer.Exit(code=2)
+
+    command.__name__ = name.replace("-", "_")
+    return command
