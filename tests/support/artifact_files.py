@@ -55,16 +55,16 @@ def write_artifact(
         for rel, shape in shapes.items()
         if rel != drop
     }
-    plans = [
-        TensorPlan(n, "text", "bf16", tuple(t.shape)) for n, t in tensors.items()
-    ]
+    plans = [TensorPlan(n, "text", "bf16", tuple(t.shape)) for n, t in tensors.items()]
     with ArtifactWriter(path, header, plans) as w:
         for n, t in reversed(list(tensors.items())):  # any order works
             w.write(n, t)
     return tensors
 
 
-def rewrite_header(path: Path, edit: Callable[[dict[str, Any]], None], *, fix_sha: bool = True) -> None:
+def rewrite_header(
+    path: Path, edit: Callable[[dict[str, Any]], None], *, fix_sha: bool = True
+) -> None:
     """Edit the JSON header in place, keeping the data where it is."""
     raw = path.read_bytes()
     _, version, _, hlen, data_offset, sha = struct.unpack_from("<8sIIQQ32s", raw)

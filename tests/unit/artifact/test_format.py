@@ -49,7 +49,9 @@ def artifact(tmp_path: Path) -> tuple[Path, dict[str, torch.Tensor]]:
     return path, write_artifact(path)
 
 
-def _expect(path: Path, exc: type[errors.ArtifactError], match: str, *, verify: bool = False) -> str:
+def _expect(
+    path: Path, exc: type[errors.ArtifactError], match: str, *, verify: bool = False
+) -> str:
     with pytest.raises(exc, match=match) as info:
         with Artifact(path) as art:
             if verify:
@@ -143,7 +145,9 @@ def test_shape_inconsistent_with_config(artifact: tuple[Path, dict]) -> None:
         doc["config"]["text"]["intermediate_size"] = 64
 
     rewrite_header(path, edit)
-    _expect(path, errors.ShapeMismatchError, r"mlp.gate_proj.weight has shape \[48, 32\].*\[64, 32\]")
+    _expect(
+        path, errors.ShapeMismatchError, r"mlp.gate_proj.weight has shape \[48, 32\].*\[64, 32\]"
+    )
 
 
 def test_unknown_weight_format(artifact: tuple[Path, dict]) -> None:
@@ -172,7 +176,10 @@ def test_corrupt_json_header(artifact: tuple[Path, dict]) -> None:
 def test_writer_refuses_wrong_shape_and_missing_tensors(tmp_path: Path) -> None:
     from ninfer.artifact.writer import ArtifactWriter, TensorPlan
 
-    plans = [TensorPlan("text.x", "text", "bf16", (2, 3)), TensorPlan("text.y", "text", "f32", (4,))]
+    plans = [
+        TensorPlan("text.x", "text", "bf16", (2, 3)),
+        TensorPlan("text.y", "text", "f32", (4,)),
+    ]
     w = ArtifactWriter(tmp_path / "w.ninfer", make_header(), plans)
     with pytest.raises(errors.ArtifactError, match="planned bf16"):
         w.write("text.x", torch.zeros(3, 2, dtype=torch.bfloat16))

@@ -1,0 +1,51 @@
+"""Typed engine errors. The server maps each `code` to the spec's HTTP status and error code."""
+
+from __future__ import annotations
+
+
+class EngineError(Exception):
+    """Base class; `code` is the spec's error code for this failure."""
+
+    code = "engine_error"
+
+
+class ServerOverloaded(EngineError):
+    """max_concurrency + max_pending requests are already in the engine (HTTP 429)."""
+
+    code = "server_overloaded"
+
+
+class QueueTimeout(EngineError):
+    """The request was not admitted before its pending deadline (HTTP 503)."""
+
+    code = "request_queue_timeout"
+
+
+class ContextLengthExceeded(EngineError):
+    """The prompt cannot fit max_context or the KV pool (HTTP 400)."""
+
+    code = "context_length_exceeded"
+
+    def __init__(self, num_prompt_tokens: int, limit: int, what: str = "max_context") -> None:
+        self.num_prompt_tokens = num_prompt_tokens
+        self.limit = limit
+        super().__init__(
+            f"the prompt has {num_prompt_tokens} tokens; the {what} ceiling is {limit} "
+            "(including at least one generated token)"
+        )
+
+
+class InvalidRequest(EngineError):
+    """A request the engine cannot run as specified (bad option value)."""
+
+    code = "invalid_request"
+
+
+class EngineClosed(EngineError):
+    code = "engine_unavailable"
+
+
+class EngineFailed(EngineError):
+    """An engine-wide failure; the server reports /health 503 afterwards."""
+
+    code = "engine_failure"

@@ -1,0 +1,67 @@
+"""Engine options, named like the `ninfer serve` flags they come from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    max_context: int = 8192
+    kv_capacity: int | None = None  # tokens; None follows max_context
+    max_concurrency: int = 1
+    max_pending_requests: int = 16
+    pending_timeout_ms: int = 30000
+    prefill_chunk: int = 1024
+    device_state_slots: int | None = None  # None: max_concurrency
+    page_size: int = 64
+    dtype: str = "bf16"  # bf16 | fp32 (compute and KV dtype of the torch reference path)
+    device: str = "cpu"
+    # process-level sampling overrides (spec: preset < process flag < request field; greedy last)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    greedy: bool = False
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> EngineOptions:
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise TypeError(f"unknown engine option(s): {', '.join(unknown)}")
+        return cls(**kwargs)
+
+    def validate(self) -> None:
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                raise ValueError(msg)
+
+        need(1 <= self.max_concurrency <= 8, "max_concurrency must be in 1..8")
+        need(self.max_context >= 2, "max_context must be at least 2")
+        need(self.kv_capacity is None or self.kv_capacity >= 1, "kv_capacity must be positive")
+        need(self.max_pending_requests >= 0, "max_pending_requests must be >= 0")
+        need(self.pending_timeout_ms >= 1, "pending_timeout_ms must be positive")
+        need(self.prefill_chunk >= 1, "prefill_chunk must be positive")
+        need(
+            self.device_state_slots is None or self.device_state_slots >= 0,
+            "device_state_slots must be >= 0",
+        )
+        need(self.dtype in ("bf16", "fp32"), "dtype must be bf16 or fp32")
+
+    @property
+    def process_sampling(self) -> dict[str, Any]:
+        keys = (
+            "temperature",
+            "top_p",
+            "top_k",
+            "min_p",
+            "presence_penalty",
+            "frequency_penalty",
+            "seed",
+        )
+        return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}

@@ -1,0 +1,115 @@
+"""What goes into the engine (GenerationRequest) and what comes out (EngineEvent).
+
+The engine works on token ids: callers render prompts with the chat template first. Events carry
+committed token ids and their UTF-8-safe text (after stop-string withholding), plus the terminal
+finish reason, usage and llama.cpp-style timings. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"  # an eos / stop token id or a stop string
+    LENGTH = "length"  # max_tokens reached
+    CONTEXT = "context"  # max_context reached or the KV pool is exhausted
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One generation. `max_tokens` counts committed output tokens, including a stop token.
+
+    `sampling` holds the request's own sampler fields (SamplingParams names; None = not given):
+    they override the process options, which override the artifact's preset for `thinking`.
+    """
+
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+    sampling: Mapping[str, Any] = field(default_factory=dict)
+    thinking: bool = True
+    stop: tuple[str, ...] = ()
+    stop_token_ids: frozenset[int] | None = None  # None: the artifact's eos ids
+    ignore_eos: bool = False
+    request_id: str | None = None
+    pending_timeout_s: float | None = None  # None: the engine's --pending-timeout-ms
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Timings:
+    """llama.cpp-compatible timings (spec: "llama.cpp-compatible request observations")."""
+
+    cache_n: int
+    prompt_n: int
+    prompt_ms: float
+    predicted_n: int
+    predicted_ms: float
+
+    @property
+    def prompt_per_token_ms(self) -> float:
+        return self.prompt_ms / self.prompt_n if self.prompt_n and self.prompt_ms else 0.0
+
+    @property
+    def prompt_per_second(self) -> float:
+        return self.prompt_n * 1000.0 / self.prompt_ms if self.prompt_n and self.prompt_ms else 0.0
+
+    @property
+    def predicted_per_token_ms(self) -> float:
+        steps = max(self.predicted_n - 1, 0)
+        return self.predicted_ms / steps if steps and self.predicted_ms else 0.0
+
+    @property
+    def predicted_per_second(self) -> float:
+        steps = max(self.predicted_n - 1, 0)
+        return steps * 1000.0 / self.predicted_ms if steps and self.predicted_ms else 0.0
+
+    def to_dict(self) -> dict[str, float | int]:
+        return {
+            "cache_n": self.cache_n,
+            "prompt_n": self.prompt_n,
+            "prompt_ms": self.prompt_ms,
+            "prompt_per_token_ms": self.prompt_per_token_ms,
+            "prompt_per_second": self.prompt_per_second,
+            "predicted_n": self.predicted_n,
+            "predicted_ms": self.predicted_ms,
+            "predicted_per_token_ms": self.predicted_per_token_ms,
+            "predicted_per_second": self.predicted_per_second,
+        }
+
+
+class EventKind(enum.Enum):
+    ADMITTED = "admitted"
+    PROGRESS = "progress"  # prompt processing advanced (prefill chunk committed)
+    TOKENS = "tokens"  # committed output tokens (and the text they release)
+    FINISHED = "finished"  # terminal: finish_reason, usage, timings
+    ERROR = "error"  # terminal: a typed EngineError
+
+
+@dataclass
+class EngineEvent:
+    request_id: str
+    kind: EventKind
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    num_processed: int = 0  # PROGRESS: prompt tokens processed so far (cache included)
+    num_prompt: int = 0
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+    timings: Timings | None = None
+    error: Exception | None = None
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.kind in (EventKind.FINISHED, EventKind.ERROR)

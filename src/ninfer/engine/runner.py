@@ -1,0 +1,83 @@
+"""The model runner: executes a StepPlan on the model and returns pending sampled tokens.
+
+It turns plain scheduler data into ForwardBatches, runs the model (a prefill chunk, then the
+compact decode batch) and samples. Its result is *pending*: the engine's output side decides what
+to commit. The runner owns the device-side cache; it never decides policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ninfer.engine.sampling import Sampler, count_output_ids
+from ninfer.engine.scheduler import Sequence, StepPlan
+from ninfer.model.batch import ForwardBatch
+from ninfer.model.cache import ModelCache
+from ninfer.model.qwen3_5 import Qwen3_5Model
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """Sampled token per sequence that produced one this step (prefill final chunk or decode)."""
+
+    sampled: dict[int, int]  # id(Sequence) -> token id
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: Qwen3_5Model,
+        cache: ModelCache,
+        sampler: Sampler,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.model = model
+        self.cache = cache
+        self.sampler = sampler
+        self.device = torch.device(device)
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        sampled: dict[int, int] = {}
+        rows: list[tuple[Sequence, torch.Tensor]] = []
+        if plan.prefill is not None:
+            unit = plan.prefill
+            seq = unit.seq
+            assert seq.slot is not None
+            if unit.start == 0:
+                self.cache.reset_slot(seq.slot)
+            batch = ForwardBatch.prefill(
+                seq.token_ids[unit.start : unit.start + unit.num_tokens],
+                num_computed=unit.start,
+                page_ids=seq.pages,
+                state_slot=seq.slot,
+                device=self.device,
+            )
+            logits = self.model.forward(batch, self.cache)  # [1, V]
+            if unit.samples:
+                rows.append((seq, logits[0]))
+        if plan.decode:
+            seqs = plan.decode
+            batch = ForwardBatch.decode(
+                [s.token_ids[s.num_computed] for s in seqs],
+                num_computed=[s.num_computed for s in seqs],
+                page_tables=[s.pages for s in seqs],
+                state_slots=[s.slot for s in seqs],  # type: ignore[misc]
+                device=self.device,
+            )
+            logits = self.model.forward(batch, self.cache)  # [B, V]
+            rows.extend((s, logits[i]) for i, s in enumerate(seqs))
+        if rows:
+            seqs = [s for s, _ in rows]
+            stacked = torch.stack([row for _, row in rows])
+            params = [s.sampling for s in seqs]
+            counts = None
+            if any(p.presence_penalty or p.frequency_penalty for p in params):
+                counts = count_output_ids(
+                    [s.output_ids for s in seqs], stacked.shape[1], stacked.device
+                )
+            tokens = self.sampler.sample(stacked, params, [s.num_output for s in seqs], counts)
+            for s, t in zip(seqs, tokens.tolist(), strict=True):
+                sampled[id(s)] = int(t)
+        return StepResult(sampled)
