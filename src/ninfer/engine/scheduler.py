@@ -143,11 +143,13 @@ class Scheduler:
     def schedule(self) -> tuple[StepPlan, list[Finish]]:
         finishes = self._reap()
         self._admit()
-        prefill = self._plan_prefill()
-        decode, starved = self._plan_decode(exclude=prefill.seq if prefill else None)
+        # Decode rows (older requests) reserve first; a row that cannot get its page finishes
+        # with reason `context` and frees its pages before the prefill chunk reserves.
+        decode, starved = self._plan_decode()
         for seq in starved:
             finishes.append((seq, FinishReason.CONTEXT))
             self.finish(seq)
+        prefill = self._plan_prefill()
         return StepPlan(prefill, tuple(decode)), finishes
 
     def _reap(self) -> list[Finish]:
@@ -168,27 +170,25 @@ class Scheduler:
         return out
 
     def _admit(self) -> None:
-        i = 0
-        while i < len(self.waiting) and len(self.running) < self.config.max_concurrency:
-            seq = self.waiting[i]
+        while len(self.running) < self.config.max_concurrency and self._admit_one():
+            pass
+
+    def _admit_one(self) -> bool:
+        """Admit the first waiting request that fits; the head may be passed max_bypass times."""
+        for i, seq in enumerate(self.waiting):
+            if i > 0 and self._bypassed >= self.config.max_bypass:
+                return False  # the head has been passed often enough: it goes next
             first_chunk = min(seq.num_prompt, self.config.prefill_chunk)
-            need = self.pages.pages_for(max(first_chunk, 1))
-            if self.slots.num_free and self.pages.num_free >= need:
-                slot = self.slots.allocate()
-                assert slot is not None
-                seq.slot = slot
-                seq.status = SeqStatus.RUNNING
-                seq.t_admitted = self.clock()
-                del self.waiting[i]
-                self.running.append(seq)
-                if i > 0:
-                    self._bypassed += 1
-                else:
-                    self._bypassed = 0
+            if not self.slots.num_free or self.pages.num_free < self.pages.pages_for(first_chunk):
                 continue
-            if i == 0 and self._bypassed >= self.config.max_bypass:
-                return  # the head has been passed often enough: it goes next
-            i += 1
+            seq.slot = self.slots.allocate()
+            seq.status = SeqStatus.RUNNING
+            seq.t_admitted = self.clock()
+            del self.waiting[i]
+            self.running.append(seq)
+            self._bypassed = self._bypassed + 1 if i > 0 else 0
+            return True
+        return False
 
     def _reserve(self, seq: Sequence, num_tokens: int) -> bool:
         """Make seq's pages cover its first `num_tokens` tokens; False (no change) if impossible."""
@@ -213,10 +213,10 @@ class Scheduler:
             return PrefillUnit(seq, start, n, samples=last and seq.request.max_tokens > 0)
         return None
 
-    def _plan_decode(self, exclude: Sequence | None) -> tuple[list[Sequence], list[Sequence]]:
+    def _plan_decode(self) -> tuple[list[Sequence], list[Sequence]]:
         rows, starved = [], []
         for seq in self.running:
-            if seq is exclude or seq.is_prefilling:
+            if seq.is_prefilling:
                 continue
             if self._reserve(seq, seq.num_computed + 1):
                 rows.append(seq)
