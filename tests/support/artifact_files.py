@@ -1,4 +1,4 @@
-"""Test support: small artifacts written directly (no converter), and header surgery for corruptions."""
+"""Test support: small artifacts written without the converter, and header surgery."""
 
 from __future__ import annotations
 

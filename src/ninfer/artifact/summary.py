@@ -33,7 +33,8 @@ def summarize(art: Artifact) -> dict[str, Any]:
     if schema.is_moe(text):
         config["experts"] = (
             f"{text['num_experts']} x {text['moe_intermediate_size']}, top "
-            f"{text['num_experts_per_tok']}, shared {text.get('shared_expert_intermediate_size', 0)}"
+            f"{text['num_experts_per_tok']}, "
+            f"shared {text.get('shared_expert_intermediate_size', 0)}"
         )
     else:
         config["intermediate_size"] = text["intermediate_size"]

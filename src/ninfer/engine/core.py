@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ninfer.chat.stops import StopStringError
 from ninfer.engine.errors import (
     EngineClosed,
     EngineFailed,
@@ -35,6 +34,7 @@ from ninfer.engine.request import (
 from ninfer.engine.runner import ModelRunner, StepResult
 from ninfer.engine.sampling import SamplingParamError, SamplingParams
 from ninfer.engine.scheduler import Scheduler, Sequence, StepPlan
+from ninfer.engine.stops import StopStringError
 from ninfer.tokenizer import Tokenizer
 
 Sink = Callable[[EngineEvent], None]

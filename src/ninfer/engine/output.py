@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ninfer.chat.stops import StopMatcher
 from ninfer.engine.request import FinishReason
+from ninfer.engine.stops import StopMatcher
 from ninfer.tokenizer import IncrementalDetokenizer, Tokenizer
 
 

@@ -18,35 +18,35 @@ from ninfer.artifact.reader import Artifact
 
 transformers = pytest.importorskip("transformers")
 
-TEXT = dict(
-    vocab_size=512,
-    hidden_size=64,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=32,
-    linear_num_key_heads=2,
-    linear_num_value_heads=4,
-    linear_key_head_dim=16,
-    linear_value_head_dim=16,
-    intermediate_size=160,
-)
-MOE = dict(
-    num_experts=4,
-    num_experts_per_tok=2,
-    moe_intermediate_size=32,
-    shared_expert_intermediate_size=48,
-)
-VISION = dict(
-    depth=1,
-    hidden_size=32,
-    intermediate_size=64,
-    num_heads=2,
-    out_hidden_size=64,
-    patch_size=16,
-    spatial_merge_size=2,
-    temporal_patch_size=2,
-)
+TEXT = {
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "intermediate_size": 160,
+}
+MOE = {
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 48,
+}
+VISION = {
+    "depth": 1,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_heads": 2,
+    "out_hidden_size": 64,
+    "patch_size": 16,
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
+}
 
 
 def _save(tmp: Path, kind: str) -> Path:

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.artifact_files import make_header, rewrite_header, write_artifact
 
 from ninfer.artifact import errors
 from ninfer.artifact.format import DATA_ALIGNMENT, MAGIC, PREAMBLE_SIZE, TENSOR_ALIGNMENT
 from ninfer.artifact.reader import Artifact
+from support.artifact_files import make_header, rewrite_header, write_artifact
 
 
 def test_round_trip_is_bit_exact_and_zero_copy(artifact: tuple[Path, dict]) -> None:
@@ -52,10 +52,9 @@ def artifact(tmp_path: Path) -> tuple[Path, dict[str, torch.Tensor]]:
 def _expect(
     path: Path, exc: type[errors.ArtifactError], match: str, *, verify: bool = False
 ) -> str:
-    with pytest.raises(exc, match=match) as info:
-        with Artifact(path) as art:
-            if verify:
-                art.verify()
+    with pytest.raises(exc, match=match) as info, Artifact(path) as art:
+        if verify:
+            art.verify()
     msg = str(info.value)
     assert str(path) in msg and "\n" not in msg
     return msg

@@ -38,7 +38,7 @@ FORBIDDEN: dict[str, set[str]] = {
         "ninfer.artifact",
     }
     | UPPER,
-    "engine": {"sanic", "ninfer.protocol"} | UPPER,
+    "engine": {"sanic", "ninfer.protocol", "ninfer.chat"} | UPPER,
     "model": {"sanic", "ninfer.engine", "ninfer.protocol", "ninfer.chat"} | UPPER,
     "kernels": {"sanic", "ninfer.engine", "ninfer.model", "ninfer.protocol", "ninfer.chat"} | UPPER,
     "artifact": {"sanic", "ninfer.engine", "ninfer.model", "ninfer.kernels", "ninfer.protocol"}
