@@ -30,20 +30,22 @@ def convert(
         raise UserError(f"--weights must be bf16 or fp8, not {weights!r}")
     parts = [c.strip() for c in components.split(",") if c.strip()] if components else None
     console = Console(stderr=True)
-    with Progress(
+    bar = Progress(
         TextColumn("[bold]converting"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         TextColumn("{task.description}"),
         console=console,
-        transient=False,
-    ) as bar:
-        task = bar.add_task("", total=None)
+    )
+    task = bar.add_task("", total=None)
 
-        def progress(tensor: str, done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total, description=tensor)
+    def progress(tensor: str, done: int, total: int) -> None:
+        if not bar.live.is_started:  # start only once the source validated: errors stay one line
+            bar.start()
+        bar.update(task, completed=done, total=total, description=tensor)
 
+    try:
         result = run_convert(
             hf_dir,
             out,
@@ -53,6 +55,8 @@ def convert(
             chat_template=chat_template,
             progress=progress,
         )
+    finally:
+        bar.stop()
     console.print(
         f"wrote {result.path} ({result.num_tensors} tensors, {result.num_bytes / 2**20:.1f} MiB, "
         f"components {', '.join(result.components)})",

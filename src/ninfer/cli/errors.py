@@ -13,7 +13,9 @@ class UserError(Exception):
 
     @staticmethod
     def print(message: str) -> None:
-        Console(stderr=True).print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+        Console(stderr=True, soft_wrap=True).print(
+            f"[bold red]error:[/] {escape(message)}", highlight=False
+        )
 
 
 def user_error_types() -> tuple[type[BaseException], ...]:
