@@ -7,7 +7,6 @@ from collections.abc import Callable
 import typer
 
 COMMANDS = {
-    "serve": "Serve OpenAI / Anthropic HTTP APIs (not built yet).",
     "chat": "Chat with a model in the terminal (not built yet).",
     "bench": "Benchmark prefill and decode (not built yet).",
 }

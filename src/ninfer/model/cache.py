@@ -1,0 +1,107 @@
+"""ModelCache: the device buffers a forward reads and writes (paged KV, per-slot DeltaNet state).
+
+Imports only torch and model.config. Buffers only: which page or slot belongs to whom is the
+engine's business (allocation, refcounts, eviction live in engine/). Buffers are zero-filled once
+at allocation so a gathered-but-masked page never holds NaN bit patterns that 0 * NaN would leak.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ninfer.model.config import TextConfig
+from ninfer.model.errors import BatchError
+
+
+@dataclass
+class ModelCache:
+    """Per full-attention layer KV pages and per linear-attention layer state slots.
+
+    k_pages[i], v_pages[i]: [num_pages, page_size, Hk, D] (model dtype), i-th full-attention layer.
+    conv_state[j]: [num_slots, conv_dim, K-1] (model dtype), the last K-1 conv inputs.
+    ssm_state[j]: [num_slots, Hv, Dk, Dv] fp32, the gated delta rule state, j-th linear layer.
+    """
+
+    page_size: int
+    k_pages: list[torch.Tensor]
+    v_pages: list[torch.Tensor]
+    conv_state: list[torch.Tensor]
+    ssm_state: list[torch.Tensor]
+    layer_index: dict[int, int]  # decoder layer id -> index into its kind's lists
+
+    @classmethod
+    def allocate(
+        cls,
+        config: TextConfig,
+        *,
+        num_pages: int,
+        num_slots: int,
+        page_size: int = 64,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ) -> ModelCache:
+        if num_pages <= 0 or num_slots <= 0 or page_size <= 0:
+            raise ValueError(
+                f"num_pages ({num_pages}), num_slots ({num_slots}) and page_size ({page_size}) "
+                "must be > 0"
+            )
+        kv_shape = (num_pages, page_size, config.num_key_value_heads, config.head_dim)
+        conv_shape = (num_slots, config.conv_dim, config.linear_conv_kernel_dim - 1)
+        ssm_shape = (
+            num_slots,
+            config.linear_num_value_heads,
+            config.linear_key_head_dim,
+            config.linear_value_head_dim,
+        )
+        full, linear = config.full_attention_layers, config.linear_attention_layers
+        layer_index = {layer: i for i, layer in enumerate(full)}
+        layer_index.update({layer: j for j, layer in enumerate(linear)})
+        return cls(
+            page_size=page_size,
+            k_pages=[torch.zeros(kv_shape, dtype=dtype, device=device) for _ in full],
+            v_pages=[torch.zeros(kv_shape, dtype=dtype, device=device) for _ in full],
+            conv_state=[torch.zeros(conv_shape, dtype=dtype, device=device) for _ in linear],
+            ssm_state=[torch.zeros(ssm_shape, dtype=torch.float32, device=device) for _ in linear],
+            layer_index=layer_index,
+        )
+
+    @property
+    def num_pages(self) -> int:
+        return self.k_pages[0].shape[0] if self.k_pages else 0
+
+    @property
+    def num_slots(self) -> int:
+        return self.ssm_state[0].shape[0] if self.ssm_state else 0
+
+    def kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (k_pages, v_pages) of full-attention decoder layer `layer`."""
+        i = self.layer_index[layer]
+        return self.k_pages[i], self.v_pages[i]
+
+    def state(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (conv_state, ssm_state) of linear-attention decoder layer `layer`."""
+        j = self.layer_index[layer]
+        return self.conv_state[j], self.ssm_state[j]
+
+    def reset_slot(self, slot: int) -> None:
+        """Zero a slot's conv and recurrent state: a new sequence starts from nothing."""
+        self._check_slot(slot)
+        for conv, ssm in zip(self.conv_state, self.ssm_state, strict=True):
+            conv[slot].zero_()
+            ssm[slot].zero_()
+
+    def copy_slot(self, src: int, dst: int) -> None:
+        """Copy a whole StateImage (all linear layers) from one slot to another."""
+        self._check_slot(src)
+        self._check_slot(dst)
+        if src == dst:
+            return
+        for conv, ssm in zip(self.conv_state, self.ssm_state, strict=True):
+            conv[dst].copy_(conv[src])
+            ssm[dst].copy_(ssm[src])
+
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.num_slots:
+            raise BatchError(f"state slot {slot} out of range 0..{self.num_slots - 1}")

@@ -1,0 +1,161 @@
+"""Gated full attention of Qwen3.5 over a paged KV cache.
+
+Imports torch, model.batch and sibling layers only. The per-step index maths (which flat KV slot
+each token writes, which sequence it belongs to) is computed once per forward in
+`AttentionMetadata` and shared by all layers. `store_kv` and `paged_attention` are the plain ops a
+CUDA kernel will replace; the reference gathers each sequence's pages into a padded [B, L] view and
+runs SDPA with a causal-and-length mask, so prefill chunks and decode batches share one code path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from ninfer.model.batch import ForwardBatch
+from ninfer.model.layers.norm import rms_norm
+from ninfer.model.layers.rope import apply_rope
+
+
+class AttentionMetadata(NamedTuple):
+    """Per-step indices shared by every full-attention layer (all on the batch's device)."""
+
+    slot_mapping: torch.Tensor  # [T] int64, flat KV slot (page * P + offset) of each new token
+    seq_idx: torch.Tensor  # [T] int64, sequence of each token
+    local_idx: torch.Tensor  # [T] int64, index of each token within its sequence's new tokens
+    num_computed: torch.Tensor  # [B] int64, KV index of each sequence's first new token
+    kv_lens: torch.Tensor  # [B] int64, num_computed + new tokens
+    page_table: torch.Tensor  # [B, max_pages] int64
+    max_query_len: int
+    max_kv_len: int
+
+
+@dataclass(frozen=True)
+class AttentionWeights:
+    q_proj: torch.Tensor  # [Hq * 2D, H]: per head, D query rows then D gate rows
+    k_proj: torch.Tensor  # [Hk * D, H]
+    v_proj: torch.Tensor  # [Hk * D, H]
+    o_proj: torch.Tensor  # [H, Hq * D]
+    q_norm: torch.Tensor  # [D]
+    k_norm: torch.Tensor  # [D]
+
+
+def build_attention_metadata(batch: ForwardBatch, page_size: int) -> AttentionMetadata:
+    """Derive token -> (sequence, KV slot) maps on device without a host sync."""
+    device = batch.input_ids.device
+    cu = batch.cu_seqlens.to(torch.int64)
+    token = torch.arange(batch.num_tokens, dtype=torch.int64, device=device)
+    seq_idx = torch.searchsorted(cu[1:], token, right=True)  # [T]
+    local_idx = token - cu[seq_idx]
+    kv_idx = batch.num_computed[seq_idx] + local_idx  # [T] position in the sequence's KV
+    page_table = batch.page_table.to(torch.int64)
+    page = page_table[seq_idx, kv_idx // page_size]
+    return AttentionMetadata(
+        slot_mapping=page * page_size + kv_idx % page_size,
+        seq_idx=seq_idx,
+        local_idx=local_idx,
+        num_computed=batch.num_computed,
+        kv_lens=batch.num_computed + (cu[1:] - cu[:-1]),
+        page_table=page_table,
+        max_query_len=batch.max_query_len,
+        max_kv_len=batch.max_kv_len,
+    )
+
+
+def store_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_pages: torch.Tensor,
+    v_pages: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write new keys/values into their pages, in place.
+
+    Args:
+        k, v: [T, Hk, D]; k_pages, v_pages: [num_pages, P, Hk, D]; slot_mapping: [T] int64.
+    """
+    num_kv_heads, head_dim = k_pages.shape[2:]
+    k_pages.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_pages.dtype))
+    v_pages.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_pages.dtype))
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_pages: torch.Tensor,
+    v_pages: torch.Tensor,
+    meta: AttentionMetadata,
+    *,
+    scale: float,
+) -> torch.Tensor:
+    """Causal GQA attention of new tokens over their sequences' paged KV (including themselves).
+
+    Token i of a sequence with kv_len L and q_len n sits at KV index L - n + i and sees KV indices
+    0..L-n+i. The KV of the new tokens must already be stored.
+
+    Args:
+        q: [T, Hq, D]; k_pages, v_pages: [num_pages, P, Hk, D].
+    Returns:
+        [T, Hq, D] in q's dtype.
+    """
+    num_seqs = meta.page_table.shape[0]
+    page_size = k_pages.shape[1]
+    num_pages = -(-meta.max_kv_len // page_size)
+    pages = meta.page_table[:, :num_pages]
+    # [B, n, P, Hk, D] -> [B, Hk, L, D] with L = n * P
+    k = k_pages[pages].flatten(1, 2).transpose(1, 2)
+    v = v_pages[pages].flatten(1, 2).transpose(1, 2)
+    kv_len_max = k.shape[2]
+
+    q_pad = q.new_zeros(num_seqs, meta.max_query_len, *q.shape[1:])  # [B, n_q, Hq, D]
+    q_pad[meta.seq_idx, meta.local_idx] = q
+    q_pos = meta.num_computed[:, None] + torch.arange(meta.max_query_len, device=q.device)
+    key_pos = torch.arange(kv_len_max, device=q.device)
+    mask = (key_pos[None, None, :] <= q_pos[:, :, None]) & (
+        key_pos[None, None, :] < meta.kv_lens[:, None, None]
+    )  # [B, n_q, L]
+
+    out = F.scaled_dot_product_attention(
+        q_pad.transpose(1, 2),
+        k.to(q.dtype),
+        v.to(q.dtype),
+        attn_mask=mask[:, None],
+        scale=scale,
+        enable_gqa=True,
+    )  # [B, Hq, n_q, D]
+    return out.transpose(1, 2)[meta.seq_idx, meta.local_idx]
+
+
+def gated_attention(
+    x: torch.Tensor,
+    w: AttentionWeights,
+    *,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_pages: torch.Tensor,
+    v_pages: torch.Tensor,
+    meta: AttentionMetadata,
+    eps: float,
+) -> torch.Tensor:
+    """The full-attention token mixer: projections, q/k norm, RoPE, paged attention, gate, o_proj.
+
+    Args:
+        x: [T, H] (already input-normed); cos, sin: [T, R].
+    Returns:
+        [T, H].
+    """
+    num_tokens = x.shape[0]
+    num_kv_heads, head_dim = k_pages.shape[2:]
+    qg = F.linear(x, w.q_proj).view(num_tokens, -1, 2, head_dim)  # [T, Hq, (q, gate), D]
+    q, gate = qg[:, :, 0], qg[:, :, 1]
+    k = F.linear(x, w.k_proj).view(num_tokens, num_kv_heads, head_dim)
+    v = F.linear(x, w.v_proj).view(num_tokens, num_kv_heads, head_dim)
+    q = apply_rope(rms_norm(q, w.q_norm, eps), cos, sin)
+    k = apply_rope(rms_norm(k, w.k_norm, eps), cos, sin)
+
+    store_kv(k, v, k_pages, v_pages, meta.slot_mapping)
+    out = paged_attention(q, k_pages, v_pages, meta, scale=head_dim**-0.5)  # [T, Hq, D]
+    out = out * torch.sigmoid(gate)
+    return F.linear(out.reshape(num_tokens, -1), w.o_proj)

@@ -1,0 +1,288 @@
+"""Gated DeltaNet (linear attention) of Qwen3.5 with per-slot conv and recurrent state.
+
+Imports torch, model.batch and sibling layers only. Prefill runs the delta rule in chunked (WY /
+UT-transform) form, one sequence at a time; decode runs one recurrent step for the whole batch,
+reading and writing each sequence's state slot in place, as the CUDA kernels will. The state is
+fp32 [Hv, Dk, Dv] (key x value); key heads are repeated to value heads (consecutive value heads
+share a key head).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ninfer.model.batch import ForwardBatch
+from ninfer.model.layers.norm import gated_rms_norm, l2_norm
+
+
+@dataclass(frozen=True)
+class DeltaNetWeights:
+    in_proj_qkv: torch.Tensor  # [conv_dim, H], conv_dim = 2 * Hk * Dk + Hv * Dv
+    in_proj_z: torch.Tensor  # [Hv * Dv, H]
+    in_proj_b: torch.Tensor  # [Hv, H]
+    in_proj_a: torch.Tensor  # [Hv, H]
+    conv1d: torch.Tensor  # [conv_dim, K] depthwise taps, oldest first
+    dt_bias: torch.Tensor  # [Hv] fp32
+    A_log: torch.Tensor  # [Hv] fp32 (the checkpoint's name)
+    norm: torch.Tensor  # [Dv]
+    out_proj: torch.Tensor  # [H, Hv * Dv]
+
+
+# --- causal depthwise conv1d -----------------------------------------------------------------
+
+
+def causal_conv1d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    conv_state: torch.Tensor,
+    state_slots: torch.Tensor,
+    query_lens: tuple[int, ...],
+) -> torch.Tensor:
+    """Depthwise causal conv + SiLU over the new tokens of each sequence, continuing its state.
+
+    Args:
+        x: [T, C] new inputs, sequences back to back (lengths `query_lens`).
+        weight: [C, K]; conv_state: [S, C, K-1] (updated in place: the last K-1 inputs).
+        state_slots: [B] int64.
+    Returns:
+        [T, C] in x's dtype.
+    """
+    num_channels, kernel = weight.shape
+    w = weight.float()[:, None, :]  # [C, 1, K]
+    out = torch.empty_like(x)
+    start = 0
+    for b, num_new in enumerate(query_lens):
+        slot = state_slots[b : b + 1]
+        history = conv_state.index_select(0, slot)[0].float()  # [C, K-1]
+        seq = torch.cat((history, x[start : start + num_new].float().T), dim=1)  # [C, K-1+n]
+        y = F.conv1d(seq[None], w, groups=num_channels)[0]  # [C, n]
+        out[start : start + num_new] = F.silu(y).T.to(x.dtype)
+        new_history = seq[:, seq.shape[1] - (kernel - 1) :]
+        conv_state.index_copy_(0, slot, new_history[None].to(conv_state.dtype))
+        start += num_new
+    return out
+
+
+def causal_conv1d_update(
+    x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, state_slots: torch.Tensor
+) -> torch.Tensor:
+    """One decode step of `causal_conv1d` for a batch (one token per sequence).
+
+    Args:
+        x: [B, C]; weight: [C, K]; conv_state: [S, C, K-1] (updated in place); state_slots: [B].
+    Returns:
+        [B, C] in x's dtype.
+    """
+    window = torch.cat((conv_state[state_slots], x[:, :, None].to(conv_state.dtype)), dim=2)
+    y = (window.float() * weight.float()[None]).sum(-1)  # [B, C]
+    conv_state.index_copy_(0, state_slots, window[:, :, 1:])
+    return F.silu(y).to(x.dtype)
+
+
+# --- gated delta rule ------------------------------------------------------------------------
+
+
+def _expand_key_heads(x: torch.Tensor, num_v_heads: int) -> torch.Tensor:
+    """[..., Hk, Dk] -> [..., Hv, Dk]: each key head serves Hv / Hk consecutive value heads."""
+    return x.repeat_interleave(num_v_heads // x.shape[-2], dim=-2)
+
+
+def _delta_step(
+    state: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """S <- e^g S + k (beta (v - e^g S^T k))^T; o = S^T q. Shapes [..., Hv, Dk(, Dv)]."""
+    state = state * g.exp()[..., None, None]
+    predicted = torch.einsum("...kv,...k->...v", state, k)
+    delta = beta[..., None] * (v - predicted)
+    state = state + k[..., :, None] * delta[..., None, :]
+    return torch.einsum("...kv,...k->...v", state, q), state
+
+
+def recurrent_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor,
+    *,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gated delta rule token by token: the definition the chunked form must reproduce.
+
+    Args:
+        q, k: [T, Hk, Dk] (L2-normalised); v: [T, Hv, Dv]; g (log decay, <= 0), beta: [T, Hv];
+        initial_state: [Hv, Dk, Dv].
+    Returns:
+        (o [T, Hv, Dv] fp32, final state [Hv, Dk, Dv] fp32).
+    """
+    num_v_heads = v.shape[1]
+    q = _expand_key_heads(q.float(), num_v_heads) * scale
+    k = _expand_key_heads(k.float(), num_v_heads)
+    v, g, beta = v.float(), g.float(), beta.float()
+    state = initial_state.float()
+    outputs = []
+    for t in range(q.shape[0]):
+        o_t, state = _delta_step(state, q[t], k[t], v[t], g[t], beta[t])
+        outputs.append(o_t)
+    out = torch.stack(outputs) if outputs else v.new_zeros(v.shape)
+    return out, state
+
+
+def chunk_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor,
+    *,
+    scale: float,
+    chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gated delta rule in chunks: matmuls inside a chunk, a scan of states across chunks.
+
+    Within a chunk with state S0 at its start and cumulative log decay G_t = sum_{s<=t} g_s, the
+    per-token corrections U (rows u_t = beta_t (v_t - e^{g_t} S_{t-1}^T k_t)) solve the unit lower
+    triangular system (I + A) U = diag(beta) V - diag(beta e^G) K S0, with
+    A[t, s] = beta_t e^{G_t - G_s} k_t.k_s for s < t. Then
+        O    = diag(e^G) Q S0 + (e^{G_t - G_s} [s <= t] * Q K^T) U
+        S_C  = e^{G_C} S0 + (diag(e^{G_C - G}) K)^T U.
+    Same arguments and results as `recurrent_gated_delta_rule`.
+    """
+    num_tokens, num_v_heads = v.shape[0], v.shape[1]
+    q = _expand_key_heads(q.float(), num_v_heads) * scale
+    k = _expand_key_heads(k.float(), num_v_heads)
+    pad = (-num_tokens) % chunk_size  # padded steps: g = 0, beta = 0 leave the state unchanged
+    num_chunks = (num_tokens + pad) // chunk_size
+
+    def chunked(x: torch.Tensor) -> torch.Tensor:
+        # [T, Hv, ...] -> [Hv, n, C, ...]
+        x = F.pad(x.float().movedim(0, -1), (0, pad)).movedim(-1, 1)
+        return x.reshape(x.shape[0], num_chunks, chunk_size, *x.shape[2:])
+
+    q, k, v, g, beta = (chunked(x) for x in (q, k, v, g, beta))
+    cum = g.cumsum(-1)  # [Hv, n, C]
+    lower = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device).tril()
+    # decay[..., t, s] = e^{G_t - G_s} for s <= t, else 0 (masked before exp: no overflow)
+    decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(~lower, float("-inf")).exp()
+
+    eye = torch.eye(chunk_size, dtype=q.dtype, device=q.device)
+    a = (beta[..., :, None] * (k @ k.transpose(-1, -2)) * decay).tril(-1)
+    system = eye + a  # [Hv, n, C, C], unit lower triangular
+    u0 = torch.linalg.solve_triangular(system, beta[..., None] * v, upper=False, unitriangular=True)
+    w = torch.linalg.solve_triangular(
+        system, (beta * cum.exp())[..., None] * k, upper=False, unitriangular=True
+    )
+    attn = (q @ k.transpose(-1, -2)) * decay  # [Hv, n, C, C]
+    q_read = q * cum.exp()[..., None]  # reads S0 decayed to each token
+    k_write = k * (cum[..., -1:] - cum).exp()[..., None]  # writes decayed to the chunk end
+    chunk_decay = cum[..., -1].exp()[..., None, None]  # [Hv, n, 1, 1]
+
+    state = initial_state.float()
+    out = torch.empty_like(v)
+    for i in range(num_chunks):
+        u = u0[:, i] - w[:, i] @ state  # [Hv, C, Dv]
+        out[:, i] = q_read[:, i] @ state + attn[:, i] @ u
+        state = state * chunk_decay[:, i] + k_write[:, i].transpose(-1, -2) @ u
+    # [Hv, n, C, Dv] -> [T, Hv, Dv]
+    out = out.reshape(num_v_heads, -1, v.shape[-1])[:, :num_tokens].transpose(0, 1)
+    return out, state
+
+
+def gated_delta_rule_decode(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    ssm_state: torch.Tensor,
+    state_slots: torch.Tensor,
+    *,
+    scale: float,
+) -> torch.Tensor:
+    """One recurrent step for a batch of sequences, updating their state slots in place.
+
+    Args:
+        q, k: [B, Hk, Dk] (L2-normalised); v: [B, Hv, Dv]; g, beta: [B, Hv];
+        ssm_state: [S, Hv, Dk, Dv] fp32; state_slots: [B] int64.
+    Returns:
+        [B, Hv, Dv] fp32.
+    """
+    num_v_heads = v.shape[1]
+    q = _expand_key_heads(q.float(), num_v_heads) * scale
+    k = _expand_key_heads(k.float(), num_v_heads)
+    out, state = _delta_step(ssm_state[state_slots], q, k, v.float(), g.float(), beta.float())
+    ssm_state.index_copy_(0, state_slots, state)
+    return out
+
+
+# --- the layer -------------------------------------------------------------------------------
+
+
+def gated_deltanet(
+    x: torch.Tensor,
+    w: DeltaNetWeights,
+    *,
+    conv_state: torch.Tensor,
+    ssm_state: torch.Tensor,
+    batch: ForwardBatch,
+    eps: float,
+) -> torch.Tensor:
+    """The linear-attention token mixer; head counts and dims are read from the tensors.
+
+    Args:
+        x: [T, H] (already input-normed); conv_state: [S, C, K-1]; ssm_state: [S, Hv, Dk, Dv].
+    Returns:
+        [T, H].
+    """
+    num_tokens = x.shape[0]
+    _, num_v_heads, head_k_dim, head_v_dim = ssm_state.shape
+    key_dim = (w.in_proj_qkv.shape[0] - num_v_heads * head_v_dim) // 2
+
+    qkv = F.linear(x, w.in_proj_qkv)  # [T, conv_dim]
+    if batch.is_decode:
+        qkv = causal_conv1d_update(qkv, w.conv1d, conv_state, batch.state_slots)
+    else:
+        qkv = causal_conv1d(qkv, w.conv1d, conv_state, batch.state_slots, batch.query_lens)
+    q, k, v = qkv.split((key_dim, key_dim, num_v_heads * head_v_dim), dim=-1)
+    q = l2_norm(q.reshape(num_tokens, -1, head_k_dim))  # [T, Hk, Dk] fp32
+    k = l2_norm(k.reshape(num_tokens, -1, head_k_dim))
+    v = v.reshape(num_tokens, num_v_heads, head_v_dim)
+    beta = torch.sigmoid(F.linear(x, w.in_proj_b).float())  # [T, Hv]
+    g = -w.A_log.float().exp() * F.softplus(F.linear(x, w.in_proj_a).float() + w.dt_bias.float())
+    scale = head_k_dim**-0.5
+
+    if batch.is_decode:
+        out = gated_delta_rule_decode(q, k, v, g, beta, ssm_state, batch.state_slots, scale=scale)
+    else:
+        parts = []
+        start = 0
+        for b, num_new in enumerate(batch.query_lens):
+            span = slice(start, start + num_new)
+            slot = batch.state_slots[b : b + 1]
+            o, final = chunk_gated_delta_rule(
+                q[span],
+                k[span],
+                v[span],
+                g[span],
+                beta[span],
+                ssm_state.index_select(0, slot)[0],
+                scale=scale,
+            )
+            ssm_state.index_copy_(0, slot, final[None])
+            parts.append(o)
+            start += num_new
+        out = torch.cat(parts)  # [T, Hv, Dv] fp32
+
+    z = F.linear(x, w.in_proj_z).view(num_tokens, num_v_heads, head_v_dim)
+    out = gated_rms_norm(out, z, w.norm, eps).to(x.dtype)
+    return F.linear(out.reshape(num_tokens, -1), w.out_proj)

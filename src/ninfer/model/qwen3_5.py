@@ -1,0 +1,254 @@
+"""Qwen3_5Model: the Qwen3.5 text model (dense or MoE) over bound weights, on the torch path.
+
+Imports model.* only (never engine/, server/, protocol/). Stateless apart from its weights: all
+per-sequence state lives in the ModelCache it is handed, and what a step does is entirely described
+by the ForwardBatch, so the engine can replay, checkpoint or speculate without the model knowing.
+Weights are checked by name and shape once at bind time; tensors already in the right dtype and
+device are used as-is (zero-copy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ninfer.model.batch import ForwardBatch
+from ninfer.model.cache import ModelCache
+from ninfer.model.config import LayerType, TextConfig
+from ninfer.model.errors import BatchError, WeightError
+from ninfer.model.layers.gated_attention import (
+    AttentionWeights,
+    build_attention_metadata,
+    gated_attention,
+)
+from ninfer.model.layers.gated_deltanet import DeltaNetWeights, gated_deltanet
+from ninfer.model.layers.mlp import MlpWeights, swiglu_mlp
+from ninfer.model.layers.moe import MoeWeights, sparse_moe
+from ninfer.model.layers.norm import rms_norm
+from ninfer.model.layers.rope import mrope_axis_map, rope_cos_sin, rope_inv_freq
+
+
+@dataclass(frozen=True)
+class DecoderLayerWeights:
+    layer_type: LayerType
+    input_layernorm: torch.Tensor  # [H]
+    post_attention_layernorm: torch.Tensor  # [H]
+    mixer: AttentionWeights | DeltaNetWeights
+    ffn: MlpWeights | MoeWeights
+
+
+class _Binder:
+    """Takes named tensors, checks their shapes and moves them; remembers what was used."""
+
+    def __init__(
+        self, weights: Mapping[str, torch.Tensor], dtype: torch.dtype, device: torch.device
+    ) -> None:
+        self.weights = weights
+        self.dtype = dtype
+        self.device = device
+        self.used: set[str] = set()
+
+    def __call__(
+        self, name: str, shape: tuple[int, ...], dtype: torch.dtype | None = None
+    ) -> torch.Tensor:
+        if name not in self.weights:
+            raise WeightError(f"missing weight '{name}'")
+        tensor = self.weights[name]
+        if tuple(tensor.shape) != shape:
+            raise WeightError(
+                f"weight '{name}' has shape {list(tensor.shape)}, expected {list(shape)}"
+            )
+        self.used.add(name)
+        return tensor.detach().to(device=self.device, dtype=dtype or self.dtype)
+
+
+class Qwen3_5Model:
+    """The text model: embeddings, hybrid decoder layers, final norm, untied lm_head."""
+
+    def __init__(
+        self,
+        config: TextConfig,
+        weights: Mapping[str, torch.Tensor],
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        strict: bool = True,
+    ) -> None:
+        """Bind `weights` (HF text-model names without the `model.language_model.` prefix).
+
+        With `strict`, a weight the config does not use is an error (it usually means a
+        naming mismatch); pass strict=False to ignore extras such as `mtp.*`.
+        """
+        self.config = config
+        self.dtype = dtype
+        self.device = torch.device(device)
+        take = _Binder(weights, dtype, self.device)
+        c = config
+        self.embed_tokens = take("embed_tokens.weight", (c.vocab_size, c.hidden_size))
+        self.layers = [self._bind_layer(take, i) for i in range(c.num_hidden_layers)]
+        self.norm = take("norm.weight", (c.hidden_size,))
+        if "lm_head.weight" in weights or not c.tie_word_embeddings:
+            self.lm_head = take("lm_head.weight", (c.vocab_size, c.hidden_size))
+        else:
+            self.lm_head = self.embed_tokens
+        if strict and (unused := sorted(set(weights) - take.used)):
+            raise WeightError(f"{len(unused)} unexpected weight(s), first '{unused[0]}'")
+        self.inv_freq = rope_inv_freq(c.rotary_dim, c.rope_theta, self.device)
+        self.rope_axis_map = mrope_axis_map(c.mrope_section, c.mrope_interleaved, self.device)
+
+    def _bind_layer(self, take: _Binder, i: int) -> DecoderLayerWeights:
+        c = self.config
+        p = f"layers.{i}."
+        mixer: AttentionWeights | DeltaNetWeights
+        if c.layer_types[i] is LayerType.FULL:
+            mixer = _bind_attention(take, p + "self_attn.", c)
+        else:
+            mixer = _bind_deltanet(take, p + "linear_attn.", c)
+        ffn = _bind_moe(take, p + "mlp.", c) if c.is_moe else _bind_mlp(take, p + "mlp.", c)
+        return DecoderLayerWeights(
+            layer_type=c.layer_types[i],
+            input_layernorm=take(p + "input_layernorm.weight", (c.hidden_size,)),
+            post_attention_layernorm=take(p + "post_attention_layernorm.weight", (c.hidden_size,)),
+            mixer=mixer,
+            ffn=ffn,
+        )
+
+    @torch.no_grad()
+    def forward(
+        self, batch: ForwardBatch, cache: ModelCache, *, all_logits: bool = False
+    ) -> torch.Tensor:
+        """Run one step, updating KV pages and state slots in `cache`.
+
+        Returns:
+            fp32 logits: [B, vocab] for the last token of each sequence, or [T, vocab].
+        """
+        hidden = self.forward_hidden(batch, cache)
+        if not all_logits:
+            hidden = hidden[batch.cu_seqlens[1:].to(torch.int64) - 1]  # [B, H]
+        return self.compute_logits(hidden)
+
+    @torch.no_grad()
+    def forward_hidden(self, batch: ForwardBatch, cache: ModelCache) -> torch.Tensor:
+        """The final-normed hidden states [T, H] (what lm_head and an MTP head read)."""
+        self._check(batch, cache)
+        c = self.config
+        x = F.embedding(batch.input_ids, self.embed_tokens)  # [T, H]
+        cos, sin = rope_cos_sin(batch.positions, self.inv_freq, self.rope_axis_map)
+        meta = build_attention_metadata(batch, cache.page_size) if c.full_attention_layers else None
+        for i, layer in enumerate(self.layers):
+            h = rms_norm(x, layer.input_layernorm, c.rms_norm_eps)
+            if isinstance(layer.mixer, AttentionWeights):
+                assert meta is not None
+                k_pages, v_pages = cache.kv(i)
+                h = gated_attention(
+                    h,
+                    layer.mixer,
+                    cos=cos,
+                    sin=sin,
+                    k_pages=k_pages,
+                    v_pages=v_pages,
+                    meta=meta,
+                    eps=c.rms_norm_eps,
+                )
+            else:
+                conv_state, ssm_state = cache.state(i)
+                h = gated_deltanet(
+                    h,
+                    layer.mixer,
+                    conv_state=conv_state,
+                    ssm_state=ssm_state,
+                    batch=batch,
+                    eps=c.rms_norm_eps,
+                )
+            x = x + h
+            h = rms_norm(x, layer.post_attention_layernorm, c.rms_norm_eps)
+            if isinstance(layer.ffn, MoeWeights):
+                h = sparse_moe(
+                    h, layer.ffn, top_k=c.num_experts_per_tok, norm_topk_prob=c.norm_topk_prob
+                )
+            else:
+                h = swiglu_mlp(h, layer.ffn.gate_proj, layer.ffn.up_proj, layer.ffn.down_proj)
+            x = x + h
+        return rms_norm(x, self.norm, c.rms_norm_eps)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, H] final-normed hidden states -> [N, vocab] fp32 logits."""
+        return F.linear(hidden, self.lm_head).float()
+
+    def _check(self, batch: ForwardBatch, cache: ModelCache) -> None:
+        """Host-side checks only (no device sync): the batch must fit the cache it will write."""
+        c = self.config
+        if batch.input_ids.device.type != self.device.type:
+            raise BatchError(f"batch is on {batch.input_ids.device}, model on {self.device}")
+        if c.full_attention_layers:
+            capacity = batch.page_table.shape[1] * cache.page_size
+            if batch.max_kv_len > capacity:
+                raise BatchError(
+                    f"max_kv_len {batch.max_kv_len} exceeds page table capacity {capacity}"
+                )
+            k_pages = cache.k_pages[0]
+            expected = (c.num_key_value_heads, c.head_dim)
+            if len(cache.k_pages) != len(c.full_attention_layers) or k_pages.shape[2:] != expected:
+                raise BatchError("cache KV layout does not match the model config")
+        if c.linear_attention_layers and (
+            len(cache.ssm_state) != len(c.linear_attention_layers)
+            or cache.conv_state[0].shape[1] != c.conv_dim
+        ):
+            raise BatchError("cache state layout does not match the model config")
+
+
+def _bind_attention(take: _Binder, a: str, c: TextConfig) -> AttentionWeights:
+    hidden = c.hidden_size
+    q_dim = c.num_attention_heads * c.head_dim
+    kv_dim = c.num_key_value_heads * c.head_dim
+    return AttentionWeights(
+        q_proj=take(a + "q_proj.weight", (2 * q_dim, hidden)),
+        k_proj=take(a + "k_proj.weight", (kv_dim, hidden)),
+        v_proj=take(a + "v_proj.weight", (kv_dim, hidden)),
+        o_proj=take(a + "o_proj.weight", (hidden, q_dim)),
+        q_norm=take(a + "q_norm.weight", (c.head_dim,)),
+        k_norm=take(a + "k_norm.weight", (c.head_dim,)),
+    )
+
+
+def _bind_deltanet(take: _Binder, a: str, c: TextConfig) -> DeltaNetWeights:
+    hidden, heads = c.hidden_size, c.linear_num_value_heads
+    conv = take(a + "conv1d.weight", (c.conv_dim, 1, c.linear_conv_kernel_dim))
+    return DeltaNetWeights(
+        in_proj_qkv=take(a + "in_proj_qkv.weight", (c.conv_dim, hidden)),
+        in_proj_z=take(a + "in_proj_z.weight", (c.linear_value_dim, hidden)),
+        in_proj_b=take(a + "in_proj_b.weight", (heads, hidden)),
+        in_proj_a=take(a + "in_proj_a.weight", (heads, hidden)),
+        conv1d=conv.reshape(c.conv_dim, c.linear_conv_kernel_dim),
+        # The decay parameters stay fp32 whatever the model dtype: g feeds an exp.
+        dt_bias=take(a + "dt_bias", (heads,), torch.float32),
+        A_log=take(a + "A_log", (heads,), torch.float32),
+        norm=take(a + "norm.weight", (c.linear_value_head_dim,)),
+        out_proj=take(a + "out_proj.weight", (hidden, c.linear_value_dim)),
+    )
+
+
+def _bind_mlp(take: _Binder, m: str, c: TextConfig) -> MlpWeights:
+    hidden, inter = c.hidden_size, c.intermediate_size
+    return MlpWeights(
+        gate_proj=take(m + "gate_proj.weight", (inter, hidden)),
+        up_proj=take(m + "up_proj.weight", (inter, hidden)),
+        down_proj=take(m + "down_proj.weight", (hidden, inter)),
+    )
+
+
+def _bind_moe(take: _Binder, m: str, c: TextConfig) -> MoeWeights:
+    hidden, e = c.hidden_size, c.num_experts
+    inter, shared = c.moe_intermediate_size, c.shared_expert_intermediate_size
+    return MoeWeights(
+        router=take(m + "gate.weight", (e, hidden)),
+        experts_gate_up=take(m + "experts.gate_up_proj", (e, 2 * inter, hidden)),
+        experts_down=take(m + "experts.down_proj", (e, hidden, inter)),
+        shared_gate_proj=take(m + "shared_expert.gate_proj.weight", (shared, hidden)),
+        shared_up_proj=take(m + "shared_expert.up_proj.weight", (shared, hidden)),
+        shared_down_proj=take(m + "shared_expert.down_proj.weight", (hidden, shared)),
+        shared_gate=take(m + "shared_expert_gate.weight", (1, hidden)),
+    )

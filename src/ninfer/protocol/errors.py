@@ -1,0 +1,77 @@
+"""OpenAI-shaped protocol errors: one typed exception carrying HTTP status, type, code and param.
+
+Imports only the standard library (no sanic, no engine): parsers raise `ProtocolError`, and the
+server renders `.body()` as `{"error": {"message", "type", "param", "code"}}`. Messages are one line
+and name the offending field, so a client can fix its request without reading server logs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+INVALID_REQUEST = "invalid_request_error"
+AUTHENTICATION = "authentication_error"
+RATE_LIMIT = "rate_limit_error"
+SERVER = "server_error"
+
+
+class ProtocolError(Exception):
+    """A request the server answers with an error body instead of running it."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 400,
+        code: str | None = "invalid_value",
+        param: str | None = None,
+        type: str = INVALID_REQUEST,
+    ) -> None:
+        super().__init__(" ".join(message.split()))
+        self.status = status
+        self.code = code
+        self.param = param
+        self.type = type
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, type=self.type, code=self.code, param=self.param)
+
+
+def error_body(
+    message: str, *, type: str, code: str | None = None, param: str | None = None
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def invalid(param: str, message: str, code: str = "invalid_value") -> ProtocolError:
+    """A malformed value: wrong type, out of range, or structurally impossible."""
+    return ProtocolError(f"{param}: {message}", code=code, param=param)
+
+
+def invalid_type(param: str, expected: str, value: Any) -> ProtocolError:
+    return invalid(param, f"must be {expected}, got {_kind(value)}", code="invalid_type")
+
+
+def unsupported(param: str, message: str, code: str = "unsupported_parameter") -> ProtocolError:
+    """A well-formed request for behaviour the engine cannot provide; names the lost guarantee."""
+    return ProtocolError(f"{param}: {message}", code=code, param=param)
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__

@@ -1,0 +1,180 @@
+"""`create_app(engine, config)`: the Sanic application with routes, auth, CORS and error bodies.
+
+Owns the cross-cutting HTTP rules: every response carries `x-request-id`; errors (including
+Sanic's own 404/405/413) are OpenAI-shaped; `--api-key` guards all but /health and preflight,
+compared in constant time; `--cors` adds permissive headers. Routes live in their own modules.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import socket
+import uuid
+
+from sanic import Request, Sanic, response
+from sanic.exceptions import SanicException
+from sanic.response import HTTPResponse
+
+from ninfer.api import Engine
+from ninfer.protocol.errors import AUTHENTICATION, INVALID_REQUEST, ProtocolError
+from ninfer.server.config import ServerConfig
+from ninfer.server.errors import to_protocol_error
+from ninfer.server.openai_routes import OpenAIRoutes
+
+log = logging.getLogger("ninfer.server")
+TCP_USER_TIMEOUT_MS = 15000
+OPEN_PATHS = frozenset({"/health"})
+KNOWN_PATHS = frozenset({"/health", "/v1/models", "/v1/chat/completions"})
+SANIC_CODES = {
+    400: "invalid_request",
+    404: "not_found",
+    405: "method_not_allowed",
+    408: "request_timeout",
+    413: "request_too_large",
+}
+
+
+def create_app(engine: Engine, config: ServerConfig, name: str = "ninfer") -> Sanic:
+    app = Sanic(name, configure_logging=False)
+    app.config.REQUEST_MAX_SIZE = config.max_request_bytes
+    # Generation can outlast Sanic's defaults; the engine's own deadlines govern instead.
+    app.config.RESPONSE_TIMEOUT = 24 * 3600
+    app.config.REQUEST_TIMEOUT = 600
+    app.config.KEEP_ALIVE_TIMEOUT = 75
+    app.config.NOISY_EXCEPTIONS = False
+    routes = OpenAIRoutes(engine, config)
+    app.ctx.routes = routes
+
+    app.add_route(routes.health, "/health", methods=["GET"])
+    app.add_route(routes.list_models, "/v1/models", methods=["GET"])
+    app.add_route(routes.get_model, "/v1/models/<model_id:path>", methods=["GET"])
+    app.add_route(routes.chat_completions, "/v1/chat/completions", methods=["POST"])
+
+    async def preflight(request: Request, **path: str) -> HTTPResponse:
+        return response.empty(status=204)
+
+    # Preflight is answered on every path (a route per known path: Sanic matches paths first).
+    for i, path in enumerate([*sorted(KNOWN_PATHS), "/v1/models/<model_id:path>", "/<path:path>"]):
+        app.add_route(preflight, path, methods=["OPTIONS"], name=f"preflight_{i}")
+
+    @app.on_request
+    async def authenticate(request: Request) -> None:
+        request.ctx.request_id = _new_request_id()
+        _tune_connection(request)
+        if config.api_key is None or request.method == "OPTIONS" or request.path in OPEN_PATHS:
+            return
+        if not _key_matches(request, config.api_key):
+            raise ProtocolError(
+                "a valid API key is required (Authorization: Bearer KEY or x-api-key: KEY)",
+                status=401,
+                code="invalid_api_key",
+                type=AUTHENTICATION,
+            )
+
+    @app.on_response
+    async def decorate(request: Request, resp: HTTPResponse) -> None:
+        resp.headers["x-request-id"] = _request_id(request)
+        if config.cors:
+            resp.headers["access-control-allow-origin"] = request.headers.get("origin", "*")
+            resp.headers["vary"] = "origin"
+            resp.headers["access-control-allow-methods"] = "GET, POST, DELETE, OPTIONS"
+            resp.headers["access-control-allow-headers"] = request.headers.get(
+                "access-control-request-headers", "*"
+            )
+            resp.headers["access-control-expose-headers"] = "x-request-id"
+            resp.headers["access-control-max-age"] = "600"
+
+    @app.exception(Exception)
+    async def on_error(request: Request, exc: Exception) -> HTTPResponse:
+        if isinstance(exc, SanicException):
+            error = _sanic_error(exc, known_path=_is_known_path(request.path))
+        else:
+            error = to_protocol_error(exc)
+        if error.status >= 500:
+            log.error("request %s failed: %s", _request_id(request), type(exc).__name__)
+            log.debug("request %s traceback", _request_id(request), exc_info=exc)
+        elif request.path.startswith("/v1/"):
+            log.info(
+                "request %s %s %s status=%d code=%s",
+                _request_id(request), request.method, request.path, error.status, error.code,
+            )  # fmt: skip
+        return response.json(error.body(), status=error.status, ensure_ascii=False)
+
+    @app.after_server_start
+    async def ready(app: Sanic) -> None:
+        log.info("ready: serving %r at http://%s:%d", routes.model_id, config.host, config.port)
+
+    @app.before_server_stop
+    async def stopping(app: Sanic) -> None:
+        log.info("shutting down")
+
+    return app
+
+
+def _tune_connection(request: Request) -> None:
+    """TCP keepalive and a 15 s TCP_USER_TIMEOUT (Linux), once per connection, so a dead peer
+    is noticed (and its request cancelled) while the request waits or prefills."""
+    ctx = request.conn_info.ctx if request.conn_info is not None else None
+    if ctx is None or getattr(ctx, "tcp_tuned", False):
+        return
+    ctx.tcp_tuned = True
+    sock = request.transport.get_extra_info("socket")
+    if sock is None:
+        return
+    options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
+    for name, value in (("TCP_KEEPIDLE", 5), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, name):
+            options.append((socket.IPPROTO_TCP, getattr(socket, name), value))
+    if hasattr(socket, "TCP_USER_TIMEOUT"):
+        options.append((socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, TCP_USER_TIMEOUT_MS))
+    for level, option, value in options:
+        try:
+            sock.setsockopt(level, option, value)
+        except OSError:  # not a TCP socket (e.g. a unix socket): nothing to tune
+            return
+
+
+def _new_request_id() -> str:
+    return "req-" + uuid.uuid4().hex
+
+
+def _request_id(request: Request) -> str:
+    """The request's id; requests that failed before middleware (413) get one here."""
+    request_id = getattr(request.ctx, "request_id", None)
+    if request_id is None:
+        request_id = request.ctx.request_id = _new_request_id()
+    return request_id
+
+
+def _key_matches(request: Request, api_key: str) -> bool:
+    expected = api_key.encode()
+    auth = request.headers.get("authorization", "")
+    scheme, _, token = auth.partition(" ")
+    bearer = token.strip().encode() if scheme.lower() == "bearer" else b""
+    header = request.headers.get("x-api-key", "").encode()
+    # Both compares always run, so timing does not reveal which header was tried.
+    ok_bearer = hmac.compare_digest(bearer, expected)
+    ok_header = hmac.compare_digest(header, expected)
+    return ok_bearer or ok_header
+
+
+def _is_known_path(path: str) -> bool:
+    return path in KNOWN_PATHS or path.startswith("/v1/models/")
+
+
+def _sanic_error(exc: SanicException, *, known_path: bool) -> ProtocolError:
+    status = int(getattr(exc, "status_code", 500) or 500)
+    if status == 405 and not known_path:  # only the OPTIONS catch-all matched this path
+        status = 404
+    if status == 413:
+        message = "the request body exceeds the server's --max-request-mib limit"
+    elif status == 404:
+        message = "no such endpoint"
+    elif status == 405:
+        message = "method not allowed on this endpoint"
+    else:
+        message = str(exc) or "bad request"
+    code = SANIC_CODES.get(status, "invalid_request" if status < 500 else "internal_error")
+    kind = INVALID_REQUEST if status < 500 else "server_error"
+    return ProtocolError(message, status=status, code=code, type=kind)

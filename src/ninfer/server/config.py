@@ -1,0 +1,29 @@
+"""ServerConfig: the HTTP-side settings of `ninfer serve` (the engine's live in EngineOptions).
+
+Plain data, no imports beyond the standard library, so the CLI can build it before anything heavy
+loads and tests can build it without a model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KEEPALIVE_S = 5.0  # spec: ": keep-alive" after five seconds without a protocol event
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    model_id: str | None = None  # None: the artifact's name
+    api_key: str | None = None
+    cors: bool = False
+    max_request_mib: int = 384
+    default_max_tokens: int = 8192
+    no_thinking: bool = False
+    preserve_thinking: bool = False
+    keepalive_s: float = KEEPALIVE_S
+
+    @property
+    def max_request_bytes(self) -> int:
+        return self.max_request_mib * 1024 * 1024

@@ -1,0 +1,58 @@
+"""`serve(...)`: load the Engine, build the app, and run Sanic in this process's main thread.
+
+Sanic must own the main thread (it did not answer when started from another thread); the engine's
+worker is the extra thread. Startup, readiness and shutdown are operational stderr records.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from ninfer.server.config import ServerConfig
+from ninfer.server.logs import configure_logging
+
+log = logging.getLogger("ninfer.server")
+
+
+def serve(
+    artifact: Path,
+    config: ServerConfig,
+    engine_options: dict[str, Any],
+    *,
+    log_level: str = "info",
+    chat_template: Path | None = None,
+) -> None:
+    """Blocks until SIGINT/SIGTERM; the engine is closed on the way out."""
+    from ninfer.api import Engine
+    from ninfer.chat.template import ChatTemplate
+    from ninfer.server.app import create_app
+
+    configure_logging(log_level)
+    log.info("loading %s", artifact)
+    t0 = time.monotonic()
+    engine = Engine.load(artifact, **engine_options)
+    try:
+        if chat_template is not None:
+            engine.template = ChatTemplate(chat_template.read_text(encoding="utf-8"))
+        opts = engine.options
+        log.info(
+            "engine ready in %.1fs: model=%s device=%s dtype=%s max_context=%d kv_capacity=%d "
+            "max_concurrency=%d max_pending=%d",
+            time.monotonic() - t0, engine.model_id, opts.device, opts.dtype, opts.max_context,
+            opts.kv_capacity or opts.max_context, opts.max_concurrency, opts.max_pending_requests,
+        )  # fmt: skip
+        app = create_app(engine, config)
+        app.run(
+            host=config.host,
+            port=config.port,
+            single_process=True,
+            motd=False,
+            access_log=False,
+            debug=False,
+        )
+    finally:
+        engine.close()
+        log.info("shutdown complete")

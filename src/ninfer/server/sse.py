@@ -1,0 +1,58 @@
+"""Server-sent-event framing and the idle heartbeat shared by the streaming endpoints.
+
+No sanic import: handlers write the bytes. The heartbeat waits on the event source through a
+task instead of `wait_for`, because timing out `wait_for` would cancel the source's pending step
+(and with it the engine request); here an idle interval only yields None.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+DONE = b"data: [DONE]\n\n"
+KEEPALIVE = b": keep-alive\n\n"
+
+
+def data_frame(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def with_heartbeat(source: AsyncIterator[T], interval_s: float) -> AsyncIterator[T | None]:
+    """Yield `source`'s items, and None after every `interval_s` seconds without one.
+
+    Closing or cancelling this generator closes `source` (its cleanup cancels the engine request).
+    """
+    pending: asyncio.Future[T] | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(_next(source))
+            done, _ = await asyncio.wait({pending}, timeout=interval_s)
+            if not done:
+                yield None
+                continue
+            step, pending = pending, None
+            try:
+                item = step.result()
+            except StopAsyncIteration:
+                return
+            yield item
+    finally:
+        if pending is not None:
+            pending.cancel()  # the source's own cleanup runs inside the cancelled step
+            with contextlib.suppress(BaseException):
+                await asyncio.wait({pending})
+        else:
+            aclose = getattr(source, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
+async def _next(source: AsyncIterator[T]) -> T:
+    return await anext(source)
