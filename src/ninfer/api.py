@@ -20,7 +20,7 @@ from ninfer.chat.template import ChatTemplate
 from ninfer.engine.core import EngineCore
 from ninfer.engine.handles import AsyncRequestHandle, RequestHandle
 from ninfer.engine.kv_pool import PagePool
-from ninfer.engine.options import EngineOptions
+from ninfer.engine.options import EngineOptions, resolve_device
 from ninfer.engine.request import EngineEvent, EventKind, FinishReason, GenerationRequest, Timings
 from ninfer.engine.runner import ModelRunner
 from ninfer.engine.sampling import (
@@ -63,7 +63,7 @@ class ChatUsage:
 class ChatEvent:
     """One conversation-level event: a reasoning or content delta, a tool call, or the end."""
 
-    kind: str  # "reasoning" | "content" | "tool_call" | "finished" | "progress"
+    kind: str  # "admitted" | "progress" | "reasoning" | "content" | "tool_call" | "finished"
     text: str = ""
     tool_call: ToolCall | None = None
     finish_reason: FinishReason | None = None
@@ -72,6 +72,7 @@ class ChatEvent:
     tool_parse: ToolCallParseStats | None = None
     num_processed: int = 0
     num_prompt: int = 0
+    num_output: int = 0  # committed output tokens so far (a commit may release no text yet)
     token_ids: list[int] = field(default_factory=list)
 
 
@@ -89,7 +90,9 @@ class Engine:
         self.eos_token_ids = frozenset(int(x) for x in gen.get("eos_token_ids", []))
         self.presets = _presets(gen, str(artifact.metadata.get("architecture")))
         self.config = TextConfig.from_hf(artifact.config["text"])
-        dtype, device = DTYPES[options.dtype], torch.device(options.device)
+        dtype, device = DTYPES[options.dtype], torch.device(resolve_device(options.device))
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {options.device!r}: no CUDA device is available")
         self.model = Qwen3_5Model(
             self.config, artifact.load("text"), dtype=dtype, device=device, strict=True
         )
@@ -254,8 +257,11 @@ class _ChatTracker:
     def __init__(self, decoder: OutputDecoder) -> None:
         self.decoder = decoder
         self.num_reasoning = 0
+        self.num_output = 0
 
     def on_event(self, event: EngineEvent) -> list[ChatEvent]:
+        if event.kind == EventKind.ADMITTED:
+            return [ChatEvent("admitted", num_prompt=event.num_prompt)]
         if event.kind == EventKind.PROGRESS:
             return [
                 ChatEvent(
@@ -265,13 +271,14 @@ class _ChatTracker:
         if event.kind == EventKind.TOKENS:
             if self.decoder.in_reasoning:
                 self.num_reasoning += len(event.token_ids)
-            return self._deltas(self.decoder.feed(event.text), event.token_ids)
+            self.num_output = event.num_output
+            return self._deltas(self.decoder.feed(event.text), event.token_ids, event.num_output)
         if event.kind == EventKind.ERROR:
             assert event.error is not None
             raise event.error
         if event.kind == EventKind.FINISHED:
-            out = self._deltas(self.decoder.feed(event.text), [])
-            out += self._deltas(self.decoder.finish(), [])
+            out = self._deltas(self.decoder.feed(event.text), [], self.num_output)
+            out += self._deltas(self.decoder.finish(), [], self.num_output)
             usage = event.usage
             assert usage is not None
             out.append(
@@ -292,14 +299,14 @@ class _ChatTracker:
         return []
 
     @staticmethod
-    def _deltas(deltas: list[Any], token_ids: list[int]) -> list[ChatEvent]:
+    def _deltas(deltas: list[Any], token_ids: list[int], num_output: int) -> list[ChatEvent]:
         out = []
         for d in deltas:
             if d.kind == DeltaKind.TOOL_CALL:
-                out.append(ChatEvent("tool_call", tool_call=d.tool_call))
+                out.append(ChatEvent("tool_call", tool_call=d.tool_call, num_output=num_output))
             elif d.text:
                 kind = "reasoning" if d.kind == DeltaKind.REASONING else "content"
-                out.append(ChatEvent(kind, text=d.text, token_ids=token_ids))
+                out.append(ChatEvent(kind, text=d.text, token_ids=token_ids, num_output=num_output))
         return out
 
 

@@ -31,19 +31,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 class ServeProcess:
-    def __init__(self, *args: str) -> None:
+    """`ninfer serve ARGS`, or with `scripted=True` the scripted-engine server of the tests."""
+
+    def __init__(self, *args: str, scripted: bool = False) -> None:
         self.port = free_port()
-        cmd = [
-            sys.executable,
-            "-m",
-            "ninfer.cli.app",
-            "serve",
-            *BASE_ARGS,
-            "--port",
-            str(self.port),
-        ]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if scripted:
+            cmd = [sys.executable, "-m", "support.scripted_serve", "--port", str(self.port)]
+        else:
+            cmd = [sys.executable, "-m", "ninfer.cli.app", "serve", *BASE_ARGS]
+            cmd += ["--port", str(self.port)]
+        path = os.pathsep.join(p for p in (TESTS_DIR, os.environ.get("PYTHONPATH")) if p)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
         self.proc = subprocess.Popen(
             [*cmd, *args], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env
         )
@@ -112,8 +114,8 @@ class ServeProcess:
 
 
 @contextmanager
-def serve(*args: str) -> Iterator[ServeProcess]:
-    server = ServeProcess(*args)
+def serve(*args: str, scripted: bool = False) -> Iterator[ServeProcess]:
+    server = ServeProcess(*args, scripted=scripted)
     try:
         yield server
     finally:

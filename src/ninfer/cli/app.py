@@ -10,7 +10,14 @@ import sys
 
 import typer
 
-from ninfer.cli import convert_cmd, count_tokens_cmd, inspect_cmd, not_built, serve_cmd
+from ninfer.cli import (
+    chat_cmd,
+    convert_cmd,
+    count_tokens_cmd,
+    inspect_cmd,
+    not_built,
+    serve_cmd,
+)
 
 app = typer.Typer(
     name="ninfer",
@@ -23,6 +30,7 @@ app.command("inspect-artifact")(inspect_cmd.inspect_artifact)
 app.command("count-tokens")(count_tokens_cmd.count_tokens)
 app.command("convert")(convert_cmd.convert)
 app.command("serve")(serve_cmd.serve)
+app.command("chat")(chat_cmd.chat)
 for _name, _help in not_built.COMMANDS.items():
     app.command(_name, help=_help, context_settings=not_built.CONTEXT)(not_built.make(_name))
 

@@ -7,7 +7,6 @@ from collections.abc import Callable
 import typer
 
 COMMANDS = {
-    "chat": "Chat with a model in the terminal (not built yet).",
     "bench": "Benchmark prefill and decode (not built yet).",
 }
 CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}

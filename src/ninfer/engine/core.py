@@ -157,6 +157,7 @@ class EngineCore:
                 plan, finishes = self.scheduler.schedule()
                 for seq, why in finishes:
                     self._terminal(seq, why)
+                self._announce_admissions()
                 if plan.is_empty:
                     self._idle_wait()
                     continue
@@ -182,6 +183,15 @@ class EngineCore:
             if live is not None:
                 live.seq.cancelled = True
         return True
+
+    def _announce_admissions(self) -> None:
+        admitted, self.scheduler.just_admitted = self.scheduler.just_admitted, []
+        for seq in admitted:
+            live = self._live.get(seq.request_id)
+            if live is not None and seq.slot is not None:
+                live.sink(
+                    EngineEvent(seq.request_id, EventKind.ADMITTED, num_prompt=seq.num_prompt)
+                )
 
     def _idle_wait(self) -> None:
         with self._lock:
@@ -225,7 +235,16 @@ class EngineCore:
             seq.t_first_token = now
         seq.t_last_token = now
         commit = live.output.commit(token_id, seq.num_output, len(seq.token_ids))
-        live.sink(EngineEvent(seq.request_id, EventKind.TOKENS, [token_id], commit.text))
+        live.sink(
+            EngineEvent(
+                seq.request_id,
+                EventKind.TOKENS,
+                [token_id],
+                commit.text,
+                num_prompt=seq.num_prompt,
+                num_output=seq.num_output,
+            )
+        )
         if commit.finish is not None:
             self._terminal(seq, commit.finish, flush=False)
 

@@ -17,7 +17,8 @@ class EngineOptions:
     device_state_slots: int | None = None  # None: max_concurrency
     page_size: int = 64
     dtype: str = "bf16"  # bf16 | fp32 (compute and KV dtype of the torch reference path)
-    device: str = "cpu"
+    device: str = "cpu"  # cpu | cuda | cuda:N | auto (CUDA when a GPU is present)
+    no_cuda_graph: bool = False  # decode eagerly instead of replaying CUDA graphs
     # process-level sampling overrides (spec: preset < process flag < request field; greedy last)
     temperature: float | None = None
     top_p: float | None = None
@@ -52,6 +53,9 @@ class EngineOptions:
             "device_state_slots must be >= 0",
         )
         need(self.dtype in ("bf16", "fp32"), "dtype must be bf16 or fp32")
+        need(
+            _valid_device(self.device), f"device must be cpu, cuda, cuda:N or auto: {self.device!r}"
+        )
 
     @property
     def process_sampling(self) -> dict[str, Any]:
@@ -65,3 +69,19 @@ class EngineOptions:
             "seed",
         )
         return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
+
+
+def _valid_device(device: str) -> bool:
+    if device in ("cpu", "cuda", "auto"):
+        return True
+    prefix, _, index = device.partition(":")
+    return prefix == "cuda" and index.isdigit()
+
+
+def resolve_device(device: str) -> str:
+    """`auto` becomes cuda:0 when torch sees a GPU, else cpu; other names pass through."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda:0" if torch.cuda.is_available() else "cpu"

@@ -90,7 +90,7 @@ class Timings:
 
 
 class EventKind(enum.Enum):
-    ADMITTED = "admitted"
+    ADMITTED = "admitted"  # a lane and state slot were assigned; prompt processing starts
     PROGRESS = "progress"  # prompt processing advanced (prefill chunk committed)
     TOKENS = "tokens"  # committed output tokens (and the text they release)
     FINISHED = "finished"  # terminal: finish_reason, usage, timings
@@ -105,6 +105,7 @@ class EngineEvent:
     text: str = ""
     num_processed: int = 0  # PROGRESS: prompt tokens processed so far (cache included)
     num_prompt: int = 0
+    num_output: int = 0  # TOKENS: committed output tokens so far, this event's included
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
     timings: Timings | None = None

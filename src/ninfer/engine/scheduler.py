@@ -112,6 +112,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order
         self._bypassed = 0
+        self.just_admitted: list[Sequence] = []  # drained by the engine core after schedule()
 
     # -- intake --------------------------------------------------------------------------------
     @property
@@ -186,6 +187,7 @@ class Scheduler:
             seq.t_admitted = self.clock()
             del self.waiting[i]
             self.running.append(seq)
+            self.just_admitted.append(seq)
             self._bypassed = self._bypassed + 1 if i > 0 else 0
             return True
         return False

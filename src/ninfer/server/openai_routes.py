@@ -205,7 +205,7 @@ class _ChatRun:
     t_start: float = field(default_factory=time.monotonic)
     t_first: float | None = None
     t_last: float | None = None
-    _seen_commits: set[int] = field(default_factory=set)
+    t_admitted: float | None = None
 
     def __post_init__(self) -> None:
         self.renderer = ChatRenderer(
@@ -223,13 +223,14 @@ class _ChatRun:
     def observe(self, event: ChatEvent) -> dict[str, Any] | None:
         """Account one event; returns the tool call's dict for tool_call events."""
         now = time.monotonic()
-        if event.kind == "progress":
+        if event.kind in ("admitted", "progress"):
             self.num_prompt = event.num_prompt
+            if event.kind == "admitted":
+                self.t_admitted = now
         elif event.kind in ("reasoning", "content"):
-            # One commit's ids ride on each delta it released; count each commit once.
-            if event.token_ids and id(event.token_ids) not in self._seen_commits:
-                self._seen_commits.add(id(event.token_ids))
-                self.num_output += len(event.token_ids)
+            # num_output is the committed frontier, including commits whose text is still held
+            if event.num_output > self.num_output:
+                self.num_output = event.num_output
                 self.t_first = self.t_first or now
                 self.t_last = now
             (self.reasoning if event.kind == "reasoning" else self.content).append(event.text)
@@ -246,14 +247,15 @@ class _ChatRun:
         """The stream chunks for one event."""
         call = self.observe(event)
         r = self.renderer
-        if event.kind == "progress":
+        if event.kind in ("admitted", "progress"):
             if not self.chat.return_progress:
                 return []
             out = []
-            if not self.progress_started:
+            if not self.progress_started:  # the initial event: processed == cache
                 self.progress_started = True
                 out.append(r.progress_chunk(self._progress(0)))
-            out.append(r.progress_chunk(self._progress(event.num_processed)))
+            if event.kind == "progress":
+                out.append(r.progress_chunk(self._progress(event.num_processed)))
             return out
         if event.kind in ("reasoning", "content"):
             timings = self._snapshot() if self.chat.timings_per_token else None
@@ -271,7 +273,8 @@ class _ChatRun:
         return []
 
     def _progress(self, processed: int) -> dict[str, Any]:
-        elapsed_ms = int((time.monotonic() - self.t_start) * 1000)
+        # spec: time_ms is elapsed wall time since committed admission
+        elapsed_ms = int((time.monotonic() - (self.t_admitted or self.t_start)) * 1000)
         return {"total": self.num_prompt, "cache": 0, "processed": processed, "time_ms": elapsed_ms}
 
     def _snapshot(self) -> dict[str, Any]:

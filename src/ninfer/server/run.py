@@ -28,7 +28,6 @@ def serve(
     """Blocks until SIGINT/SIGTERM; the engine is closed on the way out."""
     from ninfer.api import Engine
     from ninfer.chat.template import ChatTemplate
-    from ninfer.server.app import create_app
 
     configure_logging(log_level)
     log.info("loading %s", artifact)
@@ -44,15 +43,22 @@ def serve(
             time.monotonic() - t0, engine.model_id, opts.device, opts.dtype, opts.max_context,
             opts.kv_capacity or opts.max_context, opts.max_concurrency, opts.max_pending_requests,
         )  # fmt: skip
-        app = create_app(engine, config)
-        app.run(
-            host=config.host,
-            port=config.port,
-            single_process=True,
-            motd=False,
-            access_log=False,
-            debug=False,
-        )
+        run_server(engine, config)
     finally:
         engine.close()
         log.info("shutdown complete")
+
+
+def run_server(engine: Any, config: ServerConfig) -> None:
+    """Serve an already loaded engine until SIGINT/SIGTERM (the caller closes the engine)."""
+    from ninfer.server.app import create_app
+
+    app = create_app(engine, config)
+    app.run(
+        host=config.host,
+        port=config.port,
+        single_process=True,
+        motd=False,
+        access_log=False,
+        debug=False,
+    )

@@ -135,6 +135,7 @@ def test_max_tokens_zero_processes_prompt_only(tokenizer) -> None:
     core, sched = make_core(tokenizer, runner, chunk=8)
     try:
         ev = _run(core, _req(21, 0))
+        assert ev[0].kind == EventKind.ADMITTED and ev[0].num_prompt == 21
         progress = [e.num_processed for e in ev if e.kind == EventKind.PROGRESS]
         assert progress == [8, 16, 21]
         assert runner.prefill_chunks == [8, 8, 5]

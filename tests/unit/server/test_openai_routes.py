@@ -21,10 +21,11 @@ def run_for(**fields: Any) -> _ChatRun:
 
 def events(finish: FinishReason = FinishReason.STOP, tool: bool = False) -> list[ChatEvent]:
     out = [
+        ChatEvent("admitted", num_prompt=5),
         ChatEvent("progress", num_processed=3, num_prompt=5),
         ChatEvent("progress", num_processed=5, num_prompt=5),
-        ChatEvent("reasoning", text="hm", token_ids=[1]),
-        ChatEvent("content", text="ok", token_ids=[2]),
+        ChatEvent("reasoning", text="hm", token_ids=[1], num_output=1),
+        ChatEvent("content", text="ok", token_ids=[2], num_output=3),  # a commit held no text
     ]
     if tool:
         out.append(ChatEvent("tool_call", tool_call=ToolCall(0, "f", '{"a": 1}')))
@@ -86,14 +87,13 @@ def test_progress_chunks_start_at_cache_and_end_at_total() -> None:
     assert all("prompt_progress" not in f for f in out[first_delta:])
 
 
-def test_per_token_timings_count_each_commit_once() -> None:
+def test_per_token_timings_follow_the_committed_frontier() -> None:
     run = run_for(stream=True, timings_per_token=True)
-    ids = [7, 8]
     evs = [
         ChatEvent("progress", num_processed=5, num_prompt=5),
-        ChatEvent("reasoning", text="a", token_ids=ids),
-        ChatEvent("content", text="b", token_ids=ids),  # same commit released two deltas
-        ChatEvent("content", text="c", token_ids=[9]),
+        ChatEvent("reasoning", text="a", token_ids=[8], num_output=2),  # token 1 held its text
+        ChatEvent("content", text="b", token_ids=[8], num_output=2),  # same commit, two deltas
+        ChatEvent("content", text="c", token_ids=[9], num_output=3),
     ]
     out = frames(run, evs)
     assert [f["timings"]["predicted_n"] for f in out] == [2, 2, 3]

@@ -1,0 +1,73 @@
+"""`python -m support.scripted_serve`: a live server whose engine runs a ScriptedRunner.
+
+The engine, tokenizer, template, output decoder and HTTP server are the real ones loaded from the
+demo artifact; only the model runner is replaced. Scripts (see SCRIPTS) are selected by a trigger
+string in the prompt. Used by the e2e protocol tests; not part of the CLI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from ninfer.api import Engine
+from ninfer.artifact.demo import ensure_demo
+from ninfer.server.config import ServerConfig
+from ninfer.server.logs import configure_logging
+from ninfer.server.run import run_server
+from support.scripted_runner import ScriptedRunner
+
+WEATHER_CALL = (
+    "<think>\nThe user wants the weather; call the tool.\n</think>\n\n"
+    "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+    "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"
+)
+
+
+def _echo_client(prompt: str) -> str:
+    tag = re.search(r"client-\d+", prompt)
+    word = tag.group(0) if tag else "nobody"
+    return "<think>\nok\n</think>\n\n" + " ".join([word] * 12)
+
+
+SCRIPTS = [
+    ("TOOL_RESULT_SUNNY", lambda p: "<think>\nGot it.\n</think>\n\nIt is sunny in Paris."),
+    ("WEATHER?", lambda p: WEATHER_CALL),
+    ("REASON", lambda p: "<think>\nLet me think about it.\n</think>\n\nThe answer is 42."),
+    ("STOPWORD", lambda p: "<think>\nx\n</think>\n\nalpha beta STOP gamma delta"),
+    ("client-", _echo_client),
+    ("SLOW", lambda p: "<think>\nslow\n</think>\n\ndone"),
+    ("LONG", lambda p: "<think>\nlong\n</think>\n\n" + " ".join(["word"] * 2000)),
+]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--max-concurrency", type=int, default=2)
+    ap.add_argument("--max-pending-requests", type=int, default=4)
+    ap.add_argument("--step-delay", type=float, default=0.0)
+    ap.add_argument("--first-token-delay", type=float, default=0.0)
+    args = ap.parse_args()
+    configure_logging("info")
+    engine = Engine.load(
+        ensure_demo(),
+        dtype="fp32",
+        max_context=2048,
+        max_concurrency=args.max_concurrency,
+        max_pending_requests=args.max_pending_requests,
+    )
+    engine.core.runner = ScriptedRunner(
+        engine.tokenizer,
+        SCRIPTS,
+        step_delay_s=args.step_delay,
+        first_token_delay_s=args.first_token_delay,
+    )
+    try:
+        run_server(engine, ServerConfig(port=args.port))
+    finally:
+        engine.close()
+
+
+if __name__ == "__main__":
+    main()
