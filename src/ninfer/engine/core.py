@@ -184,13 +184,22 @@ class EngineCore:
                 live.seq.cancelled = True
         return True
 
+    def _emit(self, live: _Live, event: EngineEvent) -> None:
+        """Deliver one event; a consumer that fails (e.g. its event loop closed) is cancelled,
+        never the engine: one broken client must not cost the other requests their work."""
+        try:
+            live.sink(event)
+        except Exception:
+            log.warning("request %s: event consumer failed; cancelling it", live.seq.request_id)
+            live.seq.cancelled = True
+
     def _announce_admissions(self) -> None:
         admitted, self.scheduler.just_admitted = self.scheduler.just_admitted, []
         for seq in admitted:
             live = self._live.get(seq.request_id)
             if live is not None and seq.slot is not None:
-                live.sink(
-                    EngineEvent(seq.request_id, EventKind.ADMITTED, num_prompt=seq.num_prompt)
+                self._emit(
+                    live, EngineEvent(seq.request_id, EventKind.ADMITTED, num_prompt=seq.num_prompt)
                 )
 
     def _idle_wait(self) -> None:
@@ -208,13 +217,14 @@ class EngineCore:
             seq = unit.seq
             seq.num_computed += unit.num_tokens
             live = self._live[seq.request_id]
-            live.sink(
+            self._emit(
+                live,
                 EngineEvent(
                     seq.request_id,
                     EventKind.PROGRESS,
                     num_processed=seq.num_computed,
                     num_prompt=seq.num_prompt,
-                )
+                ),
             )
             if unit.samples:
                 self._commit_token(seq, result.sampled[id(seq)], now)
@@ -235,7 +245,8 @@ class EngineCore:
             seq.t_first_token = now
         seq.t_last_token = now
         commit = live.output.commit(token_id, seq.num_output, len(seq.token_ids))
-        live.sink(
+        self._emit(
+            live,
             EngineEvent(
                 seq.request_id,
                 EventKind.TOKENS,
@@ -243,7 +254,7 @@ class EngineCore:
                 commit.text,
                 num_prompt=seq.num_prompt,
                 num_output=seq.num_output,
-            )
+            ),
         )
         if commit.finish is not None:
             self._terminal(seq, commit.finish, flush=False)
@@ -258,10 +269,11 @@ class EngineCore:
         with self._lock:
             self._num_live -= 1
         if isinstance(why, BaseException):
-            live.sink(EngineEvent(seq.request_id, EventKind.ERROR, error=why))
+            self._emit(live, EngineEvent(seq.request_id, EventKind.ERROR, error=why))
             return
         text = live.output.finish() if flush else ""
-        live.sink(
+        self._emit(
+            live,
             EngineEvent(
                 seq.request_id,
                 EventKind.FINISHED,
@@ -269,7 +281,7 @@ class EngineCore:
                 finish_reason=why,
                 usage=Usage(seq.num_prompt, seq.num_output),
                 timings=_timings(seq),
-            )
+            ),
         )
 
     def _fail_all(self, error: BaseException) -> None:

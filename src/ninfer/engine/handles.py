@@ -49,7 +49,8 @@ class AsyncRequestHandle:
         self._queue: asyncio.Queue[EngineEvent] = asyncio.Queue()
 
         def sink(event: EngineEvent) -> None:
-            loop.call_soon_threadsafe(self._queue.put_nowait, event)
+            if not loop.is_closed():  # a closed loop has no reader left; drop the event
+                loop.call_soon_threadsafe(self._queue.put_nowait, event)
 
         self.request_id = core.submit(request, sink)
         self.done = False

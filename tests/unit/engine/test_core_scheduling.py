@@ -265,3 +265,21 @@ def test_random_requests_with_cancellations_leave_pools_clean(tokenizer) -> None
         assert sched.pages.num_free == 24 and sched.slots.num_free == 8
     finally:
         core.close()
+
+
+def test_a_failing_consumer_is_cancelled_not_the_engine(tokenizer) -> None:
+    core, sched = make_core(tokenizer, FakeRunner(), lanes=2)
+    try:
+
+        def broken(event: EngineEvent) -> None:
+            if event.kind == EventKind.TOKENS:
+                raise RuntimeError("Event loop is closed")
+
+        core.submit(_req(4, 50), broken)
+        ev = _run(core, _req(5, 6))
+        assert ev[-1].finish_reason == FinishReason.LENGTH
+        _wait_idle(core, sched)
+        assert core.healthy and core.failure is None
+        sched.check_integrity()
+    finally:
+        core.close()
