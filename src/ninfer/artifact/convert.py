@@ -123,7 +123,7 @@ def _plan_tensor(
     ckpt: HFCheckpoint, component: str, rel: str, shape: tuple[int, ...], weights: WeightsMode
 ) -> list[TensorPlan]:
     name = f"{component}.{rel}"
-    if weights == "fp8" and schema.is_quantizable(rel, shape):
+    if weights == "fp8" and component != "vision" and schema.is_quantizable(rel, shape):
         blocks = (*shape[:-2], -(-shape[-2] // FP8_BLOCK), -(-shape[-1] // FP8_BLOCK))
         scale = f"{name}_scale_inv"
         return [

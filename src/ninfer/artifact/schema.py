@@ -178,19 +178,20 @@ def component_tensors(config: dict[str, Any], component: str) -> Shapes:
     raise ValueError(f"unknown component {component!r}")
 
 
-def is_quantizable(name: str, shape: tuple[int, ...]) -> bool:
-    """Linear weights that `--weights fp8` stores as e4m3 with 128x128 block scales.
+# Kept in high precision by `--weights fp8`, as in the official Qwen3.5 FP8 checkpoints: they are a
+# small share of the bytes and the most sensitive to rounding (gathers, routers, gates, tiny heads).
+_HIGH_PRECISION = (
+    "embed_tokens.weight",
+    "lm_head.weight",
+    "mlp.gate.weight",
+    "shared_expert_gate.weight",
+    "in_proj_a.weight",
+    "in_proj_b.weight",
+)
 
-    Embeddings, lm_head, routers, norms, convolutions and the tiny per-head projections stay in
-    bf16: they are a small share of the bytes and the most sensitive to rounding.
-    """
-    if len(shape) not in (2, 3):
-        return False
-    last = name.rsplit(".", 2)
-    if name.endswith(("embed_tokens.weight", "lm_head.weight", "mlp.gate.weight")):
-        return False
-    if name.endswith(("shared_expert_gate.weight", "in_proj_a.weight", "in_proj_b.weight")):
-        return False
-    if name.endswith(("conv1d.weight", "fc.weight")) or "norm" in last[-2]:
-        return False
-    return name.endswith(("_proj.weight", "experts.gate_up_proj", "experts.down_proj"))
+
+def is_quantizable(name: str, shape: tuple[int, ...]) -> bool:
+    """Text / MTP linear weights that `--weights fp8` stores as e4m3 with 128x128 block scales."""
+    if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+        return len(shape) == 3
+    return len(shape) == 2 and name.endswith(".weight") and not name.endswith(_HIGH_PRECISION)

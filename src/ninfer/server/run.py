@@ -43,6 +43,8 @@ def serve(
             time.monotonic() - t0, engine.model_id, opts.device, opts.dtype, opts.max_context,
             opts.kv_capacity or opts.max_context, opts.max_concurrency, opts.max_pending_requests,
         )  # fmt: skip
+        if engine.artifact.metadata.get("random_weights"):
+            log.warning("%s has RANDOM weights: its output is meaningless", engine.model_id)
         run_server(engine, config)
     finally:
         engine.close()

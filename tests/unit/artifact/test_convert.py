@@ -211,3 +211,78 @@ def test_cli_convert_and_inspect(checkpoint: Path, tmp_path: Path) -> None:
     )
     assert r.returncode == 2
     assert "unknown component 'audio'" in r.stderr and "Traceback" not in r.stderr
+
+
+# -- checkpoint layouts: every variant of one seed holds the same weights -------------------------
+from ninfer.testing import TinySpec, make_tiny_checkpoint  # noqa: E402
+
+VARIANT_SPEC = TinySpec(kind="moe", vocab_size=1024, hidden_size=160)
+
+
+@pytest.fixture(scope="module")
+def reference_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("variants")
+    ckpt = make_tiny_checkpoint(tmp / "nested", VARIANT_SPEC, seed=7)
+    return convert(ckpt, tmp / "nested.ninfer").path
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [{"num_shards": 3}, {"layout": "flat"}, {"fused_experts": True}],
+    ids=["sharded", "flat", "fused-experts"],
+)
+def test_layout_variants_convert_to_identical_text_weights(
+    variant: dict, reference_artifact: Path, tmp_path: Path
+) -> None:
+    ckpt = make_tiny_checkpoint(tmp_path / "ckpt", VARIANT_SPEC, seed=7, **variant)
+    if variant.get("num_shards"):
+        assert (ckpt / "model.safetensors.index.json").is_file()
+    out = convert(ckpt, tmp_path / "v.ninfer").path
+    with Artifact(out) as art, Artifact(reference_artifact) as ref:
+        names = [e.name for e in ref.entries("text")]
+        assert sorted(names) == sorted(e.name for e in art.entries("text"))
+        for name in names:
+            assert torch.equal(
+                art.tensor(name).view(torch.int16), ref.tensor(name).view(torch.int16)
+            )
+        assert ("mtp" in art.components) == ("mtp" in ref.components)
+
+
+@pytest.mark.parametrize("scale_dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_hf_fp8_checkpoint_passes_through_or_dequantizes(
+    scale_dtype: torch.dtype, reference_artifact: Path, tmp_path: Path
+) -> None:
+    ckpt = make_tiny_checkpoint(
+        tmp_path / "fp8", VARIANT_SPEC, seed=7, fp8=True, fp8_scale_dtype=scale_dtype
+    )
+    src = _source_tensors(ckpt)
+    key = "model.language_model.layers.0.linear_attn.in_proj_qkv.weight"
+    assert src[key].dtype == torch.float8_e4m3fn
+    # --weights fp8 keeps the checkpoint's own e4m3 bytes and scales
+    out8 = convert(ckpt, tmp_path / "fp8.ninfer", weights="fp8").path
+    with Artifact(out8) as art:
+        name = "text.layers.0.linear_attn.in_proj_qkv.weight"
+        assert art.header.tensors[name].format == "fp8_block128"
+        assert torch.equal(art.tensor(name).view(torch.uint8), src[key].view(torch.uint8))
+        scale = art.tensor(art.header.tensors[name].scale)
+        assert torch.equal(scale, src[key + "_scale_inv"].float())
+    # --weights bf16 dequantizes: close to the bf16 checkpoint of the same seed
+    out16 = convert(ckpt, tmp_path / "bf16.ninfer").path
+    with Artifact(out16) as art, Artifact(reference_artifact) as ref:
+        for e in ref.entries("text"):
+            got, want = art.tensor(e.name).float(), ref.tensor(e.name).float()
+            assert art.header.tensors[e.name].dtype == e.dtype
+            assert torch.allclose(got, want, rtol=2**-4, atol=want.abs().max().item() * 2**-8)
+
+
+def test_convert_chat_template_option_becomes_the_default(
+    reference_artifact: Path, tmp_path: Path
+) -> None:
+    ckpt = make_tiny_checkpoint(tmp_path / "c", VARIANT_SPEC, seed=7)
+    tpl = tmp_path / "mine.jinja"
+    tpl.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    out = convert(ckpt, tmp_path / "t.ninfer", chat_template=tpl).path
+    with Artifact(out) as art:
+        assert art.header.default_chat_template == "custom"
+        assert art.chat_template() == tpl.read_text()
+        assert "ninfer-qwen3_5" in art.header.chat_templates
