@@ -18,6 +18,7 @@ from ninfer.artifact.reader import Artifact
 from ninfer.chat.output_decoder import DeltaKind, OutputDecoder, ToolCall, ToolCallParseStats
 from ninfer.chat.template import ChatTemplate
 from ninfer.engine.core import EngineCore
+from ninfer.engine.graphs import DecodeGraphs, unsupported_reason
 from ninfer.engine.handles import AsyncRequestHandle, RequestHandle
 from ninfer.engine.kv_pool import PagePool
 from ninfer.engine.options import EngineOptions, resolve_device
@@ -74,6 +75,7 @@ class ChatEvent:
     num_prompt: int = 0
     num_output: int = 0  # committed output tokens so far (a commit may release no text yet)
     token_ids: list[int] = field(default_factory=list)
+    stop_sequence: str | None = None  # finished: the stop string that ended the output
 
 
 class Engine:
@@ -84,6 +86,9 @@ class Engine:
         self.options = options
         self.artifact = artifact
         self.model_id = artifact.name
+        # Thinking-token cap for chat requests that start in thinking mode and pass no budget
+        # of their own (`ninfer serve --default-thinking-budget`); None: uncapped.
+        self.default_thinking_budget: int | None = None
         self.tokenizer = Tokenizer.from_json(artifact.tokenizer_json)
         self.template = ChatTemplate(artifact.chat_template())
         gen = artifact.header.generation
@@ -100,10 +105,14 @@ class Engine:
         num_pages = -(-kv_tokens // options.page_size)
         extra = options.device_state_slots
         num_slots = options.max_concurrency + (options.max_concurrency if extra is None else extra)
+        # [cuda-graphs] one spare state slot and KV page, never handed out, for graph capture
+        use_graphs = device.type == "cuda" and not options.no_cuda_graph
+        self.graph_status = _graph_status(self.model, use_graphs, options.max_concurrency)
+        spare = 1 if self.graph_status == "on" else 0
         self.cache = ModelCache.allocate(
             self.config,
-            num_pages=num_pages,
-            num_slots=num_slots,
+            num_pages=num_pages + spare,
+            num_slots=num_slots + spare,
             page_size=options.page_size,
             dtype=dtype,
             device=device,
@@ -120,7 +129,17 @@ class Engine:
             SlotPool(num_slots),
         )
         sampler = Sampler(num_sampleable=min(self.tokenizer.vocab_size, self.config.vocab_size))
-        runner = ModelRunner(self.model, self.cache, sampler, device)
+        graphs = None
+        if spare:
+            graphs = DecodeGraphs(
+                self.model,
+                self.cache,
+                max_batch=options.max_concurrency,
+                max_pages=-(-options.max_context // options.page_size),
+                dummy_slot=num_slots,
+                dummy_page=num_pages,
+            )
+        runner = ModelRunner(self.model, self.cache, sampler, device, graphs=graphs)
         self.core = EngineCore(
             scheduler,
             runner,
@@ -155,6 +174,7 @@ class Engine:
         thinking: bool = True,
         request_id: str | None = None,
         ignore_eos: bool = False,
+        thinking_budget: int | None = None,
         **sampling: Any,
     ) -> GenerationRequest:
         unknown = sorted(set(sampling) - set(SAMPLING_FIELDS))
@@ -169,6 +189,7 @@ class Engine:
             stop=tuple(stop),
             request_id=request_id,
             ignore_eos=ignore_eos,
+            thinking_budget=thinking_budget,
         )
 
     def generate(self, prompt: str | Sequence[int], **kwargs: Any) -> Iterator[EngineEvent]:
@@ -199,7 +220,11 @@ class Engine:
         template_kwargs: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatEvent]:
-        """Render, generate and decode into reasoning / content / tool-call events."""
+        """Render, generate and decode into reasoning / content / tool-call events.
+
+        `thinking_budget=N` (in kwargs) caps thinking at N model tokens when the output starts
+        in thinking mode; omitted, `default_thinking_budget` applies.
+        """
         request, decoder = self._chat_request(
             messages, tools, enable_thinking, template_kwargs, kwargs
         )
@@ -235,9 +260,22 @@ class Engine:
         kw = dict(template_kwargs or {})
         kw["enable_thinking"] = enable_thinking
         ids = self.render(messages, tools, **kw)
-        continuing = bool(messages) and messages[-1].get("role") == "assistant"
-        request = self.make_request(ids, thinking=enable_thinking, **kwargs)
-        decoder = OutputDecoder(tools=tools, starts_in_reasoning=enable_thinking and not continuing)
+        # The template continues a final assistant message only without a generation prompt
+        # (an assistant prefill); otherwise it opens a fresh assistant turn, thinking included.
+        continuing = (
+            bool(messages)
+            and messages[-1].get("role") == "assistant"
+            and kw.get("add_generation_prompt", True) is False
+        )
+        starts_in_reasoning = enable_thinking and not continuing
+        budget = kwargs.pop("thinking_budget", None) or self.default_thinking_budget
+        request = self.make_request(
+            ids,
+            thinking=enable_thinking,
+            thinking_budget=budget if starts_in_reasoning else None,
+            **kwargs,
+        )
+        decoder = OutputDecoder(tools=tools, starts_in_reasoning=starts_in_reasoning)
         return request, decoder
 
     def close(self) -> None:
@@ -293,6 +331,7 @@ class _ChatTracker:
                     ),
                     timings=event.timings,
                     tool_parse=self.decoder.stats,
+                    stop_sequence=event.stop_string,
                 )
             )
             return out
@@ -308,6 +347,14 @@ class _ChatTracker:
                 kind = "reasoning" if d.kind == DeltaKind.REASONING else "content"
                 out.append(ChatEvent(kind, text=d.text, token_ids=token_ids, num_output=num_output))
         return out
+
+
+def _graph_status(model: Qwen3_5Model, wanted: bool, max_batch: int) -> str:
+    """`on`, `off` (not wanted: CPU or no_cuda_graph) or `off: <why the model cannot>`."""
+    if not wanted:
+        return "off"
+    reason = unsupported_reason(model, max_batch)
+    return "on" if reason is None else f"off: {reason}"
 
 
 def _presets(generation: Mapping[str, Any], architecture: str) -> dict[str, SamplingPreset]:

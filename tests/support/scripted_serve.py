@@ -30,6 +30,19 @@ def _echo_client(prompt: str) -> str:
     return "<think>\nok\n</think>\n\n" + " ".join([word] * 12)
 
 
+PROBE_MARKERS = ("SECRET_INSTR", "NEW_INSTR", "FIRST_TURN", "THOUGHT_MARK")
+NAMESPACED_CALL = (
+    "<think>\nns\n</think>\n\n<tool_call>\n<function=mcp__weather__get_current>\n<parameter=city>\nOslo\n</parameter>\n"
+    "</function>\n</tool_call>"
+)
+
+
+def _probe_history(prompt: str) -> str:
+    # lower-case names, so a probe answer replayed in history never reads as a marker
+    found = [f"{m.lower()}={'yes' if m in prompt else 'no'}" for m in PROBE_MARKERS]
+    return "<think>\nprobe\n</think>\n\n" + " ".join(found)
+
+
 SCRIPTS = [
     ("TOOL_RESULT_SUNNY", lambda p: "<think>\nGot it.\n</think>\n\nIt is sunny in Paris."),
     ("WEATHER?", lambda p: WEATHER_CALL),
@@ -38,6 +51,14 @@ SCRIPTS = [
     ("client-", _echo_client),
     ("SLOW", lambda p: "<think>\nslow\n</think>\n\ndone"),
     ("LONG", lambda p: "<think>\nlong\n</think>\n\n" + " ".join(["word"] * 2000)),
+    # Responses tests: which markers reached the prompt (history, instructions, kept reasoning)
+    ("PROBE_HISTORY", _probe_history),
+    ("FIRST_TURN", lambda p: "<think>\nTHOUGHT_MARK\n</think>\n\nfirst answer"),
+    ("FORECAST_NS", lambda p: NAMESPACED_CALL),
+    # Thinking-budget tests: reasoning far longer than any budget they set
+    ("BUDGETED", lambda p: "<think>\n" + " ".join(["step"] * 1500) + "\n</think>\n\ndone"),
+    # Assistant-prefill tests: the continuation of an open assistant turn (no thinking block)
+    ("CONTINUE_ME", lambda p: " and continued."),
 ]
 
 

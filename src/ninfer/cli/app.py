@@ -11,6 +11,7 @@ import sys
 import typer
 
 from ninfer.cli import (
+    bench_cmd,
     chat_cmd,
     convert_cmd,
     count_tokens_cmd,
@@ -31,6 +32,7 @@ app.command("count-tokens")(count_tokens_cmd.count_tokens)
 app.command("convert")(convert_cmd.convert)
 app.command("serve")(serve_cmd.serve)
 app.command("chat")(chat_cmd.chat)
+app.command("bench")(bench_cmd.bench)
 for _name, _help in not_built.COMMANDS.items():
     app.command(_name, help=_help, context_settings=not_built.CONTEXT)(not_built.make(_name))
 

@@ -6,9 +6,7 @@ from collections.abc import Callable
 
 import typer
 
-COMMANDS = {
-    "bench": "Benchmark prefill and decode (not built yet).",
-}
+COMMANDS: dict[str, str] = {}
 CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 

@@ -55,7 +55,7 @@ def serve(
     dtype: str = _opt("bf16", "--dtype", help="bf16|fp32 compute dtype."),
     device: str | None = _opt(None, "--device", help="CUDA index N, or cpu (default: auto)."),
     chat_template: Path | None = _opt(None, "--chat-template", help="Jinja template file."),
-    no_cuda_graph: bool = _opt(False, "--no-cuda-graph", help="(no graphs are used yet)"),
+    no_cuda_graph: bool = _opt(False, "--no-cuda-graph", help="Decode without CUDA graphs."),
     no_prefix_reuse: bool = _opt(False, "--no-prefix-reuse", help="(no prefix reuse yet)"),
     log_stats_interval_ms: int | None = _opt(None, "--log-stats-interval-ms", help="Not built."),
     kv_dtype: str | None = _opt(None, "--kv-dtype", help="Only bf16 is built."),
@@ -65,15 +65,17 @@ def serve(
     vision: bool = _opt(False, "--vision", help="Not built."),
     request_log_jsonl: Path | None = _opt(None, "--request-log-jsonl", help="Not built."),
     default_thinking_budget: int | None = _opt(
-        None, "--default-thinking-budget", help="Not built."
+        None, "--default-thinking-budget", help="Thinking-token cap (thinking mode).", min=1
     ),
     host_context_mib: int | None = _opt(None, "--host-context-mib", help="Not built."),
     context_cost_presets: Path | None = _opt(None, "--context-cost-presets", help="Not built."),
     media_cache_mib: int | None = _opt(None, "--media-cache-mib", help="Not built."),
     media_live_mib: int | None = _opt(None, "--media-live-mib", help="Not built."),
     media_threads: int | None = _opt(None, "--media-preprocess-threads", help="Not built."),
-    store_records: int | None = _opt(None, "--response-store-max-records", help="Not built."),
-    store_mib: int | None = _opt(None, "--response-store-max-mib", help="Not built."),
+    store_records: int = _opt(
+        1024, "--response-store-max-records", help="Stored Responses (LRU).", min=1
+    ),
+    store_mib: int = _opt(256, "--response-store-max-mib", help="Response store MiB.", min=1),
 ) -> None:
     """Serve the OpenAI Chat Completions API over one resident engine."""
     not_built = {
@@ -83,14 +85,11 @@ def serve(
         "--vision": vision,
         "--kv-dtype": kv_dtype not in (None, "bf16"),
         "--request-log-jsonl": request_log_jsonl is not None,
-        "--default-thinking-budget": default_thinking_budget is not None,
         "--host-context-mib": host_context_mib is not None,
         "--context-cost-presets": context_cost_presets is not None,
         "--media-cache-mib": media_cache_mib is not None,
         "--media-live-mib": media_live_mib is not None,
         "--media-preprocess-threads": media_threads is not None,
-        "--response-store-max-records": store_records is not None,
-        "--response-store-max-mib": store_mib is not None,
         "--log-stats-interval-ms": log_stats_interval_ms not in (None, 0),
         "--kv-capacity auto": kv_capacity == "auto",
     }
@@ -116,6 +115,9 @@ def serve(
         default_max_tokens=default_max_tokens,
         no_thinking=no_thinking,
         preserve_thinking=preserve_thinking,
+        default_thinking_budget=default_thinking_budget,
+        response_store_max_records=store_records,
+        response_store_max_mib=store_mib,
     )
     sampling = {
         "temperature": temperature,
@@ -136,6 +138,7 @@ def serve(
         "device_state_slots": device_state_slots,
         "dtype": dtype,
         "device": _device(device),
+        "no_cuda_graph": no_cuda_graph,
         "greedy": greedy,
         **{k: v for k, v in sampling.items() if v is not None},
     }

@@ -35,6 +35,7 @@ from ninfer.engine.runner import ModelRunner, StepResult
 from ninfer.engine.sampling import SamplingParamError, SamplingParams
 from ninfer.engine.scheduler import Scheduler, Sequence, StepPlan
 from ninfer.engine.stops import StopStringError
+from ninfer.engine.thinking_budget import ThinkingBudget, ThinkingControl
 from ninfer.tokenizer import Tokenizer
 
 Sink = Callable[[EngineEvent], None]
@@ -47,6 +48,7 @@ class _Live:
     seq: Sequence
     sink: Sink
     output: OutputState
+    budget: ThinkingBudget | None = None
 
 
 class EngineCore:
@@ -65,6 +67,7 @@ class EngineCore:
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self._resolve_sampling = resolve_sampling
+        self.thinking_control = ThinkingControl.from_tokenizer(tokenizer)
         self._pending_timeout_s = pending_timeout_s
         self._lock = threading.Condition()
         self._inbox: list[_Live] = []
@@ -121,6 +124,7 @@ class EngineCore:
             )
         except StopStringError as e:
             raise InvalidRequest(str(e)) from e
+        budget = self._thinking_budget(request)
         with self._lock:
             if self._closed or self.failure is not None:
                 raise EngineClosed("the engine is not running")
@@ -132,9 +136,22 @@ class EngineCore:
             if request_id in self._live or any(x.seq.request_id == request_id for x in self._inbox):
                 raise InvalidRequest(f"request id {request_id!r} is already in use")
             self._num_live += 1
-            self._inbox.append(_Live(seq, sink, output))
+            self._inbox.append(_Live(seq, sink, output, budget))
             self._lock.notify()
         return request_id
+
+    def _thinking_budget(self, request: GenerationRequest) -> ThinkingBudget | None:
+        budget = request.thinking_budget
+        if budget is None:
+            return None
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+            raise InvalidRequest(f"thinking_budget must be a positive integer, got {budget!r}")
+        if self.thinking_control is None:
+            raise InvalidRequest("this tokenizer has no </think> token: no thinking budget")
+        max_context = self.scheduler.config.max_context
+        num_capacity = min(request.max_tokens, max_context - len(request.prompt_ids))
+        self.thinking_control.check_capacity(budget, num_capacity)
+        return ThinkingBudget(budget, self.thinking_control)
 
     def cancel(self, request_id: str) -> None:
         """Cancel at any point (waiting, prefilling or decoding); a no-op once finished."""
@@ -233,6 +250,8 @@ class EngineCore:
                 self._terminal(seq, FinishReason.LENGTH)
         for seq in plan.decode:
             seq.num_computed += 1
+            if seq.num_computed < len(seq.token_ids):
+                continue  # the row fed an inserted control token: its sample is not wanted
             self._commit_token(seq, result.sampled[id(seq)], now)
 
     def _commit_token(self, seq: Sequence, token_id: int, now: float) -> None:
@@ -258,6 +277,28 @@ class EngineCore:
         )
         if commit.finish is not None:
             self._terminal(seq, commit.finish, flush=False)
+        elif live.budget is not None:
+            self._insert_control(live, live.budget.after_commit(token_id, seq.num_output))
+
+    def _insert_control(self, live: _Live, control_ids: tuple[int, ...]) -> None:
+        """Commit control tokens without sampling. They join `token_ids` uncomputed; the next
+        decode steps feed them one per step (discarding those samples) before sampling again."""
+        if not control_ids:
+            return
+        seq = live.seq
+        seq.token_ids.extend(control_ids)
+        self._emit(
+            live,
+            EngineEvent(
+                seq.request_id,
+                EventKind.TOKENS,
+                list(control_ids),
+                live.output.commit_control(control_ids),
+                num_prompt=seq.num_prompt,
+                num_output=seq.num_output,
+                num_control=len(control_ids),
+            ),
+        )
 
     def _terminal(
         self, seq: Sequence, why: FinishReason | BaseException, flush: bool = True
@@ -281,6 +322,7 @@ class EngineCore:
                 finish_reason=why,
                 usage=Usage(seq.num_prompt, seq.num_output),
                 timings=_timings(seq),
+                stop_string=live.output.stop_string,
             ),
         )
 

@@ -49,3 +49,19 @@ class EngineFailed(EngineError):
     """An engine-wide failure; the server reports /health 503 afterwards."""
 
     code = "engine_failure"
+
+
+class ThinkingBudgetCapacityInsufficient(EngineError):
+    """The output capacity passes the thinking cap but cannot hold the control suffix (HTTP 400)."""
+
+    code = "thinking_budget_capacity_insufficient"
+
+    def __init__(self, budget: int, num_capacity: int, num_needed: int) -> None:
+        self.budget = budget
+        self.num_capacity = num_capacity
+        self.num_needed = num_needed
+        super().__init__(
+            f"the output capacity of {num_capacity} tokens extends past the thinking budget of "
+            f"{budget} but cannot fit the early-close control suffix plus one answer token "
+            f"({num_needed} tokens); raise max_tokens or lower the budget"
+        )

@@ -50,6 +50,21 @@ class OutputState:
             return Commit(result.text + self._flush(), FinishReason.CONTEXT)
         return Commit(result.text, None)
 
+    def commit_control(self, token_ids: tuple[int, ...]) -> str:
+        """Account for inserted control tokens; returns their text plus any held model text.
+
+        Control text is not model output, so no stop string is matched in it (a stop could
+        otherwise cut the suffix apart); text held as a possible stop start is released first.
+        The caller guarantees the limits leave room (the capacity check at submission).
+        """
+        held = self._stops.flush()
+        return held + self._detok.push(list(token_ids))
+
+    @property
+    def stop_string(self) -> str | None:
+        """The stop string that ended the output, or None."""
+        return self._stops.matched
+
     def finish(self) -> str:
         """The request ends for an outside reason: release whatever text is still held."""
         return self._flush()

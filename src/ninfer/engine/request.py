@@ -38,6 +38,9 @@ class GenerationRequest:
     ignore_eos: bool = False
     request_id: str | None = None
     pending_timeout_s: float | None = None  # None: the engine's --pending-timeout-ms
+    # Cap on model-sampled tokens while thinking is open; set only for requests whose output
+    # starts inside `<think>`. At the cap the engine inserts Qwen's early-close suffix.
+    thinking_budget: int | None = None
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,8 @@ class EngineEvent:
     usage: Usage | None = None
     timings: Timings | None = None
     error: Exception | None = None
+    stop_string: str | None = None  # FINISHED: the stop string that ended the output, if one did
+    num_control: int = 0  # TOKENS: how many of token_ids were inserted without sampling
 
     @property
     def is_terminal(self) -> bool:

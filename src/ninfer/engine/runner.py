@@ -7,15 +7,19 @@ to commit. The runner owns the device-side cache; it never decides policy.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 
+from ninfer.engine.graphs import DecodeGraphs, GraphError
 from ninfer.engine.sampling import Sampler, count_output_ids
 from ninfer.engine.scheduler import Sequence, StepPlan
 from ninfer.model.batch import ForwardBatch
 from ninfer.model.cache import ModelCache
 from ninfer.model.qwen3_5 import Qwen3_5Model
+
+log = logging.getLogger("ninfer.engine")
 
 
 @dataclass(frozen=True)
@@ -32,11 +36,13 @@ class ModelRunner:
         cache: ModelCache,
         sampler: Sampler,
         device: torch.device | str = "cpu",
+        graphs: DecodeGraphs | None = None,
     ) -> None:
         self.model = model
         self.cache = cache
         self.sampler = sampler
         self.device = torch.device(device)
+        self.graphs = graphs  # CUDA-graph decode (engine/graphs.py); None: eager
 
     def execute(self, plan: StepPlan) -> StepResult:
         sampled: dict[int, int] = {}
@@ -59,14 +65,30 @@ class ModelRunner:
                 rows.append((seq, logits[0]))
         if plan.decode:
             seqs = plan.decode
-            batch = ForwardBatch.decode(
-                [s.token_ids[s.num_computed] for s in seqs],
-                num_computed=[s.num_computed for s in seqs],
-                page_tables=[s.pages for s in seqs],
-                state_slots=[s.slot for s in seqs],  # type: ignore[misc]
-                device=self.device,
-            )
-            logits = self.model.forward(batch, self.cache)  # [B, V]
+            ids = [s.token_ids[s.num_computed] for s in seqs]
+            num_computed = [s.num_computed for s in seqs]
+            page_tables = [s.pages for s in seqs]
+            slots: list[int] = [s.slot for s in seqs]  # type: ignore[misc]
+            logits = None
+            if self.graphs is not None and self.graphs.fits(
+                len(seqs), max(len(p) for p in page_tables)
+            ):
+                try:
+                    logits = self.graphs.decode(
+                        ids, num_computed=num_computed, page_tables=page_tables, state_slots=slots
+                    )  # [B, V], static: sampled below before the next replay
+                except GraphError as e:  # capture touched only the dummy slot: go eager
+                    log.warning("CUDA graphs disabled, decoding eagerly: %s", e)
+                    self.graphs = None
+            if logits is None:
+                batch = ForwardBatch.decode(
+                    ids,
+                    num_computed=num_computed,
+                    page_tables=page_tables,
+                    state_slots=slots,
+                    device=self.device,
+                )
+                logits = self.model.forward(batch, self.cache)  # [B, V]
             rows.extend((s, logits[i]) for i, s in enumerate(seqs))
         if rows:
             seqs = [s for s, _ in rows]

@@ -1,7 +1,8 @@
 """`create_app(engine, config)`: the Sanic application with routes, auth, CORS and error bodies.
 
-Owns the cross-cutting HTTP rules: every response carries `x-request-id`; errors (including
-Sanic's own 404/405/413) are OpenAI-shaped; `--api-key` guards all but /health and preflight,
+Owns the cross-cutting HTTP rules: every response carries `x-request-id` (`request-id` on the
+Anthropic paths); errors (including Sanic's own 404/405/413) are OpenAI-shaped, Anthropic-shaped
+on the Anthropic paths; `--api-key` guards all but /health and preflight,
 compared in constant time; `--cors` adds permissive headers. Routes live in their own modules.
 """
 
@@ -17,15 +18,29 @@ from sanic.exceptions import SanicException
 from sanic.response import HTTPResponse
 
 from ninfer.api import Engine
+from ninfer.protocol.anthropic_render import error_body as anthropic_error_body
 from ninfer.protocol.errors import AUTHENTICATION, INVALID_REQUEST, ProtocolError
+from ninfer.server.anthropic_routes import AnthropicRoutes, anthropic_error, is_anthropic_path
 from ninfer.server.config import ServerConfig
 from ninfer.server.errors import to_protocol_error
 from ninfer.server.openai_routes import OpenAIRoutes
+from ninfer.server.responses_routes import ResponsesRoutes
 
 log = logging.getLogger("ninfer.server")
 TCP_USER_TIMEOUT_MS = 15000
 OPEN_PATHS = frozenset({"/health"})
-KNOWN_PATHS = frozenset({"/health", "/v1/models", "/v1/chat/completions"})
+KNOWN_PATHS = frozenset(
+    {
+        "/health",
+        "/v1/models",
+        "/v1/chat/completions",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
+        "/v1/responses",
+        "/v1/responses/input_tokens",
+        "/v1/responses/compact",
+    }
+)
 SANIC_CODES = {
     400: "invalid_request",
     404: "not_found",
@@ -50,6 +65,20 @@ def create_app(engine: Engine, config: ServerConfig, name: str = "ninfer") -> Sa
     app.add_route(routes.list_models, "/v1/models", methods=["GET"])
     app.add_route(routes.get_model, "/v1/models/<model_id:path>", methods=["GET"])
     app.add_route(routes.chat_completions, "/v1/chat/completions", methods=["POST"])
+    anthropic = AnthropicRoutes(engine, config)
+    app.add_route(anthropic.messages, "/v1/messages", methods=["POST"])
+    app.add_route(anthropic.count_tokens, "/v1/messages/count_tokens", methods=["POST"])
+    if config.default_thinking_budget is not None:  # every protocol's chat requests inherit it
+        engine.default_thinking_budget = config.default_thinking_budget
+    responses = ResponsesRoutes(engine, config)
+    app.ctx.responses = responses
+    app.add_route(responses.create, "/v1/responses", methods=["POST"])
+    app.add_route(responses.input_tokens, "/v1/responses/input_tokens", methods=["POST"])
+    app.add_route(responses.compact, "/v1/responses/compact", methods=["POST"])
+    app.add_route(responses.retrieve, "/v1/responses/<response_id>", methods=["GET"])
+    app.add_route(responses.delete, "/v1/responses/<response_id>", methods=["DELETE"])
+    app.add_route(responses.input_items, "/v1/responses/<response_id>/input_items", methods=["GET"])
+    app.add_route(responses.cancel, "/v1/responses/<response_id>/cancel", methods=["POST"])
 
     async def preflight(request: Request, **path: str) -> HTTPResponse:
         return response.empty(status=204)
@@ -74,7 +103,9 @@ def create_app(engine: Engine, config: ServerConfig, name: str = "ninfer") -> Sa
 
     @app.on_response
     async def decorate(request: Request, resp: HTTPResponse) -> None:
-        resp.headers["x-request-id"] = _request_id(request)
+        # Anthropic endpoints use their own `request-id` contract; the rest is OpenAI's.
+        id_header = "request-id" if is_anthropic_path(request.path) else "x-request-id"
+        resp.headers[id_header] = _request_id(request)
         if config.cors:
             resp.headers["access-control-allow-origin"] = request.headers.get("origin", "*")
             resp.headers["vary"] = "origin"
@@ -82,15 +113,16 @@ def create_app(engine: Engine, config: ServerConfig, name: str = "ninfer") -> Sa
             resp.headers["access-control-allow-headers"] = request.headers.get(
                 "access-control-request-headers", "*"
             )
-            resp.headers["access-control-expose-headers"] = "x-request-id"
+            resp.headers["access-control-expose-headers"] = id_header
             resp.headers["access-control-max-age"] = "600"
 
     @app.exception(Exception)
     async def on_error(request: Request, exc: Exception) -> HTTPResponse:
+        anthropic = is_anthropic_path(request.path)
         if isinstance(exc, SanicException):
             error = _sanic_error(exc, known_path=_is_known_path(request.path))
         else:
-            error = to_protocol_error(exc)
+            error = anthropic_error(exc) if anthropic else to_protocol_error(exc)
         if error.status >= 500:
             log.error("request %s failed: %s", _request_id(request), type(exc).__name__)
             log.debug("request %s traceback", _request_id(request), exc_info=exc)
@@ -99,7 +131,8 @@ def create_app(engine: Engine, config: ServerConfig, name: str = "ninfer") -> Sa
                 "request %s %s %s status=%d code=%s",
                 _request_id(request), request.method, request.path, error.status, error.code,
             )  # fmt: skip
-        return response.json(error.body(), status=error.status, ensure_ascii=False)
+        body = anthropic_error_body(error, _request_id(request)) if anthropic else error.body()
+        return response.json(body, status=error.status, ensure_ascii=False)
 
     @app.after_server_start
     async def ready(app: Sanic) -> None:

@@ -23,6 +23,9 @@ class ServerConfig:
     no_thinking: bool = False
     preserve_thinking: bool = False
     keepalive_s: float = KEEPALIVE_S
+    default_thinking_budget: int | None = None  # thinking cap for thinking-mode requests
+    response_store_max_records: int = 1024  # the local Responses LRU (spec defaults)
+    response_store_max_mib: int = 256
 
     @property
     def max_request_bytes(self) -> int:

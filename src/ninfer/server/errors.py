@@ -17,6 +17,7 @@ ENGINE_STATUS = {
     "request_queue_timeout": (503, SERVER),
     "context_length_exceeded": (400, INVALID_REQUEST),
     "invalid_request": (400, INVALID_REQUEST),
+    "thinking_budget_capacity_insufficient": (400, INVALID_REQUEST),
     "engine_unavailable": (503, SERVER),
     "engine_failure": (500, SERVER),
 }

@@ -45,6 +45,8 @@ FORBIDDEN: dict[str, set[str]] = {
     | UPPER,
     "testing": {"sanic", "ninfer.server", "ninfer.protocol", "transformers"},
     "media": {"sanic", "ninfer.engine", "ninfer.model", "ninfer.protocol"} | UPPER,
+    # `ninfer bench` drives model/engine/kernels directly; no HTTP or text layers
+    "bench": {"sanic", "ninfer.protocol", "ninfer.chat"} | UPPER,
 }
 # The converter assembles an artifact from a checkpoint, the tokenizer and the packaged template,
 # so it alone in artifact/ may read those two; nothing in artifact/ may import the rest of chat/.

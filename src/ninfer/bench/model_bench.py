@@ -1,0 +1,213 @@
+"""Prefill and decode timings of a synthetic real-shape model on one GPU.
+
+Imports torch, model/, engine.graphs and bench siblings. It drives the model the way the engine's
+runner does (prefill chunks through `Qwen3_5Model.forward`, decode through `DecodeGraphs` or an
+eager forward, greedy token ids back on the host every step), without the scheduler: there is no
+artifact or tokenizer. Decode contexts are set by position, over KV pages and states filled with
+random values, so a 32k-context step costs what it would after a real 32k prefill.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from ninfer.bench.profile import profile_steps, summarize
+from ninfer.bench.results import DecodeResult, PrefillResult, StepProfile
+from ninfer.engine.graphs import DecodeGraphs, GraphError, unsupported_reason
+from ninfer.model.batch import ForwardBatch
+from ninfer.model.cache import ModelCache
+from ninfer.model.qwen3_5 import Qwen3_5Model
+
+PAGE_SIZE = 64
+
+
+class ModelBench:
+    """A model, a cache sized for the requested matrix, and (when capturable) decode graphs."""
+
+    def __init__(
+        self,
+        model: Qwen3_5Model,
+        *,
+        max_batch: int,
+        max_seq_tokens: int,
+        max_total_tokens: int,
+        seed: int = 0,
+    ) -> None:
+        """max_seq_tokens: longest sequence (prefill or decode, steps included); max_total_tokens:
+        the most tokens all rows of one decode call hold together (rows own disjoint pages)."""
+        self.model = model
+        self.device = model.device
+        self.max_batch = max_batch
+        pages_per_seq = -(-max_seq_tokens // PAGE_SIZE)
+        total = max(pages_per_seq, -(-max_total_tokens // PAGE_SIZE) + max_batch)
+        self.num_pages = total + 1  # + the graphs' dummy page
+        self.prefill_slot = max_batch
+        self.dummy_slot = max_batch + 1
+        self.cache = ModelCache.allocate(
+            model.config,
+            num_pages=self.num_pages,
+            num_slots=max_batch + 2,
+            page_size=PAGE_SIZE,
+            dtype=model.dtype,
+            device=self.device,
+        )
+        gen = torch.Generator(self.device).manual_seed(seed)
+        for t in (*self.cache.k_pages, *self.cache.v_pages, *self.cache.conv_state):
+            t.normal_(0.0, 1.0, generator=gen)
+        for t in self.cache.ssm_state:
+            t.normal_(0.0, 0.05, generator=gen)
+        self.graphs_reason = unsupported_reason(model, max_batch)
+        self.graphs = None
+        if self.graphs_reason is None:
+            self.graphs = DecodeGraphs(
+                model,
+                self.cache,
+                max_batch=max_batch,
+                max_pages=pages_per_seq,
+                dummy_slot=self.dummy_slot,
+                dummy_page=self.num_pages - 1,
+            )
+        self._pages_per_seq = pages_per_seq
+        self._gen = torch.Generator().manual_seed(seed)
+
+    def _token_ids(self, n: int) -> list[int]:
+        return torch.randint(0, self.model.config.vocab_size, (n,), generator=self._gen).tolist()
+
+    # -- prefill -------------------------------------------------------------------------------
+    def prefill(self, num_tokens: int, *, chunk: int, repeats: int) -> PrefillResult:
+        """Best of `repeats` timed prefills of a fresh random prompt into the prefill slot."""
+        page_ids = list(range(-(-num_tokens // PAGE_SIZE)))
+        if len(page_ids) > self.num_pages - 1:
+            raise ValueError(f"{num_tokens} tokens need more than the {self.num_pages - 1} pages")
+        best = float("inf")
+        for _ in range(repeats):
+            ids = self._token_ids(num_tokens)
+            self.cache.reset_slot(self.prefill_slot)
+            torch.cuda.synchronize(self.device)
+            start = time.perf_counter()
+            logits = None
+            for begin in range(0, num_tokens, chunk):
+                batch = ForwardBatch.prefill(
+                    ids[begin : begin + chunk],
+                    num_computed=begin,
+                    page_ids=page_ids,
+                    state_slot=self.prefill_slot,
+                    device=self.device,
+                )
+                logits = self.model.forward(batch, self.cache)
+            assert logits is not None
+            int(logits.argmax(-1).item())  # the first token reaches the host
+            best = min(best, time.perf_counter() - start)
+        return PrefillResult(num_tokens, chunk, best, num_tokens / best, best * 1000.0)
+
+    # -- decode --------------------------------------------------------------------------------
+    def decode(
+        self, batch: int, context: int, *, steps: int, use_graphs: bool, warmup: int = 3
+    ) -> DecodeResult:
+        """Median step time of `steps` greedy decode steps of `batch` rows starting at `context`."""
+        if use_graphs and self.graphs is None:
+            raise ValueError(f"CUDA graphs are unavailable: {self.graphs_reason}")
+        num_pages = -(-(context + warmup + steps + 1) // PAGE_SIZE)
+        if (
+            batch > self.max_batch
+            or num_pages > self._pages_per_seq
+            or batch * num_pages > self.num_pages - 1
+        ):
+            raise ValueError(f"batch {batch} at context {context} does not fit the bench cache")
+        page_tables = [list(range(b * num_pages, (b + 1) * num_pages)) for b in range(batch)]
+        slots = list(range(batch))
+        if use_graphs:
+            try:  # capture (or find) this cell's graph before timing anything
+                self.graphs.capture(batch, num_pages)  # type: ignore[union-attr]
+            except GraphError as e:
+                self.graphs, self.graphs_reason, use_graphs = None, str(e), False
+        step = self._graph_step if use_graphs else self._eager_step
+        ids = self._token_ids(batch)
+        times = []
+        for i in range(warmup + steps):
+            start = time.perf_counter()
+            ids = step(ids, [context + i] * batch, page_tables, slots)
+            if i >= warmup:
+                times.append(time.perf_counter() - start)
+        step_s = statistics.median(times)
+        return DecodeResult(batch, context, use_graphs, step_s * 1000.0, batch / step_s)
+
+    def profile_decode(self, batch: int, context: int, *, steps: int = 3) -> StepProfile:
+        """Kernel time of eager decode steps (same position each step: a profile, not a run)."""
+        num_pages = -(-(context + 1) // PAGE_SIZE)
+        page_tables = [list(range(b * num_pages, (b + 1) * num_pages)) for b in range(batch)]
+        ids = self._token_ids(batch)
+        slots = list(range(batch))
+        positions = [context] * batch
+
+        def step() -> object:
+            return self._eager_step(ids, positions, page_tables, slots)
+
+        events = profile_steps(step, steps, self.device.type)
+        return summarize(events, steps, batch=batch, context=context)
+
+    def _graph_step(
+        self,
+        ids: list[int],
+        positions: list[int],
+        page_tables: Sequence[Sequence[int]],
+        slots: list[int],
+    ) -> list[int]:
+        assert self.graphs is not None
+        logits = self.graphs.decode(
+            ids, num_computed=positions, page_tables=page_tables, state_slots=slots
+        )
+        return logits.argmax(-1).tolist()
+
+    def _eager_step(
+        self,
+        ids: list[int],
+        positions: list[int],
+        page_tables: Sequence[Sequence[int]],
+        slots: list[int],
+    ) -> list[int]:
+        batch = ForwardBatch.decode(
+            ids,
+            num_computed=positions,
+            page_tables=page_tables,
+            state_slots=slots,
+            device=self.device,
+        )
+        return self.model.forward(batch, self.cache).argmax(-1).tolist()
+
+
+def run_matrix(
+    bench: ModelBench,
+    *,
+    prefill_sizes: Sequence[int],
+    prefill_chunk: int,
+    decode_batches: Sequence[int],
+    decode_contexts: Sequence[int],
+    decode_steps: int,
+    eager_baseline: bool,
+    on_progress: Callable[[str], None],
+) -> tuple[list[PrefillResult], list[DecodeResult]]:
+    """The default matrix: prefills, then decode per batch at the first context, then batch 1
+    at the other contexts; an eager batch-1 row when asked (to show what the graphs buy)."""
+    prefills = []
+    if prefill_sizes:
+        on_progress("prefill warm-up")
+        bench.prefill(min(prefill_sizes), chunk=prefill_chunk, repeats=1)
+    for n in prefill_sizes:
+        on_progress(f"prefill {n} tokens")
+        prefills.append(bench.prefill(n, chunk=prefill_chunk, repeats=2 if n <= 2048 else 1))
+    decodes = []
+    cells = [(b, decode_contexts[0]) for b in decode_batches]
+    cells += [(1, c) for c in decode_contexts[1:]]
+    for b, ctx in cells:
+        graphs = bench.graphs is not None  # a failed capture turns them off for the rest
+        on_progress(f"decode batch {b} at {ctx} context{' (graph capture)' if graphs else ''}")
+        decodes.append(bench.decode(b, ctx, steps=decode_steps, use_graphs=graphs))
+    if eager_baseline and bench.graphs is not None:
+        on_progress("decode batch 1, eager")
+        decodes.append(bench.decode(1, decode_contexts[0], steps=decode_steps, use_graphs=False))
+    return prefills, decodes

@@ -1,0 +1,86 @@
+"""Rendering of a BenchReport: rich tables for people, JSON for files and docs/perf.md.
+
+Imports rich and bench.results only.
+"""
+
+from __future__ import annotations
+
+import json
+
+from rich.console import Console
+from rich.table import Table
+
+from ninfer.bench.results import BenchReport, StepProfile
+
+
+def to_json(report: BenchReport) -> str:
+    return json.dumps(report.to_json(), indent=2)
+
+
+def print_report(report: BenchReport, console: Console) -> None:
+    console.print(
+        f"[bold]{report.model}[/] synthetic, {report.num_params / 1e9:.1f} B params, bf16 on "
+        f"{report.device}; torch {report.torch_version}; {report.date}; weights drawn in "
+        f"{report.load_s:.1f} s; peak GPU memory {report.peak_memory_gib:.1f} GiB"
+    )
+    if report.ceilings is not None:
+        c = report.ceilings
+        console.print(
+            f"ceilings: copy {c.copy_tb_s:.2f} TB/s, bf16 GEMM {c.gemm_tflops:.0f} TFLOP/s"
+        )
+    if report.prefill:
+        table = Table(title="prefill (one sequence)")
+        for col in ("tokens", "chunk", "tok/s", "TTFT ms"):
+            table.add_column(col, justify="right")
+        for p in report.prefill:
+            table.add_row(
+                str(p.num_tokens), str(p.chunk), f"{p.tok_per_s:,.0f}", f"{p.ttft_ms:,.1f}"
+            )
+        console.print(table)
+    if report.decode:
+        table = Table(title="decode (greedy, token ids back on the host each step)")
+        for col in ("batch", "context", "graphs", "step ms", "tok/s total"):
+            table.add_column(col, justify="right")
+        for d in report.decode:
+            table.add_row(
+                str(d.batch),
+                str(d.context),
+                "yes" if d.graphs else "no",
+                f"{d.step_ms:.2f}",
+                f"{d.tok_per_s:,.1f}",
+            )
+        console.print(table)
+    if report.kernels:
+        table = Table(title="kernels vs torch twins (GPU us per call, in CUDA graphs)")
+        for col in ("op", "shape", "torch us", "cuda us", "speed-up", "rel err"):
+            table.add_column(col, justify="right")
+        for k in report.kernels:
+            table.add_row(
+                k.op,
+                k.shape,
+                f"{k.torch_us:.1f}",
+                f"{k.cuda_us:.1f}",
+                f"{k.torch_us / k.cuda_us:.1f}x",
+                f"{k.max_rel_err:.1e}",
+            )
+        console.print(table)
+    if report.profile is not None:
+        _print_profile(report.profile, console)
+    for note in report.notes:
+        console.print(f"note: {note}")
+
+
+def _print_profile(p: StepProfile, console: Console) -> None:
+    other = p.kernel_us - p.matmul_us
+    table = Table(
+        title=(
+            f"eager decode step, batch {p.batch} at {p.context}: {p.kernel_us / 1000:.2f} ms of "
+            f"kernels in {p.num_kernels:.0f} launches; matmuls {p.matmul_us / 1000:.2f} ms, "
+            f"the rest {other / 1000:.2f} ms"
+        )
+    )
+    for col in ("kernel", "calls", "us / step", "share"):
+        table.add_column(col, justify="right" if col != "kernel" else "left")
+    for k in p.top:
+        table.add_row(k.name, f"{k.calls_per_step:.0f}", f"{k.us_per_step:,.0f}", f"{k.share:.0%}")
+    console.print(table)

@@ -1,0 +1,108 @@
+"""One `ninfer bench --synthetic` session: ceilings, kernels, then the model matrix.
+
+Imports torch, model/, kernels.runtime and bench siblings. Owns the default matrix and the order
+of work (cheap, informative measurements first, so a session cut short still reports something).
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ninfer.bench.ceilings import measure_ceilings
+from ninfer.bench.model_bench import ModelBench, run_matrix
+from ninfer.bench.results import BenchReport
+from ninfer.bench.synthetic import num_parameters, random_weights, synthetic_config
+from ninfer.kernels.runtime import KernelUnavailable
+from ninfer.model.qwen3_5 import Qwen3_5Model
+
+
+class BenchError(RuntimeError):
+    """The benchmark cannot run here (no GPU, or a matrix that does not fit)."""
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    synthetic: str
+    device: str = "cuda:0"
+    prefill_sizes: tuple[int, ...] = (512, 2048, 8192)
+    prefill_chunk: int = 8192
+    decode_batches: tuple[int, ...] = (1, 2, 4, 8)
+    decode_contexts: tuple[int, ...] = (1024, 32768)
+    decode_steps: int = 16
+    kernels: bool = True
+    ceilings: bool = True
+    eager_baseline: bool = True
+    profile: bool = False
+    seed: int = 0
+    command: str = ""
+
+
+def run_bench(opts: BenchOptions, on_progress: Callable[[str], None]) -> BenchReport:
+    if not torch.cuda.is_available():
+        raise BenchError("`ninfer bench` needs a CUDA GPU; none is visible to torch")
+    if not opts.decode_batches or not opts.decode_contexts:
+        raise BenchError("give at least one decode batch and one decode context")
+    device = torch.device(opts.device)
+    config = synthetic_config(opts.synthetic)  # fails fast on an unknown name
+    report = BenchReport(
+        model=opts.synthetic,
+        num_params=num_parameters(opts.synthetic),
+        device=torch.cuda.get_device_name(device),
+        date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        torch_version=torch.__version__,
+        command=opts.command,
+    )
+    if opts.ceilings:
+        on_progress("ceilings: device copy and bf16 GEMM")
+        report.ceilings = measure_ceilings(device)
+    if opts.kernels:
+        on_progress("kernels against their torch twins")
+        try:
+            from ninfer.bench.kernel_bench import bench_kernels
+
+            report.kernels = bench_kernels(device)
+        except KernelUnavailable as e:
+            report.notes.append(f"kernels not timed: {e}")
+
+    on_progress(f"drawing random bf16 weights on {device}")
+    start = time.perf_counter()
+    weights = random_weights(opts.synthetic, device=device, seed=opts.seed)
+    model = Qwen3_5Model(config, weights, dtype=torch.bfloat16, device=device)
+    del weights  # the model holds the same tensors (bound zero-copy)
+    torch.cuda.synchronize(device)
+    report.load_s = time.perf_counter() - start
+
+    extra = opts.decode_steps + 4  # warm-up steps and the token being decoded
+    small_ctx = opts.decode_contexts[0]
+    bench = ModelBench(
+        model,
+        max_batch=max(opts.decode_batches),
+        max_seq_tokens=max(max(opts.decode_contexts) + extra, max(opts.prefill_sizes, default=1)),
+        max_total_tokens=max(opts.decode_batches) * (small_ctx + extra),
+        seed=opts.seed,
+    )
+    report.prefill, report.decode = run_matrix(
+        bench,
+        prefill_sizes=opts.prefill_sizes,
+        prefill_chunk=opts.prefill_chunk,
+        decode_batches=opts.decode_batches,
+        decode_contexts=opts.decode_contexts,
+        decode_steps=opts.decode_steps,
+        eager_baseline=opts.eager_baseline,
+        on_progress=on_progress,
+    )
+    if bench.graphs is None:
+        report.notes.append(f"decode ran eagerly: CUDA graphs unavailable ({bench.graphs_reason})")
+    if opts.profile:
+        on_progress(f"profiling eager decode steps, batch 1 at {small_ctx} context")
+        try:
+            report.profile = bench.profile_decode(1, small_ctx)
+        except Exception as e:  # NOTE: diagnostics only; the timings above still stand
+            report.notes.append(f"profile failed: {type(e).__name__}: {e}")
+    report.peak_memory_gib = torch.cuda.max_memory_allocated(device) / 2**30
+    return report

@@ -1,0 +1,72 @@
+"""`ninfer bench --synthetic MODEL`: prefill, decode, kernel and ceiling timings on one GPU.
+
+Thin: parses options, runs `ninfer.bench.run`, prints a table (or JSON). `--compare hf` is not
+built yet (the HF transformers numbers in docs/perf.md were measured separately).
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from ninfer.cli.errors import UserError
+
+
+def _ints(text: str, what: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise UserError(f"{what} must be comma-separated integers, got {text!r}") from None
+    if any(v <= 0 for v in values):
+        raise UserError(f"{what} must be positive, got {text!r}")
+    return values
+
+
+def bench(
+    synthetic: str = typer.Option(..., "--synthetic", help="qwen3.6-27b or qwen3.6-35b-a3b."),
+    device: int = typer.Option(0, "--device", help="CUDA device index.", min=0),
+    prefill: str = typer.Option("512,2048,8192", "--prefill", help="Prompt lengths."),
+    prefill_chunk: int = typer.Option(8192, "--prefill-chunk", min=1, help="Tokens per forward."),
+    batches: str = typer.Option("1,2,4,8", "--batches", help="Decode batch sizes."),
+    contexts: str = typer.Option("1024,32768", "--contexts", help="Decode contexts."),
+    steps: int = typer.Option(16, "--steps", min=1, help="Timed decode steps per cell."),
+    no_kernels: bool = typer.Option(False, "--no-kernels", help="Skip the kernel timings."),
+    no_ceilings: bool = typer.Option(False, "--no-ceilings", help="Skip copy/GEMM ceilings."),
+    profile: bool = typer.Option(False, "--profile", help="Profile an eager decode step."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    save: Path | None = typer.Option(None, "--save", help="Also write the JSON report here."),
+) -> None:
+    """Benchmark prefill and decode of a real-shape model with random weights (needs a GPU)."""
+    from ninfer.bench.report import print_report, to_json
+    from ninfer.bench.run import BenchError, BenchOptions, run_bench
+    from ninfer.bench.synthetic import UnknownSyntheticModel
+
+    opts = BenchOptions(
+        synthetic=synthetic,
+        device=f"cuda:{device}",
+        prefill_sizes=_ints(prefill, "--prefill"),
+        prefill_chunk=prefill_chunk,
+        decode_batches=_ints(batches, "--batches"),
+        decode_contexts=_ints(contexts, "--contexts"),
+        decode_steps=steps,
+        kernels=not no_kernels,
+        ceilings=not no_ceilings,
+        profile=profile,
+        command=shlex.join(["ninfer", *sys.argv[1:]]),
+    )
+    err = Console(stderr=True)
+    try:
+        with err.status("starting") as status:
+            report = run_bench(opts, lambda msg: (status.update(msg), err.print(msg, style="dim")))
+    except (BenchError, UnknownSyntheticModel) as e:
+        raise UserError(str(e)) from None
+    if save is not None:
+        save.write_text(to_json(report) + "\n")
+    if as_json:
+        print(to_json(report))
+    else:
+        print_report(report, Console())

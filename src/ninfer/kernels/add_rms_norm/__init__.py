@@ -1,0 +1,1 @@
+"""Fused residual add + zero-centred RMSNorm (CUDA launcher and torch twin)."""

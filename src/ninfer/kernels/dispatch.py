@@ -1,0 +1,149 @@
+"""Per-device choice between a CUDA kernel and its torch twin, behind the twin's own signature.
+
+Imports torch and the kernel folders; never model/ (model/ may import this). A call on CUDA tensors
+uses the kernel when CuPy is importable and `NINFER_KERNELS` is not `torch`; anything else (CPU
+tensors, no CuPy) runs the reference, so callers never branch on the device themselves.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ninfer.kernels import runtime
+from ninfer.kernels.add_rms_norm import launch as _add_rms_norm_cuda
+from ninfer.kernels.add_rms_norm import reference as _add_rms_norm_ref
+from ninfer.kernels.expert_gemv import launch as _expert_gemv_cuda
+from ninfer.kernels.expert_gemv import reference as _expert_gemv_ref
+from ninfer.kernels.gated_delta_decode import launch as _delta_cuda
+from ninfer.kernels.gated_delta_decode import reference as _delta_ref
+from ninfer.kernels.gated_rms_norm import launch as _gated_norm_cuda
+from ninfer.kernels.gated_rms_norm import reference as _gated_norm_ref
+from ninfer.kernels.gdn_decode_front import launch as _front_cuda
+from ninfer.kernels.gdn_decode_front import reference as _front_ref
+from ninfer.kernels.gdn_decode_front.reference import DecodeFront
+from ninfer.kernels.paged_decode_attention import launch as _paged_cuda
+from ninfer.kernels.paged_decode_attention import reference as _paged_ref
+from ninfer.kernels.silu_mul import launch as _silu_mul_cuda
+from ninfer.kernels.silu_mul import reference as _silu_mul_ref
+
+
+def use_cuda_kernels(t: torch.Tensor) -> bool:
+    """True when `t` lives on a GPU and the CUDA kernels can run there."""
+    if not t.is_cuda or os.environ.get("NINFER_KERNELS", "cuda") == "torch":
+        return False
+    return runtime.cupy_available()
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual), x + residual); see kernels/add_rms_norm/reference.py."""
+    if use_cuda_kernels(x):
+        return _add_rms_norm_cuda.add_rms_norm(x, residual, weight, eps)
+    return _add_rms_norm_ref.add_rms_norm(x, residual, weight, eps)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Zero-centred RMSNorm with the model's `rms_norm` signature."""
+    return add_rms_norm(x, None, weight, eps)[0]
+
+
+def gated_rms_norm(
+    x: torch.Tensor,
+    gate: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """The DeltaNet output norm; see kernels/gated_rms_norm/reference.py."""
+    if use_cuda_kernels(x):
+        return _gated_norm_cuda.gated_rms_norm(x, gate, weight, eps, out_dtype)
+    return _gated_norm_ref.gated_rms_norm(x, gate, weight, eps, out_dtype)
+
+
+def gated_delta_rule_decode(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    ssm_state: torch.Tensor,
+    state_slots: torch.Tensor,
+    *,
+    scale: float,
+) -> torch.Tensor:
+    """One batched recurrent step; see kernels/gated_delta_decode/reference.py."""
+    fn = _delta_cuda if use_cuda_kernels(q) else _delta_ref
+    return fn.gated_delta_rule_decode(q, k, v, g, beta, ssm_state, state_slots, scale=scale)
+
+
+def gdn_decode_front(
+    qkv: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    conv_weight: torch.Tensor,
+    a_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    conv_state: torch.Tensor,
+    state_slots: torch.Tensor,
+    *,
+    num_k_heads: int,
+    head_k_dim: int,
+) -> DecodeFront:
+    """The DeltaNet decode step up to the recurrence; see kernels/gdn_decode_front/reference.py."""
+    fn = _front_cuda if use_cuda_kernels(qkv) else _front_ref
+    return fn.gdn_decode_front(
+        qkv,
+        a,
+        b,
+        conv_weight,
+        a_log,
+        dt_bias,
+        conv_state,
+        state_slots,
+        num_k_heads=num_k_heads,
+        head_k_dim=head_k_dim,
+    )
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU activation of a fused gate-up row; see kernels/silu_mul/reference.py."""
+    if use_cuda_kernels(gate_up):
+        return _silu_mul_cuda.silu_mul(gate_up)
+    return _silu_mul_ref.silu_mul(gate_up)
+
+
+def expert_gemv(
+    x: torch.Tensor, weight: torch.Tensor, expert_ids: torch.Tensor, *, rows_per_input: int
+) -> torch.Tensor:
+    """MoE experts read in place by id; see kernels/expert_gemv/reference.py."""
+    if use_cuda_kernels(x) and _expert_gemv_cuda.supports(x, weight):
+        fn = _expert_gemv_cuda.expert_gemv
+    else:
+        fn = _expert_gemv_ref.expert_gemv
+    return fn(x, weight, expert_ids, rows_per_input=rows_per_input)
+
+
+def paged_decode_supported(q: torch.Tensor, k_pages: torch.Tensor) -> bool:
+    """True when the paged decode-attention kernel runs for these operands.
+
+    Unlike the other ops, callers check this first: the twin reads lengths on the host, so the
+    model keeps its own graph-safe `paged_attention` wherever the kernel does not run.
+    """
+    return use_cuda_kernels(q) and _paged_cuda.supports(q, k_pages)
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_pages: torch.Tensor,
+    v_pages: torch.Tensor,
+    page_table: torch.Tensor,
+    kv_lens: torch.Tensor,
+    *,
+    scale: float,
+) -> torch.Tensor:
+    """One query per sequence over its paged KV; see kernels/paged_decode_attention/reference.py."""
+    fn = _paged_cuda if paged_decode_supported(q, k_pages) else _paged_ref
+    return fn.paged_decode_attention(q, k_pages, v_pages, page_table, kv_lens, scale=scale)

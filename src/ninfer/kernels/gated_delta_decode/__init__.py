@@ -1,0 +1,1 @@
+"""Recurrent gated delta rule decode step for a batch (CUDA launcher and torch twin)."""

@@ -1,0 +1,1 @@
+"""Gated RMSNorm of the Gated DeltaNet output (CUDA launcher and torch twin)."""

@@ -1,0 +1,82 @@
+"""CUDA launcher of the fused q/k RMSNorm + RoPE (grid: heads x tokens, one thread per dim).
+
+Imports torch and kernels.runtime. Same signature and results as `reference.qk_norm_rope` where
+`supports` says yes; q and k are read through their strides (views into the fused projection).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ninfer.kernels import runtime as rt
+
+OP = "qk_norm_rope"
+
+
+def supports(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor) -> bool:
+    """Same dtype, head dim <= 1024 with unit stride, an even rotary width <= head dim."""
+    head_dim = q.shape[-1]
+    rotary = cos.shape[-1]
+    return (
+        q.dim() == 3
+        and k.dim() == 3
+        and k.shape[-1] == head_dim
+        and q.dtype == k.dtype
+        and q.dtype in rt.CUDA_TYPES
+        and head_dim <= 1024
+        and q.stride(-1) == 1
+        and k.stride(-1) == 1
+        and rotary % 2 == 0
+        and rotary <= head_dim
+        and cos.dtype == torch.float32
+    )
+
+
+def qk_norm_rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """See `reference.qk_norm_rope`."""
+    device = rt.check_cuda(q, k, q_weight, k_weight, cos, sin)
+    if not supports(q, k, cos):
+        raise rt.KernelInputError(
+            f"qk_norm_rope does not take q {tuple(q.shape)}, k {tuple(k.shape)}, "
+            f"rotary width {cos.shape[-1]}"
+        )
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_k_heads = k.shape[1]
+    q_out = torch.empty((num_tokens, num_q_heads, head_dim), dtype=q.dtype, device=device)
+    k_out = torch.empty((num_tokens, num_k_heads, head_dim), dtype=k.dtype, device=device)
+    if num_tokens == 0:
+        return q_out, k_out
+    q_weight = q_weight.to(q.dtype).contiguous()
+    k_weight = k_weight.to(q.dtype).contiguous()
+    cos, sin = cos.contiguous(), sin.contiguous()
+    kernel = rt.get_kernel(OP, f"qk_norm_rope<{rt.cuda_type(q, 'q')}>", device)
+    args = (
+        rt.ptr(q_out),
+        rt.ptr(k_out),
+        rt.ptr(q),
+        rt.i64(q.stride(0)),
+        rt.i64(q.stride(1)),
+        rt.ptr(k),
+        rt.i64(k.stride(0)),
+        rt.i64(k.stride(1)),
+        rt.ptr(q_weight),
+        rt.ptr(k_weight),
+        rt.ptr(cos),
+        rt.ptr(sin),
+        rt.i32(num_q_heads),
+        rt.i32(num_k_heads),
+        rt.i32(head_dim),
+        rt.i32(cos.shape[-1]),
+        rt.f32(eps),
+    )
+    grid = (num_q_heads + num_k_heads, num_tokens)
+    rt.launch(kernel, grid, (rt.block_size(head_dim),), args, device)
+    return q_out, k_out
