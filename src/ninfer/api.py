@@ -8,7 +8,7 @@ and conversation-level `chat` (template rendering in, output decoding out), sync
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from ninfer.engine.sampling import (
     NON_THINKING,
     THINKING,
     Sampler,
+    SamplingParams,
     SamplingPreset,
     presets_for,
     resolve_sampling,
@@ -39,16 +40,7 @@ from ninfer.model.config import TextConfig
 from ninfer.model.qwen3_5 import Qwen3_5Model
 from ninfer.tokenizer import Tokenizer
 
-SAMPLING_FIELDS = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "presence_penalty",
-    "frequency_penalty",
-    "seed",
-    "greedy",
-)
+SAMPLING_FIELDS = tuple(f.name for f in fields(SamplingParams))
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 

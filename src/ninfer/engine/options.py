@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from ninfer.engine.sampling import SamplingParams
+
 
 @dataclass(frozen=True)
 class EngineOptions:
@@ -59,15 +61,8 @@ class EngineOptions:
 
     @property
     def process_sampling(self) -> dict[str, Any]:
-        keys = (
-            "temperature",
-            "top_p",
-            "top_k",
-            "min_p",
-            "presence_penalty",
-            "frequency_penalty",
-            "seed",
-        )
+        """The sampler fields set on the command line (greedy is applied last, separately)."""
+        keys = [f.name for f in fields(SamplingParams) if f.name != "greedy"]
         return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
 
 
