@@ -14,14 +14,21 @@ import torch
 from ninfer.bench.results import KernelTiming
 from ninfer.kernels.add_rms_norm import launch as add_norm_cuda
 from ninfer.kernels.add_rms_norm import reference as add_norm_ref
+from ninfer.kernels.expert_gemv import launch as expert_cuda
+from ninfer.kernels.expert_gemv import reference as expert_ref
 from ninfer.kernels.gated_delta_decode import launch as delta_cuda
 from ninfer.kernels.gated_delta_decode import reference as delta_ref
 from ninfer.kernels.gated_rms_norm import launch as gated_cuda
 from ninfer.kernels.gated_rms_norm import reference as gated_ref
 from ninfer.kernels.gdn_decode_front import launch as front_cuda
 from ninfer.kernels.gdn_decode_front import reference as front_ref
+from ninfer.kernels.paged_decode_attention import launch as paged_cuda
+from ninfer.kernels.qk_norm_rope import launch as qk_cuda
+from ninfer.kernels.qk_norm_rope import reference as qk_ref
 from ninfer.kernels.silu_mul import launch as silu_mul_cuda
 from ninfer.kernels.silu_mul import reference as silu_mul_ref
+from ninfer.model.batch import ForwardBatch
+from ninfer.model.layers.gated_attention import build_attention_metadata, paged_attention
 
 CALLS_PER_GRAPH = 20
 
@@ -115,6 +122,10 @@ def bench_kernels(device: torch.device, batches: tuple[int, ...] = (1, 8)) -> li
             )
         )
         out.append(_front_timing(b, device))
+        out.append(_qk_timing(b, device))
+        out.append(_expert_timing(b, device))
+        for context in (1024, 32768) if b == 1 else (1024,):
+            out.append(_paged_timing(b, context, device))
         gate_up = torch.randn(b, 2 * 17408, dtype=bf16, device=device)
         err = _rel(silu_mul_cuda.silu_mul(gate_up), silu_mul_ref.silu_mul(gate_up))
         out.append(
@@ -152,5 +163,80 @@ def _front_timing(b: int, device: torch.device) -> KernelTiming:
         f"B={b}, 10240 conv channels, 48 heads",
         _graph_us(lambda a=args: front_ref.gdn_decode_front(*a, **kw)),
         _graph_us(lambda a=args: front_cuda.gdn_decode_front(*a, **kw)),
+        err,
+    )
+
+
+def _qk_timing(b: int, device: torch.device) -> KernelTiming:
+    """q/k norm + RoPE at 27B shapes: 24 q heads (strided in the gated projection), 4 k heads."""
+    bf16 = torch.bfloat16
+    proj = torch.randn(b, 24 * 512 + 4 * 256, dtype=bf16, device=device)
+    q = proj[:, : 24 * 512].view(b, 24, 2, 256)[:, :, 0]
+    k = proj[:, 24 * 512 :].view(b, 4, 256)
+    qw = torch.randn(256, dtype=bf16, device=device) * 0.1
+    kw = torch.randn(256, dtype=bf16, device=device) * 0.1
+    angles = torch.rand(b, 32, device=device) * 1000
+    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+    args = (q, k, qw, kw, cos, sin, 1e-6)
+    err = max(
+        _rel(x, y)
+        for x, y in zip(qk_cuda.qk_norm_rope(*args), qk_ref.qk_norm_rope(*args), strict=True)
+    )
+    return KernelTiming(
+        "qk_norm_rope",
+        f"[{b}, 24 + 4, 256] bf16, rotary 64",
+        _graph_us(lambda: qk_ref.qk_norm_rope(*args)),
+        _graph_us(lambda: qk_cuda.qk_norm_rope(*args)),
+        err,
+    )
+
+
+def _expert_timing(b: int, device: torch.device) -> KernelTiming:
+    """MoE gate-up at 35B-A3B shapes: 256 experts [1024, 2048], top-8 per token."""
+    bf16 = torch.bfloat16
+    weight = torch.randn(256, 1024, 2048, dtype=bf16, device=device) * 0.02
+    x = torch.randn(b, 2048, dtype=bf16, device=device)
+    ids = torch.randint(0, 256, (8 * b,), device=device)
+    got = expert_cuda.expert_gemv(x, weight, ids, rows_per_input=8)
+    err = _rel(got, expert_ref.expert_gemv(x, weight, ids, rows_per_input=8))
+    return KernelTiming(
+        "expert_gemv",
+        f"{b} x top-8 of 256 experts [1024, 2048] bf16",
+        _graph_us(lambda: expert_ref.expert_gemv(x, weight, ids, rows_per_input=8)),
+        _graph_us(lambda: expert_cuda.expert_gemv(x, weight, ids, rows_per_input=8)),
+        err,
+    )
+
+
+def _paged_timing(b: int, context: int, device: torch.device) -> KernelTiming:
+    """27B decode attention (24 q heads over 4 KV heads of 256) against the model's torch path."""
+    bf16 = torch.bfloat16
+    page_size = 64
+    num_pages = -(-(context + 1) // page_size)
+    k_pages = torch.randn(b * num_pages, page_size, 4, 256, dtype=bf16, device=device)
+    v_pages = torch.randn_like(k_pages)
+    tables = [list(range(i * num_pages, (i + 1) * num_pages)) for i in range(b)]
+    batch = ForwardBatch.decode(
+        [0] * b,
+        num_computed=[context] * b,
+        page_tables=tables,
+        state_slots=list(range(b)),
+        device=device,
+    )
+    meta = build_attention_metadata(batch, page_size)
+    q = torch.randn(b, 24, 256, dtype=bf16, device=device)
+    scale = 256**-0.5
+
+    def kernel() -> torch.Tensor:
+        return paged_cuda.paged_decode_attention(
+            q, k_pages, v_pages, meta.page_table, meta.kv_lens, scale=scale
+        )
+
+    err = _rel(kernel(), paged_attention(q, k_pages, v_pages, meta, scale=scale))
+    return KernelTiming(
+        "paged_decode_attention",
+        f"B={b}, {context} ctx, 24/4 heads x 256 bf16",
+        _graph_us(lambda: paged_attention(q, k_pages, v_pages, meta, scale=scale)),
+        _graph_us(kernel),
         err,
     )

@@ -150,6 +150,25 @@ class ModelBench:
         events = profile_steps(step, steps, self.device.type)
         return summarize(events, steps, batch=batch, context=context)
 
+    def profile_prefill(self, num_tokens: int) -> StepProfile:
+        """Kernel time of one eager prefill of `num_tokens` fresh tokens (one forward)."""
+        page_ids = list(range(-(-num_tokens // PAGE_SIZE)))
+        ids = self._token_ids(num_tokens)
+
+        def step() -> object:
+            self.cache.reset_slot(self.prefill_slot)
+            batch = ForwardBatch.prefill(
+                ids,
+                num_computed=0,
+                page_ids=page_ids,
+                state_slot=self.prefill_slot,
+                device=self.device,
+            )
+            return self.model.forward(batch, self.cache)
+
+        events = profile_steps(step, 1, self.device.type)
+        return summarize(events, 1, batch=1, context=num_tokens, kind="prefill")
+
     def _graph_step(
         self,
         ids: list[int],

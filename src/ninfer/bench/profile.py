@@ -31,6 +31,7 @@ def summarize(
     batch: int,
     context: int,
     top: int = 12,
+    kind: str = "decode",
 ) -> StepProfile:
     """Group (name, calls, total µs) rows over `num_steps` steps into a per-step profile."""
     rows = [(name, calls, us) for name, calls, us in events if us > 0]
@@ -53,6 +54,7 @@ def summarize(
         matmul_us=matmul,
         num_kernels=sum(calls for _, calls, _ in rows) / num_steps,
         top=shares,
+        kind=kind,
     )
 
 

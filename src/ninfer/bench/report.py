@@ -64,8 +64,9 @@ def print_report(report: BenchReport, console: Console) -> None:
                 f"{k.max_rel_err:.1e}",
             )
         console.print(table)
-    if report.profile is not None:
-        _print_profile(report.profile, console)
+    for profile in (report.profile, report.prefill_profile):
+        if profile is not None:
+            _print_profile(profile, console)
     for note in report.notes:
         console.print(f"note: {note}")
 
@@ -74,7 +75,12 @@ def _print_profile(p: StepProfile, console: Console) -> None:
     other = p.kernel_us - p.matmul_us
     table = Table(
         title=(
-            f"eager decode step, batch {p.batch} at {p.context}: {p.kernel_us / 1000:.2f} ms of "
+            (
+                f"eager prefill of {p.context} tokens"
+                if p.kind == "prefill"
+                else f"eager decode step, batch {p.batch} at {p.context}"
+            )
+            + f": {p.kernel_us / 1000:.2f} ms of "
             f"kernels in {p.num_kernels:.0f} launches; matmuls {p.matmul_us / 1000:.2f} ms, "
             f"the rest {other / 1000:.2f} ms"
         )

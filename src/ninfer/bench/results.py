@@ -55,6 +55,7 @@ class StepProfile:
     matmul_us: float  # of which cuBLAS / CUTLASS matmuls
     num_kernels: float  # launches per step
     top: list[KernelShare] = field(default_factory=list)
+    kind: str = "decode"  # or "prefill": one eager forward of `context` tokens
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ class BenchReport:
     kernels: list[KernelTiming] = field(default_factory=list)
     ceilings: Ceilings | None = None
     profile: StepProfile | None = None
+    prefill_profile: StepProfile | None = None
     peak_memory_gib: float = 0.0
     notes: list[str] = field(default_factory=list)
 

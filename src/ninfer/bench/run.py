@@ -104,5 +104,12 @@ def run_bench(opts: BenchOptions, on_progress: Callable[[str], None]) -> BenchRe
             report.profile = bench.profile_decode(1, small_ctx)
         except Exception as e:  # NOTE: diagnostics only; the timings above still stand
             report.notes.append(f"profile failed: {type(e).__name__}: {e}")
+        if opts.prefill_sizes:
+            num_tokens = min(2048, max(opts.prefill_sizes))
+            on_progress(f"profiling an eager prefill of {num_tokens} tokens")
+            try:
+                report.prefill_profile = bench.profile_prefill(num_tokens)
+            except Exception as e:  # NOTE: diagnostics only, as above
+                report.notes.append(f"prefill profile failed: {type(e).__name__}: {e}")
     report.peak_memory_gib = torch.cuda.max_memory_allocated(device) / 2**30
     return report

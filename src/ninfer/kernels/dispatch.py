@@ -1,7 +1,8 @@
 """Per-device choice between a CUDA kernel and its torch twin, behind the twin's own signature.
 
 Imports torch and the kernel folders; never model/ (model/ may import this). A call on CUDA tensors
-uses the kernel when CuPy is importable and `NINFER_KERNELS` is not `torch`; anything else (CPU
+uses the kernel when CuPy is importable, `NINFER_KERNELS` is not `torch` and the op is not named
+in `NINFER_KERNELS_OFF` (comma-separated op names, to bisect a suspect kernel); anything else (CPU
 tensors, no CuPy) runs the reference, so callers never branch on the device themselves.
 """
 
@@ -25,22 +26,32 @@ from ninfer.kernels.gdn_decode_front import reference as _front_ref
 from ninfer.kernels.gdn_decode_front.reference import DecodeFront
 from ninfer.kernels.paged_decode_attention import launch as _paged_cuda
 from ninfer.kernels.paged_decode_attention import reference as _paged_ref
+from ninfer.kernels.qk_norm_rope import launch as _qk_cuda
+from ninfer.kernels.qk_norm_rope import reference as _qk_ref
 from ninfer.kernels.silu_mul import launch as _silu_mul_cuda
 from ninfer.kernels.silu_mul import reference as _silu_mul_ref
 
 
-def use_cuda_kernels(t: torch.Tensor) -> bool:
-    """True when `t` lives on a GPU and the CUDA kernels can run there."""
+def use_cuda_kernels(t: torch.Tensor, op: str | None = None) -> bool:
+    """True when `t` lives on a GPU and the CUDA kernels (op `op`, if named) can run there."""
     if not t.is_cuda or os.environ.get("NINFER_KERNELS", "cuda") == "torch":
         return False
+    if op is not None and _switched_off(op):
+        return False
     return runtime.cupy_available()
+
+
+def _switched_off(op: str) -> bool:
+    """`op` begins an entry of NINFER_KERNELS_OFF (entries may carry a suffix, e.g. a test name)."""
+    entries = os.environ.get("NINFER_KERNELS_OFF", "").split(",")
+    return any(e.strip().startswith(op) for e in entries if e.strip())
 
 
 def add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual), x + residual); see kernels/add_rms_norm/reference.py."""
-    if use_cuda_kernels(x):
+    if use_cuda_kernels(x, "add_rms_norm"):
         return _add_rms_norm_cuda.add_rms_norm(x, residual, weight, eps)
     return _add_rms_norm_ref.add_rms_norm(x, residual, weight, eps)
 
@@ -58,7 +69,7 @@ def gated_rms_norm(
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """The DeltaNet output norm; see kernels/gated_rms_norm/reference.py."""
-    if use_cuda_kernels(x):
+    if use_cuda_kernels(x, "gated_rms_norm"):
         return _gated_norm_cuda.gated_rms_norm(x, gate, weight, eps, out_dtype)
     return _gated_norm_ref.gated_rms_norm(x, gate, weight, eps, out_dtype)
 
@@ -75,7 +86,7 @@ def gated_delta_rule_decode(
     scale: float,
 ) -> torch.Tensor:
     """One batched recurrent step; see kernels/gated_delta_decode/reference.py."""
-    fn = _delta_cuda if use_cuda_kernels(q) else _delta_ref
+    fn = _delta_cuda if use_cuda_kernels(q, "gated_delta_decode") else _delta_ref
     return fn.gated_delta_rule_decode(q, k, v, g, beta, ssm_state, state_slots, scale=scale)
 
 
@@ -93,7 +104,7 @@ def gdn_decode_front(
     head_k_dim: int,
 ) -> DecodeFront:
     """The DeltaNet decode step up to the recurrence; see kernels/gdn_decode_front/reference.py."""
-    fn = _front_cuda if use_cuda_kernels(qkv) else _front_ref
+    fn = _front_cuda if use_cuda_kernels(qkv, "gdn_decode_front") else _front_ref
     return fn.gdn_decode_front(
         qkv,
         a,
@@ -110,7 +121,7 @@ def gdn_decode_front(
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """SwiGLU activation of a fused gate-up row; see kernels/silu_mul/reference.py."""
-    if use_cuda_kernels(gate_up):
+    if use_cuda_kernels(gate_up, "silu_mul"):
         return _silu_mul_cuda.silu_mul(gate_up)
     return _silu_mul_ref.silu_mul(gate_up)
 
@@ -119,7 +130,7 @@ def expert_gemv(
     x: torch.Tensor, weight: torch.Tensor, expert_ids: torch.Tensor, *, rows_per_input: int
 ) -> torch.Tensor:
     """MoE experts read in place by id; see kernels/expert_gemv/reference.py."""
-    if use_cuda_kernels(x) and _expert_gemv_cuda.supports(x, weight):
+    if use_cuda_kernels(x, "expert_gemv") and _expert_gemv_cuda.supports(x, weight):
         fn = _expert_gemv_cuda.expert_gemv
     else:
         fn = _expert_gemv_ref.expert_gemv
@@ -132,7 +143,7 @@ def paged_decode_supported(q: torch.Tensor, k_pages: torch.Tensor) -> bool:
     Unlike the other ops, callers check this first: the twin reads lengths on the host, so the
     model keeps its own graph-safe `paged_attention` wherever the kernel does not run.
     """
-    return use_cuda_kernels(q) and _paged_cuda.supports(q, k_pages)
+    return use_cuda_kernels(q, "paged_decode_attention") and _paged_cuda.supports(q, k_pages)
 
 
 def paged_decode_attention(
@@ -147,3 +158,20 @@ def paged_decode_attention(
     """One query per sequence over its paged KV; see kernels/paged_decode_attention/reference.py."""
     fn = _paged_cuda if paged_decode_supported(q, k_pages) else _paged_ref
     return fn.paged_decode_attention(q, k_pages, v_pages, page_table, kv_lens, scale=scale)
+
+
+def qk_norm_rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention q/k norm + RoPE; see kernels/qk_norm_rope/reference.py."""
+    if use_cuda_kernels(q, "qk_norm_rope") and _qk_cuda.supports(q, k, cos):
+        fn = _qk_cuda.qk_norm_rope
+    else:
+        fn = _qk_ref.qk_norm_rope
+    return fn(q, k, q_weight, k_weight, cos, sin, eps)

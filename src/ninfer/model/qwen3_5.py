@@ -9,12 +9,14 @@ device are used as-is (zero-copy).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
 
+from ninfer.kernels import dispatch
 from ninfer.model.batch import ForwardBatch
 from ninfer.model.cache import ModelCache
 from ninfer.model.config import LayerType, TextConfig
@@ -25,9 +27,8 @@ from ninfer.model.layers.gated_attention import (
     gated_attention,
 )
 from ninfer.model.layers.gated_deltanet import DeltaNetWeights, gated_deltanet
-from ninfer.model.layers.mlp import MlpWeights, swiglu_mlp
+from ninfer.model.layers.mlp import MlpWeights, mlp
 from ninfer.model.layers.moe import MoeWeights, sparse_moe
-from ninfer.model.layers.norm import rms_norm
 from ninfer.model.layers.rope import mrope_axis_map, rope_cos_sin, rope_inv_freq
 
 
@@ -76,15 +77,24 @@ class Qwen3_5Model:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
         strict: bool = True,
+        fuse_projections: bool | None = None,
     ) -> None:
         """Bind `weights` (HF text-model names without the `model.language_model.` prefix).
 
         With `strict`, a weight the config does not use is an error (it usually means a
         naming mismatch); pass strict=False to ignore extras such as `mtp.*`.
+        `fuse_projections` (default: on for CUDA) concatenates the projections a token reads
+        together (DeltaNet qkv/z/b/a, attention q/k/v, MLP gate/up) into one matrix each, so a
+        decode step runs one GEMV where it ran up to four; the separate fields become views, so
+        the model holds no extra copy once the caller drops `weights`. Off by default on the CPU,
+        whose results then stay those of the unfused reference bit for bit.
         """
         self.config = config
         self.dtype = dtype
         self.device = torch.device(device)
+        self.fuse_projections = (
+            self.device.type == "cuda" if fuse_projections is None else fuse_projections
+        )
         take = _Binder(weights, dtype, self.device)
         c = config
         self.embed_tokens = take("embed_tokens.weight", (c.vocab_size, c.hidden_size))
@@ -108,6 +118,8 @@ class Qwen3_5Model:
         else:
             mixer = _bind_deltanet(take, p + "linear_attn.", c)
         ffn = _bind_moe(take, p + "mlp.", c) if c.is_moe else _bind_mlp(take, p + "mlp.", c)
+        if self.fuse_projections:
+            mixer, ffn = _fused(mixer), _fused(ffn)
         return DecoderLayerWeights(
             layer_type=c.layer_types[i],
             input_layernorm=take(p + "input_layernorm.weight", (c.hidden_size,)),
@@ -138,8 +150,14 @@ class Qwen3_5Model:
         x = F.embedding(batch.input_ids, self.embed_tokens)  # [T, H]
         cos, sin = rope_cos_sin(batch.positions, self.inv_freq, self.rope_axis_map)
         meta = build_attention_metadata(batch, cache.page_size) if c.full_attention_layers else None
+        eps = c.rms_norm_eps
+        h = x
         for i, layer in enumerate(self.layers):
-            h = rms_norm(x, layer.input_layernorm, c.rms_norm_eps)
+            # x <- x + h (the previous layer's output), then the input norm: one fused kernel
+            if i == 0:
+                h = dispatch.rms_norm(x, layer.input_layernorm, eps)
+            else:
+                h, x = dispatch.add_rms_norm(h, x, layer.input_layernorm, eps)
             if isinstance(layer.mixer, AttentionWeights):
                 assert meta is not None
                 k_pages, v_pages = cache.kv(i)
@@ -163,16 +181,16 @@ class Qwen3_5Model:
                     batch=batch,
                     eps=c.rms_norm_eps,
                 )
-            x = x + h
-            h = rms_norm(x, layer.post_attention_layernorm, c.rms_norm_eps)
+            h, x = dispatch.add_rms_norm(h, x, layer.post_attention_layernorm, eps)
             if isinstance(layer.ffn, MoeWeights):
                 h = sparse_moe(
                     h, layer.ffn, top_k=c.num_experts_per_tok, norm_topk_prob=c.norm_topk_prob
                 )
             else:
-                h = swiglu_mlp(h, layer.ffn.gate_proj, layer.ffn.up_proj, layer.ffn.down_proj)
-            x = x + h
-        return rms_norm(x, self.norm, c.rms_norm_eps)
+                h = mlp(h, layer.ffn)
+        if not self.layers:
+            return dispatch.rms_norm(x, self.norm, eps)
+        return dispatch.add_rms_norm(h, x, self.norm, eps)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, H] final-normed hidden states -> [N, vocab] fp32 logits."""
@@ -252,3 +270,29 @@ def _bind_moe(take: _Binder, m: str, c: TextConfig) -> MoeWeights:
         shared_down_proj=take(m + "shared_expert.down_proj.weight", (hidden, shared)),
         shared_gate=take(m + "shared_expert_gate.weight", (1, hidden)),
     )
+
+
+def _fuse_rows(parts: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """One [sum N_i, H] matrix and a view of it per part (row slices stay contiguous)."""
+    fused = torch.cat(list(parts), dim=0)
+    return fused, list(fused.split([p.shape[0] for p in parts], dim=0))
+
+
+_W = TypeVar("_W", AttentionWeights, DeltaNetWeights, MlpWeights, MoeWeights)
+
+
+def _fused(w: _W) -> _W:
+    """The same weights with the row-concatenated projection bound (see Qwen3_5Model)."""
+    if isinstance(w, DeltaNetWeights):
+        fused, (qkv, z, b, a) = _fuse_rows((w.in_proj_qkv, w.in_proj_z, w.in_proj_b, w.in_proj_a))
+        return replace(
+            w, in_proj_qkv=qkv, in_proj_z=z, in_proj_b=b, in_proj_a=a, in_proj_fused=fused
+        )
+    if isinstance(w, AttentionWeights):
+        fused, (q, k, v) = _fuse_rows((w.q_proj, w.k_proj, w.v_proj))
+        return replace(w, q_proj=q, k_proj=k, v_proj=v, qkv_fused=fused)
+    if isinstance(w, MlpWeights):
+        fused, (gate, up) = _fuse_rows((w.gate_proj, w.up_proj))
+        return replace(w, gate_proj=gate, up_proj=up, gate_up=fused)
+    fused, (gate, up) = _fuse_rows((w.shared_gate_proj, w.shared_up_proj))
+    return replace(w, shared_gate_proj=gate, shared_up_proj=up, shared_gate_up=fused)

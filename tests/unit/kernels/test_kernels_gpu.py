@@ -23,6 +23,8 @@ from ninfer.kernels.gdn_decode_front import launch as front_cuda
 from ninfer.kernels.gdn_decode_front import reference as front_ref
 from ninfer.kernels.paged_decode_attention import launch as paged_cuda
 from ninfer.kernels.paged_decode_attention import reference as paged_ref
+from ninfer.kernels.qk_norm_rope import launch as qk_cuda
+from ninfer.kernels.qk_norm_rope import reference as qk_ref
 from ninfer.kernels.silu_mul import launch as silu_mul_cuda
 from ninfer.kernels.silu_mul import reference as silu_mul_ref
 
@@ -66,6 +68,20 @@ def test_gated_rms_norm(x_dtype, out_dtype, rows: int, n: int, gen: torch.Genera
     want = gated_ref.gated_rms_norm(x, z, w, 1e-6, out_dtype)
     assert got.dtype == want.dtype
     assert rel(got, want) < TOL[want.dtype]
+
+
+@pytest.mark.parametrize("tokens,heads,n", [(2, 48, 128), (8, 48, 128), (3, 6, 16)])
+def test_gated_rms_norm_reads_a_strided_gate(tokens: int, heads: int, n: int, gen) -> None:
+    """z as a column slice of the fused DeltaNet projection, read in place (at least two tokens:
+    a one-row slice is contiguous, and the contiguous case is test_gated_rms_norm's)."""
+    proj = torch.randn(tokens, 3 * heads * n + 7, device="cuda", generator=gen).to(torch.bfloat16)
+    z = proj[:, heads * n : 2 * heads * n].view(tokens, heads, n)
+    assert not z.is_contiguous()
+    x = torch.randn(tokens, heads, n, device="cuda", generator=gen)
+    w = torch.randn(n, device="cuda", generator=gen).to(torch.bfloat16)
+    got = gated_cuda.gated_rms_norm(x, z, w, 1e-6, torch.bfloat16)
+    want = gated_ref.gated_rms_norm(x, z.contiguous(), w, 1e-6, torch.bfloat16)
+    assert rel(got, want) < 1e-2
 
 
 def _delta_case(gen, b, hk, hv, dk, dv, q_dtype, v_dtype, strided_v):
@@ -199,6 +215,30 @@ def test_paged_decode_attention(dtype, lens, hq, hk, d, page, gen) -> None:
     got = paged_cuda.paged_decode_attention(q, k_pages, v_pages, table, kv_lens, scale=d**-0.5)
     want = paged_ref.paged_decode_attention(q, k_pages, v_pages, table, kv_lens, scale=d**-0.5)
     assert rel(got, want) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "tokens,hq,hk,d,rotary",
+    [(1, 24, 4, 256, 64), (8, 24, 4, 256, 64), (300, 16, 2, 256, 64), (5, 4, 2, 32, 16)],
+    ids=["27b-b1", "27b-b8", "35b-prefill", "tiny"],
+)
+def test_qk_norm_rope(dtype, tokens: int, hq: int, hk: int, d: int, rotary: int, gen) -> None:
+    width = hq * 2 * d + 2 * hk * d
+    proj = torch.randn(tokens, width, device="cuda", generator=gen).to(dtype)
+    q = proj[:, : hq * 2 * d].view(tokens, hq, 2, d)[:, :, 0]  # the model's strided views
+    k = proj[:, hq * 2 * d : hq * 2 * d + hk * d].view(tokens, hk, d)
+    qw = (torch.randn(d, device="cuda", generator=gen) * 0.1).to(dtype)
+    kw = (torch.randn(d, device="cuda", generator=gen) * 0.1).to(dtype)
+    angles = torch.rand(tokens, rotary // 2, device="cuda", generator=gen) * 1000
+    angles = torch.cat((angles, angles), dim=-1)
+    cos, sin = angles.cos(), angles.sin()
+    assert qk_cuda.supports(q, k, cos)
+    got = qk_cuda.qk_norm_rope(q, k, qw, kw, cos, sin, 1e-6)
+    want = qk_ref.qk_norm_rope(q, k, qw, kw, cos, sin, 1e-6)
+    for x, y in zip(got, want, strict=True):
+        assert x.shape == y.shape and x.is_contiguous()
+        assert rel(x, y) < TOL[dtype]
 
 
 def test_kernels_are_recorded_by_a_cuda_graph(gen: torch.Generator) -> None:

@@ -13,15 +13,18 @@ from ninfer.kernels import dispatch, runtime
 from ninfer.kernels.add_rms_norm.reference import add_rms_norm
 from ninfer.kernels.expert_gemv.reference import expert_gemv
 from ninfer.kernels.gated_delta_decode.reference import gated_delta_rule_decode
+from ninfer.kernels.gated_rms_norm.launch import _gate_layout
 from ninfer.kernels.gated_rms_norm.reference import gated_rms_norm
 from ninfer.kernels.gdn_decode_front.reference import gdn_decode_front
 from ninfer.kernels.paged_decode_attention import launch as paged_launch
 from ninfer.kernels.paged_decode_attention.reference import paged_decode_attention
+from ninfer.kernels.qk_norm_rope.reference import qk_norm_rope
 from ninfer.kernels.silu_mul.reference import silu_mul
 from ninfer.model.batch import ForwardBatch
 from ninfer.model.layers import gated_attention as model_attention
 from ninfer.model.layers import gated_deltanet as model_deltanet
 from ninfer.model.layers import norm as model_norm
+from ninfer.model.layers import rope as model_rope
 
 DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.bfloat16, id="bf16")]
 
@@ -213,6 +216,48 @@ def test_paged_decode_split_size_depends_on_width_only() -> None:
     sizes = [paged_launch.split_tokens(c) for c in (64, 1024, 8192, 32768, 262144)]
     assert sizes == [16, 16, 16, 64, 512]
     assert all(-(-c // s) <= 512 for c, s in zip((64, 1024, 8192, 32768), sizes, strict=False))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_qk_norm_rope_twin_is_the_model_norm_then_rope(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(13)
+    proj = torch.randn(5, 4 * 2 * 32 + 2 * 32, generator=g).to(dtype)  # gated q, then k
+    q = proj[:, :256].view(5, 4, 2, 32)[:, :, 0]  # strided, as the model passes it
+    k = proj[:, 256:].view(5, 2, 32)
+    qw, kw = (torch.randn(32, generator=g) * 0.1).to(dtype), torch.randn(32, generator=g).to(dtype)
+    inv_freq = model_rope.rope_inv_freq(16, 10000.0)
+    axis = model_rope.mrope_axis_map((2, 3, 3), True)
+    cos, sin = model_rope.rope_cos_sin(torch.tensor([0, 3, 9, 100, 7]), inv_freq, axis)
+    got_q, got_k = qk_norm_rope(q, k, qw, kw, cos, sin, 1e-6)
+    want_q = model_rope.apply_rope(model_norm.rms_norm(q, qw, 1e-6), cos, sin)
+    want_k = model_rope.apply_rope(model_norm.rms_norm(k, kw, 1e-6), cos, sin)
+    assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
+    assert torch.equal(got_q[..., 16:], model_norm.rms_norm(q, qw, 1e-6)[..., 16:])  # pass-through
+
+
+@pytest.mark.parametrize("tokens", [1, 2, 5])
+def test_gated_norm_gate_layout_addresses_every_row(tokens: int) -> None:
+    """The kernel's row offset (r // inner) * outer + (r % inner) * n lands on z's row r."""
+    heads, n = 6, 16
+    proj = torch.randn(tokens, 3 * heads * n + 7)
+    z = proj[:, heads * n : 2 * heads * n].view(tokens, heads, n)
+    inner, outer = _gate_layout(z)
+    flat = proj.reshape(-1)
+    base = z.storage_offset()
+    for r in range(tokens * heads):
+        start = base + (r // inner) * outer + (r % inner) * n
+        assert torch.equal(flat[start : start + n], z[r // heads, r % heads])
+    if tokens > 1:  # heads outermost is not expressible: the launcher copies instead
+        assert _gate_layout(z.transpose(0, 1)) == (0, 0)
+
+
+def test_kernels_can_be_switched_off_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "paged_decode_attention, gated_rms_norm_reads_x")
+    assert dispatch._switched_off("paged_decode_attention")
+    assert dispatch._switched_off("gated_rms_norm")  # a test name names its op
+    assert not dispatch._switched_off("add_rms_norm")
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "")
+    assert not dispatch._switched_off("paged_decode_attention")
 
 
 def test_runtime_rejects_what_the_kernels_cannot_take() -> None:

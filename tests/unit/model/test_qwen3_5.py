@@ -281,6 +281,30 @@ def test_tied_embeddings_use_embed_table(tiny_dense):
     assert rel_err(model.compute_logits(hidden), expected) < 1e-6
 
 
+def test_fused_projections_match_separate(tiny, prompt_300):
+    """One concatenated GEMM per projection group (the CUDA default) computes the same step."""
+    config = TextConfig.from_hf(tiny.hf_config)
+    fused = Qwen3_5Model(config, tiny.weights, fuse_projections=True)
+    plain = Qwen3_5Model(config, tiny.weights)
+    assert not plain.fuse_projections
+    layer = fused.layers[0]
+    mixer_fused = getattr(layer.mixer, "in_proj_fused", None)
+    if mixer_fused is None:
+        mixer_fused = layer.mixer.qkv_fused
+    assert mixer_fused is not None
+    ffn = layer.ffn
+    ffn_fused = ffn.gate_up if hasattr(ffn, "gate_up") else ffn.shared_gate_up
+    assert ffn_fused is not None
+    rows = {}
+    for name, model in (("fused", fused), ("plain", plain)):
+        cache = new_cache(config)
+        pages = shuffled_pages(pages_for(41), seed=4)
+        out = [prefill(model, cache, prompt_300[:40], pages=pages, slot=1)]
+        out.append(decode(model, cache, [9], num_computed=[40], pages=[pages], slots=[1]))
+        rows[name] = torch.cat(out)
+    assert rel_err(rows["fused"], rows["plain"]) < 1e-5
+
+
 def test_batch_beyond_page_table_is_rejected(tiny_dense):
     model, config = make(tiny_dense)
     with pytest.raises(BatchError, match="page table capacity"):

@@ -11,15 +11,18 @@ import torch
 from ninfer.kernels import runtime as rt
 
 OP = "qk_norm_rope"
+MAX_TOKENS = 65535  # tokens ride grid.y
 
 
 def supports(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor) -> bool:
-    """Same dtype, head dim <= 1024 with unit stride, an even rotary width <= head dim."""
+    """Same dtype, head dim <= 1024 with unit stride, an even rotary width <= head dim, and at
+    most MAX_TOKENS tokens (the twin runs for longer prefill chunks)."""
     head_dim = q.shape[-1]
     rotary = cos.shape[-1]
     return (
         q.dim() == 3
         and k.dim() == 3
+        and q.shape[0] <= MAX_TOKENS
         and k.shape[-1] == head_dim
         and q.dtype == k.dtype
         and q.dtype in rt.CUDA_TYPES

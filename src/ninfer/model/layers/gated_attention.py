@@ -1,10 +1,12 @@
 """Gated full attention of Qwen3.5 over a paged KV cache.
 
-Imports torch, model.batch and sibling layers only. The per-step index maths (which flat KV slot
-each token writes, which sequence it belongs to) is computed once per forward in
-`AttentionMetadata` and shared by all layers. `store_kv` and `paged_attention` are the plain ops a
-CUDA kernel will replace; the reference gathers each sequence's pages into a padded [B, L] view and
-runs SDPA with a causal-and-length mask, so prefill chunks and decode batches share one code path.
+Imports torch, model.batch, sibling layers and kernels.dispatch. The per-step index maths (which
+flat KV slot each token writes, which sequence it belongs to) is computed once per forward in
+`AttentionMetadata` and shared by all layers. `paged_attention` gathers each sequence's pages into
+a padded [B, L] view and runs SDPA with a causal-and-length mask, so prefill chunks and decode
+batches share one code path. On CUDA, a prefill of one fresh sequence skips the gather and the
+mask (`fresh_causal_attention`) so SDPA can use a fused backend, and decode runs the split-KV
+paged kernel (kernels/paged_decode_attention); the CPU keeps the reference.
 """
 
 from __future__ import annotations
@@ -15,9 +17,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from ninfer.kernels import dispatch
 from ninfer.model.batch import ForwardBatch
-from ninfer.model.layers.norm import rms_norm
-from ninfer.model.layers.rope import apply_rope
 
 
 class AttentionMetadata(NamedTuple):
@@ -41,6 +42,9 @@ class AttentionWeights:
     o_proj: torch.Tensor  # [H, Hq * D]
     q_norm: torch.Tensor  # [D]
     k_norm: torch.Tensor  # [D]
+    # Optional [Hq * 2D + 2 Hk * D, H]: q, k, v rows in one matrix (the three fields above are
+    # then views into it), so a decode step runs one GEMM instead of three.
+    qkv_fused: torch.Tensor | None = None
 
 
 def build_attention_metadata(batch: ForwardBatch, page_size: int) -> AttentionMetadata:
@@ -148,14 +152,66 @@ def gated_attention(
     """
     num_tokens = x.shape[0]
     num_kv_heads, head_dim = k_pages.shape[2:]
-    qg = F.linear(x, w.q_proj).view(num_tokens, -1, 2, head_dim)  # [T, Hq, (q, gate), D]
+    if w.qkv_fused is not None:
+        kv_dim = num_kv_heads * head_dim
+        proj = F.linear(x, w.qkv_fused)
+        qg, k, v = proj.split((w.q_proj.shape[0], kv_dim, kv_dim), dim=-1)
+    else:
+        qg, k, v = F.linear(x, w.q_proj), F.linear(x, w.k_proj), F.linear(x, w.v_proj)
+    qg = qg.reshape(num_tokens, -1, 2, head_dim)  # [T, Hq, (q, gate), D]
     q, gate = qg[:, :, 0], qg[:, :, 1]
-    k = F.linear(x, w.k_proj).view(num_tokens, num_kv_heads, head_dim)
-    v = F.linear(x, w.v_proj).view(num_tokens, num_kv_heads, head_dim)
-    q = apply_rope(rms_norm(q, w.q_norm, eps), cos, sin)
-    k = apply_rope(rms_norm(k, w.k_norm, eps), cos, sin)
+    k = k.reshape(num_tokens, num_kv_heads, head_dim)
+    v = v.reshape(num_tokens, num_kv_heads, head_dim)
+    # apply_rope(rms_norm(.)) for q and k: one kernel on CUDA, the same torch ops elsewhere
+    q, k = dispatch.qk_norm_rope(q, k, w.q_norm, w.k_norm, cos, sin, eps)
 
     store_kv(k, v, k_pages, v_pages, meta.slot_mapping)
-    out = paged_attention(q, k_pages, v_pages, meta, scale=head_dim**-0.5)  # [T, Hq, D]
+    scale = head_dim**-0.5
+    if _is_fresh_single_sequence(x, meta):
+        out = fresh_causal_attention(q, k, v, scale=scale)
+    elif meta.max_query_len == 1 and dispatch.paged_decode_supported(q, k_pages):
+        # CUDA decode: split-KV kernel reading each live page once, no gather, no mask
+        out = dispatch.paged_decode_attention(
+            q, k_pages, v_pages, meta.page_table, meta.kv_lens, scale=scale
+        )
+    else:
+        out = paged_attention(q, k_pages, v_pages, meta, scale=scale)  # [T, Hq, D]
     out = out * torch.sigmoid(gate)
     return F.linear(out.reshape(num_tokens, -1), w.o_proj)
+
+
+def _is_fresh_single_sequence(x: torch.Tensor, meta: AttentionMetadata) -> bool:
+    """A CUDA prefill of one sequence from position 0 (host-side facts only: no sync).
+
+    max_kv_len bounds num_computed + query_len, so max_kv_len == max_query_len with one sequence
+    means nothing was computed before: its KV is exactly the new k, v. Only CUDA takes this path,
+    so CPU results stay those of the reference `paged_attention`.
+    """
+    return (
+        x.is_cuda
+        and meta.page_table.shape[0] == 1
+        and meta.max_query_len > 1
+        and meta.max_kv_len == meta.max_query_len
+    )
+
+
+def fresh_causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
+) -> torch.Tensor:
+    """Causal GQA attention of one sequence over its own new tokens, with no mask tensor.
+
+    `is_causal` without `attn_mask` lets SDPA pick its flash or memory-efficient backend; the KV
+    heads are expanded first because the fused backends do not all take grouped heads.
+
+    Args:
+        q: [T, Hq, D]; k, v: [T, Hk, D].
+    Returns:
+        [T, Hq, D] in q's dtype.
+    """
+    group = q.shape[1] // k.shape[1]
+    # [T, H, D] -> [1, H, T, D]
+    qh = q.transpose(0, 1)[None]
+    kh = k.to(q.dtype).repeat_interleave(group, dim=1).transpose(0, 1)[None]
+    vh = v.to(q.dtype).repeat_interleave(group, dim=1).transpose(0, 1)[None]
+    out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale)
+    return out[0].transpose(0, 1)

@@ -1,8 +1,9 @@
 """Gated DeltaNet (linear attention) of Qwen3.5 with per-slot conv and recurrent state.
 
-Imports torch, model.batch and sibling layers only. Prefill runs the delta rule in chunked (WY /
-UT-transform) form, one sequence at a time; decode runs one recurrent step for the whole batch,
-reading and writing each sequence's state slot in place, as the CUDA kernels will. The state is
+Imports torch, model.batch, sibling layers and kernels.dispatch. Prefill runs the delta rule in
+chunked (WY / UT-transform) form, one sequence at a time; decode runs one recurrent step for the
+whole batch, reading and writing each sequence's state slot in place, through `dispatch` (CUDA
+kernels on a GPU, their bit-identical torch twins elsewhere). The state is
 fp32 [Hv, Dk, Dv] (key x value); key heads are repeated to value heads (consecutive value heads
 share a key head).
 """
@@ -14,8 +15,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ninfer.kernels import dispatch
 from ninfer.model.batch import ForwardBatch
-from ninfer.model.layers.norm import gated_rms_norm, l2_norm
+from ninfer.model.layers.norm import l2_norm
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,9 @@ class DeltaNetWeights:
     A_log: torch.Tensor  # [Hv] fp32 (the checkpoint's name)
     norm: torch.Tensor  # [Dv]
     out_proj: torch.Tensor  # [H, Hv * Dv]
+    # Optional [conv_dim + Hv * Dv + 2 Hv, H]: qkv, z, b, a rows in one matrix (one GEMM per step;
+    # the four fields above are then views into it; Qwen3_5Model binds it on CUDA).
+    in_proj_fused: torch.Tensor | None = None
 
 
 # --- causal depthwise conv1d -----------------------------------------------------------------
@@ -246,29 +251,51 @@ def gated_deltanet(
     """
     num_tokens = x.shape[0]
     _, num_v_heads, head_k_dim, head_v_dim = ssm_state.shape
-    key_dim = (w.in_proj_qkv.shape[0] - num_v_heads * head_v_dim) // 2
+    value_dim = num_v_heads * head_v_dim
+    conv_dim = w.in_proj_qkv.shape[0]
+    key_dim = (conv_dim - value_dim) // 2
 
-    qkv = F.linear(x, w.in_proj_qkv)  # [T, conv_dim]
-    if batch.is_decode:
-        qkv = causal_conv1d_update(qkv, w.conv1d, conv_state, batch.state_slots)
+    if w.in_proj_fused is not None:
+        proj = F.linear(x, w.in_proj_fused)  # [T, conv_dim + Hv*Dv + 2 Hv]
+        qkv, z, b, a = proj.split((conv_dim, value_dim, num_v_heads, num_v_heads), dim=-1)
     else:
-        qkv = causal_conv1d(qkv, w.conv1d, conv_state, batch.state_slots, batch.query_lens)
-    q, k, v = qkv.split((key_dim, key_dim, num_v_heads * head_v_dim), dim=-1)
-    q = l2_norm(q.reshape(num_tokens, -1, head_k_dim))  # [T, Hk, Dk] fp32
-    k = l2_norm(k.reshape(num_tokens, -1, head_k_dim))
-    v = v.reshape(num_tokens, num_v_heads, head_v_dim)
-    beta = torch.sigmoid(F.linear(x, w.in_proj_b).float())  # [T, Hv]
-    g = -w.A_log.float().exp() * F.softplus(F.linear(x, w.in_proj_a).float() + w.dt_bias.float())
+        qkv = F.linear(x, w.in_proj_qkv)  # [T, conv_dim]
+        z = F.linear(x, w.in_proj_z)
+        b = F.linear(x, w.in_proj_b)
+        a = F.linear(x, w.in_proj_a)
+    z = z.reshape(num_tokens, num_v_heads, head_v_dim)
     scale = head_k_dim**-0.5
 
     if batch.is_decode:
-        out = gated_delta_rule_decode(q, k, v, g, beta, ssm_state, batch.state_slots, scale=scale)
+        # One fused kernel on CUDA (conv update, SiLU, L2 norms, g, beta), the torch ops elsewhere.
+        q, k, v, g, beta = dispatch.gdn_decode_front(
+            qkv,
+            a,
+            b,
+            w.conv1d,
+            w.A_log,
+            w.dt_bias,
+            conv_state,
+            batch.state_slots,
+            num_k_heads=key_dim // head_k_dim,
+            head_k_dim=head_k_dim,
+        )
+        out = dispatch.gated_delta_rule_decode(
+            q, k, v, g, beta, ssm_state, batch.state_slots, scale=scale
+        )
     else:
+        qkv = causal_conv1d(qkv, w.conv1d, conv_state, batch.state_slots, batch.query_lens)
+        q, k, v = qkv.split((key_dim, key_dim, value_dim), dim=-1)
+        q = l2_norm(q.reshape(num_tokens, -1, head_k_dim))  # [T, Hk, Dk] fp32
+        k = l2_norm(k.reshape(num_tokens, -1, head_k_dim))
+        v = v.reshape(num_tokens, num_v_heads, head_v_dim)
+        beta = torch.sigmoid(b.float())  # [T, Hv]
+        g = -w.A_log.float().exp() * F.softplus(a.float() + w.dt_bias.float())
         parts = []
         start = 0
-        for b, num_new in enumerate(batch.query_lens):
+        for i, num_new in enumerate(batch.query_lens):
             span = slice(start, start + num_new)
-            slot = batch.state_slots[b : b + 1]
+            slot = batch.state_slots[i : i + 1]
             o, final = chunk_gated_delta_rule(
                 q[span],
                 k[span],
@@ -283,6 +310,5 @@ def gated_deltanet(
             start += num_new
         out = torch.cat(parts)  # [T, Hv, Dv] fp32
 
-    z = F.linear(x, w.in_proj_z).view(num_tokens, num_v_heads, head_v_dim)
-    out = gated_rms_norm(out, z, w.norm, eps).to(x.dtype)
+    out = dispatch.gated_rms_norm(out, z, w.norm, eps, x.dtype)
     return F.linear(out.reshape(num_tokens, -1), w.out_proj)

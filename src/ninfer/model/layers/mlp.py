@@ -1,7 +1,9 @@
 """SwiGLU feed-forward of the dense Qwen3.5 model (and of the MoE shared expert).
 
-Imports only torch. Gate, up and down stay separate checkpoint tensors so binding them is
-zero-copy; `swiglu` is split out because the fused MoE experts apply it to a [.., 2I] gate-up row.
+Imports torch and kernels.dispatch. Gate, up and down are separate checkpoint tensors; on a GPU
+the model binds gate and up as one [2I, H] matrix (`gate_up`, the two fields then views into it)
+so a step runs one GEMM and one fused activation kernel. `swiglu` is split out because the fused
+MoE experts apply it to a [.., 2I] gate-up row.
 """
 
 from __future__ import annotations
@@ -11,18 +13,20 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ninfer.kernels import dispatch
+
 
 @dataclass(frozen=True)
 class MlpWeights:
     gate_proj: torch.Tensor  # [I, H]
     up_proj: torch.Tensor  # [I, H]
     down_proj: torch.Tensor  # [H, I]
+    gate_up: torch.Tensor | None = None  # optional [2I, H]: gate rows then up rows
 
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     """[..., 2I] (gate then up) -> [..., I]: silu(gate) * up."""
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up
+    return dispatch.silu_mul(gate_up)
 
 
 def swiglu_mlp(
@@ -36,3 +40,16 @@ def swiglu_mlp(
         [T, H].
     """
     return F.linear(F.silu(F.linear(x, gate_proj)) * F.linear(x, up_proj), down_proj)
+
+
+def mlp(x: torch.Tensor, w: MlpWeights) -> torch.Tensor:
+    """`swiglu_mlp` over bound weights: one gate-up GEMM when `w.gate_up` is bound.
+
+    Args:
+        x: [T, H].
+    Returns:
+        [T, H].
+    """
+    if w.gate_up is None:
+        return swiglu_mlp(x, w.gate_proj, w.up_proj, w.down_proj)
+    return F.linear(swiglu(F.linear(x, w.gate_up)), w.down_proj)

@@ -1,10 +1,11 @@
 """Sparse MoE feed-forward of Qwen3.5-MoE: softmax top-k router, fused experts, gated shared expert.
 
-Imports torch and layers.mlp only. Experts are always fused ([E, 2I, H] gate-up, [E, H, I] down),
-whatever the checkpoint had, so a grouped-GEMM kernel can replace `moe_experts` without touching
-the weights. The reference has two paths: few assignments (decode) gather each one's expert
-matrices and run batched matmuls, with no host sync, so a decode step can be CUDA-graph captured;
-many (prefill) group assignments by expert, which needs the per-expert counts on the host.
+Imports torch, layers.mlp and kernels.dispatch. Experts are always fused ([E, 2I, H] gate-up,
+[E, H, I] down), whatever the checkpoint had, so kernels read them in place. Two paths: few
+assignments (decode) run one grouped GEMV per projection over the chosen experts (a CUDA kernel;
+elsewhere its twin gathers each one's matrices into a batched matmul), with no host sync, so a
+decode step can be CUDA-graph captured; many (prefill) group assignments by expert, which needs
+the per-expert counts on the host.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ninfer.model.layers.mlp import swiglu, swiglu_mlp
+from ninfer.kernels import dispatch
+from ninfer.model.layers.mlp import MlpWeights, mlp, swiglu
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,7 @@ class MoeWeights:
     shared_up_proj: torch.Tensor  # [Is, H]
     shared_down_proj: torch.Tensor  # [H, Is]
     shared_gate: torch.Tensor  # [1, H]
+    shared_gate_up: torch.Tensor | None = None  # optional [2 Is, H], gate and up as one matrix
 
 
 def route_topk(
@@ -45,8 +48,9 @@ def route_topk(
     return weights, ids
 
 
-# Above this many (token, expert) assignments the gather path's [n, 2I, H] weight copies cost
-# more than the grouped path's host sync (decode batches stay below it).
+# Above this many (token, expert) assignments the gather path (the CUDA grouped GEMV, or its
+# twin's [n, 2I, H] weight copies) costs more than the grouped path's host sync (decode batches
+# stay below it).
 GATHER_MAX_ASSIGNMENTS = 256
 
 
@@ -77,10 +81,10 @@ def _experts_gathered(
 ) -> torch.Tensor:
     """[T, k, H] fp32 expert outputs, each assignment with its own gathered weights (sync-free)."""
     num_tokens, top_k = topk_ids.shape
-    rows = x[:, None, :].expand(-1, top_k, -1).reshape(-1, x.shape[1], 1)  # [T*k, H, 1]
-    flat_ids = topk_ids.reshape(-1)
-    h = swiglu(torch.bmm(gate_up[flat_ids], rows)[..., 0])  # [T*k, I]
-    y = torch.bmm(down[flat_ids], h[..., None])[..., 0]  # [T*k, H]
+    flat_ids = topk_ids.reshape(-1)  # assignment a is token a // k
+    # On CUDA one grouped GEMV reads the chosen experts in place; the twin gathers them.
+    h = swiglu(dispatch.expert_gemv(x, gate_up, flat_ids, rows_per_input=top_k))  # [T*k, I]
+    y = dispatch.expert_gemv(h, down, flat_ids, rows_per_input=1)  # [T*k, H]
     return y.float().view(num_tokens, top_k, -1)
 
 
@@ -117,5 +121,7 @@ def sparse_moe(x: torch.Tensor, w: MoeWeights, *, top_k: int, norm_topk_prob: bo
     """
     weights, ids = route_topk(F.linear(x, w.router), top_k, normalize=norm_topk_prob)
     routed = moe_experts(x, w.experts_gate_up, w.experts_down, weights, ids)
-    shared = swiglu_mlp(x, w.shared_gate_proj, w.shared_up_proj, w.shared_down_proj)
+    shared = mlp(
+        x, MlpWeights(w.shared_gate_proj, w.shared_up_proj, w.shared_down_proj, w.shared_gate_up)
+    )
     return routed + torch.sigmoid(F.linear(x, w.shared_gate)) * shared

@@ -15,6 +15,7 @@ from ninfer.model.batch import ForwardBatch
 from ninfer.model.layers.gated_attention import (
     AttentionWeights,
     build_attention_metadata,
+    fresh_causal_attention,
     gated_attention,
     paged_attention,
     store_kv,
@@ -98,6 +99,17 @@ def test_paged_attention_matches_dense(num_computed, query_lens):
         expected = dense_causal_attention(q[start : start + n], full_k[b], full_v[b], c)
         assert rel_err(got[start : start + n], expected) < 1e-5, b
         start += n
+
+
+def test_fresh_causal_attention_matches_dense():
+    """The mask-free path CUDA prefills of a fresh sequence take, against the fp64 reference."""
+    gen = torch.Generator().manual_seed(21)
+    q = torch.randn(19, HQ, D, generator=gen)
+    k = torch.randn(19, HK, D, generator=gen)
+    v = torch.randn(19, HK, D, generator=gen)
+    got = fresh_causal_attention(q, k, v, scale=D**-0.5)
+    assert got.shape == q.shape
+    assert rel_err(got, dense_causal_attention(q, k, v, 0)) < 1e-5
 
 
 def test_layer_matches_transformers_module():
