@@ -138,7 +138,6 @@ class Engine:
             self.tokenizer,
             eos_token_ids=self.eos_token_ids,
             resolve_sampling=self._resolve_sampling,
-            pending_timeout_s=options.pending_timeout_ms / 1000.0,
         )
 
     @classmethod

@@ -60,7 +60,6 @@ class EngineCore:
         *,
         eos_token_ids: frozenset[int],
         resolve_sampling: Callable[[GenerationRequest], SamplingParams],
-        pending_timeout_s: float,
     ) -> None:
         self.scheduler = scheduler
         self.runner = runner
@@ -68,7 +67,6 @@ class EngineCore:
         self.eos_token_ids = eos_token_ids
         self._resolve_sampling = resolve_sampling
         self.thinking_control = ThinkingControl.from_tokenizer(tokenizer)
-        self._pending_timeout_s = pending_timeout_s
         self._lock = threading.Condition()
         self._inbox: list[_Live] = []
         self._cancels: set[str] = set()
@@ -109,7 +107,8 @@ class EngineCore:
             token_ids=list(request.prompt_ids),
             num_prompt=len(request.prompt_ids),
             arrival=now,
-            deadline=now + (self._pending_timeout_s if timeout is None else timeout),
+            deadline=now
+            + (self.scheduler.config.pending_timeout_s if timeout is None else timeout),
         )
         stop_ids = request.stop_token_ids
         if stop_ids is None:
@@ -194,7 +193,7 @@ class EngineCore:
             cancels, self._cancels = self._cancels, set()
         for live in inbox:
             self._live[live.seq.request_id] = live
-            self.scheduler.waiting.append(live.seq)
+            self.scheduler.enqueue(live.seq)
         for request_id in cancels:
             live = self._live.get(request_id)
             if live is not None:
@@ -332,7 +331,7 @@ class EngineCore:
             inbox, self._inbox = self._inbox, []
         for live in inbox:
             self._live[live.seq.request_id] = live
-            self.scheduler.waiting.append(live.seq)
+            self.scheduler.enqueue(live.seq)
         for live in list(self._live.values()):
             self._terminal(live.seq, wrapped)
 

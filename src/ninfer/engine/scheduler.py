@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ninfer.engine.errors import ContextLengthExceeded, QueueTimeout, ServerOverloaded
+from ninfer.engine.errors import ContextLengthExceeded, QueueTimeout
 from ninfer.engine.kv_pool import PagePool
 from ninfer.engine.request import FinishReason, GenerationRequest
 from ninfer.engine.sampling import SamplingParams
@@ -115,18 +115,6 @@ class Scheduler:
         self.just_admitted: list[Sequence] = []  # drained by the engine core after schedule()
 
     # -- intake --------------------------------------------------------------------------------
-    @property
-    def num_requests(self) -> int:
-        return len(self.waiting) + len(self.running)
-
-    def check_capacity(self) -> None:
-        if self.num_requests >= self.config.max_concurrency + self.config.max_pending:
-            raise ServerOverloaded(
-                f"{self.num_requests} requests are running or waiting "
-                f"(max_concurrency {self.config.max_concurrency} + max_pending "
-                f"{self.config.max_pending})"
-            )
-
     def check_fits(self, num_prompt: int, max_tokens: int) -> None:
         need = num_prompt + (1 if max_tokens > 0 else 0)
         if need > self.config.max_context:
@@ -135,9 +123,8 @@ class Scheduler:
         if need > capacity:
             raise ContextLengthExceeded(num_prompt, capacity, "kv_capacity")
 
-    def add(self, seq: Sequence) -> None:
-        self.check_capacity()
-        self.check_fits(seq.num_prompt, seq.request.max_tokens)
+    def enqueue(self, seq: Sequence) -> None:
+        """Queue a request already checked by `check_fits` (the engine counts capacity)."""
         self.waiting.append(seq)
 
     # -- planning ------------------------------------------------------------------------------

@@ -89,7 +89,6 @@ def make_core(
         tokenizer,
         eos_token_ids=frozenset({EOS}),
         resolve_sampling=resolve,
-        pending_timeout_s=timeout,
     )
     return core, sched
 

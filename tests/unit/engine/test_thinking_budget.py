@@ -76,7 +76,6 @@ def _core(tokenizer: Tokenizer, runner, max_context: int = 256) -> EngineCore:
         tokenizer,
         eos_token_ids=frozenset({EOS}),
         resolve_sampling=lambda req: SamplingParams(greedy=True),
-        pending_timeout_s=30.0,
     )
 
 
