@@ -199,12 +199,10 @@ class Artifact:
                 self.tensor(e.name, verify=True)
 
     def close(self) -> None:
-        if self._mmap is not None:
-            try:
-                self._mmap.close()
-            except BufferError:
-                pass  # live tensor views still reference the map; it closes when they die
-            self._mmap = None
+        # NOTE: never mmap.close() here: tensors handed out are zero-copy views that keep the map
+        # object alive, and unmapping under them would turn a later read into a segfault. Dropping
+        # our reference unmaps the file once the last view is gone.
+        self._mmap = None
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

@@ -72,6 +72,7 @@ class BenchReport:
     date: str
     torch_version: str
     command: str
+    weights: str = "bf16"  # or "fp8": linear weights e4m3 with 128x128 block scales
     load_s: float = 0.0
     prefill: list[PrefillResult] = field(default_factory=list)
     decode: list[DecodeResult] = field(default_factory=list)

@@ -39,6 +39,7 @@ class BenchOptions:
     eager_baseline: bool = True
     profile: bool = False
     seed: int = 0
+    weights: str = "bf16"  # or "fp8"
     command: str = ""
 
 
@@ -49,6 +50,8 @@ def run_bench(opts: BenchOptions, on_progress: Callable[[str], None]) -> BenchRe
         raise BenchError("give at least one decode batch and one decode context")
     device = torch.device(opts.device)
     config = synthetic_config(opts.synthetic)  # fails fast on an unknown name
+    if opts.weights not in ("bf16", "fp8"):
+        raise BenchError(f"--weights must be bf16 or fp8, got {opts.weights!r}")
     report = BenchReport(
         model=opts.synthetic,
         num_params=num_parameters(opts.synthetic),
@@ -56,6 +59,7 @@ def run_bench(opts: BenchOptions, on_progress: Callable[[str], None]) -> BenchRe
         date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         torch_version=torch.__version__,
         command=opts.command,
+        weights=opts.weights,
     )
     if opts.ceilings:
         on_progress("ceilings: device copy and bf16 GEMM")
@@ -69,9 +73,11 @@ def run_bench(opts: BenchOptions, on_progress: Callable[[str], None]) -> BenchRe
         except KernelUnavailable as e:
             report.notes.append(f"kernels not timed: {e}")
 
-    on_progress(f"drawing random bf16 weights on {device}")
+    on_progress(f"drawing random {opts.weights} weights on {device}")
     start = time.perf_counter()
-    weights = random_weights(opts.synthetic, device=device, seed=opts.seed)
+    weights = random_weights(
+        opts.synthetic, device=device, seed=opts.seed, fp8=opts.weights == "fp8"
+    )
     model = Qwen3_5Model(config, weights, dtype=torch.bfloat16, device=device)
     del weights  # the model holds the same tensors (bound zero-copy)
     torch.cuda.synchronize(device)

@@ -1,9 +1,9 @@
-"""Synthetic models of the real Qwen3.6 shapes with random bf16 weights, built on the device.
+"""Synthetic models of the real Qwen3.6 shapes with random bf16 or fp8 weights, built on the device.
 
-Imports torch, artifact.schema (the weight names and shapes an artifact would hold, so the model
-binds them exactly as it binds a converted checkpoint) and model/. Weights are drawn directly on
-the target device: a 27B model never touches host memory. Scales keep activations O(1) so the
-maths runs on realistic values (zeros can run faster than real data).
+Imports torch, artifact.schema and artifact.quantize (the weight names, shapes and fp8 selection an
+artifact would hold, so the model binds them exactly as it binds a converted checkpoint) and
+model/. Weights are drawn directly on the target device: a 27B model never touches host memory.
+Scales keep activations O(1) so the maths runs on realistic values (zeros can run faster).
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from ninfer.artifact.schema import text_tensors
+from ninfer.artifact.quantize import quantize_fp8_block
+from ninfer.artifact.schema import is_quantizable, text_tensors
 from ninfer.model.config import TextConfig
 
 _ROPE = {
@@ -114,12 +115,15 @@ def random_weights(
     device: torch.device | str,
     dtype: torch.dtype = torch.bfloat16,
     seed: int = 0,
+    fp8: bool = False,
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Random weights of model `name`, drawn on `device` (A_log and dt_bias in fp32).
 
     Args:
-        progress: called with (bytes done, bytes total) after each tensor.
+        fp8: store the weights `ninfer convert --weights fp8` would as e4m3 plus their
+            `*_scale_inv` 128x128 block scales (each drawn in `dtype`, then quantized).
+        progress: called with (bytes done, bytes total) after each tensor (drawn, not stored).
     """
     shapes = weight_shapes(name)
     total = sum(math.prod(s) * (4 if _is_fp32(n) else dtype.itemsize) for n, s in shapes.items())
@@ -130,8 +134,10 @@ def random_weights(
         wdtype = torch.float32 if _is_fp32(weight_name) else dtype
         tensor = torch.empty(shape, dtype=wdtype, device=device)
         _init(weight_name, shape)(tensor)
-        out[weight_name] = tensor
         done += tensor.numel() * tensor.element_size()
+        if fp8 and is_quantizable(weight_name, shape):
+            tensor, out[weight_name + "_scale_inv"] = quantize_fp8_block(tensor)
+        out[weight_name] = tensor
         if progress is not None:
             progress(done, total)
     return out

@@ -29,6 +29,7 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
 def bench(
     synthetic: str = typer.Option(..., "--synthetic", help="qwen3.6-27b or qwen3.6-35b-a3b."),
     device: int = typer.Option(0, "--device", help="CUDA device index.", min=0),
+    weights: str = typer.Option("bf16", "--weights", help="bf16 or fp8 (e4m3, 128x128 blocks)."),
     prefill: str = typer.Option("512,2048,8192", "--prefill", help="Prompt lengths."),
     prefill_chunk: int = typer.Option(8192, "--prefill-chunk", min=1, help="Tokens per forward."),
     batches: str = typer.Option("1,2,4,8", "--batches", help="Decode batch sizes."),
@@ -56,6 +57,7 @@ def bench(
         kernels=not no_kernels,
         ceilings=not no_ceilings,
         profile=profile,
+        weights=weights,
         command=shlex.join(["ninfer", *sys.argv[1:]]),
     )
     err = Console(stderr=True)

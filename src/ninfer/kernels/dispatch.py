@@ -11,12 +11,16 @@ from __future__ import annotations
 import os
 
 import torch
+import torch.nn.functional as F
 
 from ninfer.kernels import runtime
 from ninfer.kernels.add_rms_norm import launch as _add_rms_norm_cuda
 from ninfer.kernels.add_rms_norm import reference as _add_rms_norm_ref
 from ninfer.kernels.expert_gemv import launch as _expert_gemv_cuda
 from ninfer.kernels.expert_gemv import reference as _expert_gemv_ref
+from ninfer.kernels.fp8_gemv import launch as _fp8_gemv_cuda
+from ninfer.kernels.fp8_gemv import reference as _fp8_gemv_ref
+from ninfer.kernels.fp8_gemv.reference import Fp8Weight
 from ninfer.kernels.gated_delta_decode import launch as _delta_cuda
 from ninfer.kernels.gated_delta_decode import reference as _delta_ref
 from ninfer.kernels.gated_rms_norm import launch as _gated_norm_cuda
@@ -175,3 +179,19 @@ def qk_norm_rope(
     else:
         fn = _qk_ref.qk_norm_rope
     return fn(q, k, q_weight, k_weight, cos, sin, eps)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torch.Tensor:
+    """x @ weight.T for a plain weight or an fp8 block-scaled one (`Fp8Weight`).
+
+    fp8 on CUDA: decode-sized x (at most `fp8_gemv.launch.MAX_ROWS` rows) runs the GEMV kernel,
+    which reads the e4m3 bytes once; larger x (prefill) dequantizes into a scratch copy and
+    runs cuBLAS, where the matmul, not the weight read, is the cost.
+    """
+    if not isinstance(weight, Fp8Weight):
+        return F.linear(x, weight)
+    if use_cuda_kernels(x, "fp8_gemv") and x.dim() == 2 and x.shape[0] <= _fp8_gemv_cuda.MAX_ROWS:
+        x = x.contiguous()
+        if _fp8_gemv_cuda.supports(x, weight):
+            return _fp8_gemv_cuda.fp8_linear(x, weight)
+    return _fp8_gemv_ref.fp8_linear(x, weight)

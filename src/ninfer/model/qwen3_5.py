@@ -4,7 +4,8 @@ Imports model.* only (never engine/, server/, protocol/). Stateless apart from i
 per-sequence state lives in the ModelCache it is handed, and what a step does is entirely described
 by the ForwardBatch, so the engine can replay, checkpoint or speculate without the model knowing.
 Weights are checked by name and shape once at bind time; tensors already in the right dtype and
-device are used as-is (zero-copy).
+device are used as-is (zero-copy). fp8 block-scaled linear weights stay fp8 on CUDA (`Fp8Weight`,
+half the bytes a decode step reads) and are dequantized to the compute dtype elsewhere.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ninfer.kernels import dispatch
+from ninfer.kernels.fp8_gemv.reference import BLOCK, Fp8Weight, dequantize
 from ninfer.model.batch import ForwardBatch
 from ninfer.model.cache import ModelCache
 from ninfer.model.config import LayerType, TextConfig
@@ -42,19 +44,28 @@ class DecoderLayerWeights:
 
 
 class _Binder:
-    """Takes named tensors, checks their shapes and moves them; remembers what was used."""
+    """Takes named tensors, checks their shapes and moves them; remembers what was used.
+
+    An e4m3 tensor `name` comes with its block scales `name + "_scale_inv"` (the artifact's
+    `fp8_block128` format); `linear` keeps such a pair as an `Fp8Weight` when `keep_fp8`, every
+    other use dequantizes it on the target device (exact up to the one cast to the dtype).
+    """
 
     def __init__(
-        self, weights: Mapping[str, torch.Tensor], dtype: torch.dtype, device: torch.device
+        self,
+        weights: Mapping[str, torch.Tensor],
+        dtype: torch.dtype,
+        device: torch.device,
+        *,
+        keep_fp8: bool = False,
     ) -> None:
         self.weights = weights
         self.dtype = dtype
         self.device = device
+        self.keep_fp8 = keep_fp8
         self.used: set[str] = set()
 
-    def __call__(
-        self, name: str, shape: tuple[int, ...], dtype: torch.dtype | None = None
-    ) -> torch.Tensor:
+    def _get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         if name not in self.weights:
             raise WeightError(f"missing weight '{name}'")
         tensor = self.weights[name]
@@ -63,7 +74,34 @@ class _Binder:
                 f"weight '{name}' has shape {list(tensor.shape)}, expected {list(shape)}"
             )
         self.used.add(name)
-        return tensor.detach().to(device=self.device, dtype=dtype or self.dtype)
+        return tensor.detach()
+
+    def _fp8(self, name: str, tensor: torch.Tensor) -> Fp8Weight:
+        blocks = (*tensor.shape[:-2], *(-(-d // BLOCK) for d in tensor.shape[-2:]))
+        scale = self._get(name + "_scale_inv", blocks)
+        # Host tensors are copied, never viewed: a caller's mapped artifact may close once the
+        # model is built (the dequantizing path copies anyway). Device tensors are bound as-is.
+        copy = self.device.type == "cpu"
+        return Fp8Weight(
+            tensor.to(device=self.device, copy=copy).contiguous(),
+            scale.to(device=self.device, dtype=torch.float32, copy=copy).contiguous(),
+        )
+
+    def __call__(
+        self, name: str, shape: tuple[int, ...], dtype: torch.dtype | None = None
+    ) -> torch.Tensor:
+        tensor = self._get(name, shape)
+        if tensor.dtype == torch.float8_e4m3fn:
+            w = self._fp8(name, tensor)
+            return dequantize(w.weight, w.scale_inv, dtype or self.dtype)
+        return tensor.to(device=self.device, dtype=dtype or self.dtype)
+
+    def linear(self, name: str, shape: tuple[int, int]) -> torch.Tensor | Fp8Weight:
+        """A projection weight: fp8 stays fp8 when `keep_fp8`, anything else as `__call__`."""
+        tensor = self.weights.get(name)
+        if self.keep_fp8 and tensor is not None and tensor.dtype == torch.float8_e4m3fn:
+            return self._fp8(name, self._get(name, shape))
+        return self(name, shape)
 
 
 class Qwen3_5Model:
@@ -78,6 +116,7 @@ class Qwen3_5Model:
         device: torch.device | str = "cpu",
         strict: bool = True,
         fuse_projections: bool | None = None,
+        fp8_weights: bool | None = None,
     ) -> None:
         """Bind `weights` (HF text-model names without the `model.language_model.` prefix).
 
@@ -88,6 +127,11 @@ class Qwen3_5Model:
         decode step runs one GEMV where it ran up to four; the separate fields become views, so
         the model holds no extra copy once the caller drops `weights`. Off by default on the CPU,
         whose results then stay those of the unfused reference bit for bit.
+        `fp8_weights` (default: on for CUDA) keeps fp8 projection weights in fp8 for the fp8
+        GEMV kernel; off, they are dequantized to `dtype` at bind time (the CPU reference path).
+        Fusion merges fp8 projections only where every part but the last ends on a 128-row block
+        edge (so the scales merge too); DeltaNet's fp8 qkv/z beside bf16 b/a merge as two pairs;
+        a group that cannot merge at all stays separate.
         """
         self.config = config
         self.dtype = dtype
@@ -95,7 +139,8 @@ class Qwen3_5Model:
         self.fuse_projections = (
             self.device.type == "cuda" if fuse_projections is None else fuse_projections
         )
-        take = _Binder(weights, dtype, self.device)
+        keep_fp8 = self.device.type == "cuda" if fp8_weights is None else fp8_weights
+        take = _Binder(weights, dtype, self.device, keep_fp8=keep_fp8)
         c = config
         self.embed_tokens = take("embed_tokens.weight", (c.vocab_size, c.hidden_size))
         self.layers = [self._bind_layer(take, i) for i in range(c.num_hidden_layers)]
@@ -223,10 +268,10 @@ def _bind_attention(take: _Binder, a: str, c: TextConfig) -> AttentionWeights:
     q_dim = c.num_attention_heads * c.head_dim
     kv_dim = c.num_key_value_heads * c.head_dim
     return AttentionWeights(
-        q_proj=take(a + "q_proj.weight", (2 * q_dim, hidden)),
-        k_proj=take(a + "k_proj.weight", (kv_dim, hidden)),
-        v_proj=take(a + "v_proj.weight", (kv_dim, hidden)),
-        o_proj=take(a + "o_proj.weight", (hidden, q_dim)),
+        q_proj=take.linear(a + "q_proj.weight", (2 * q_dim, hidden)),
+        k_proj=take.linear(a + "k_proj.weight", (kv_dim, hidden)),
+        v_proj=take.linear(a + "v_proj.weight", (kv_dim, hidden)),
+        o_proj=take.linear(a + "o_proj.weight", (hidden, q_dim)),
         q_norm=take(a + "q_norm.weight", (c.head_dim,)),
         k_norm=take(a + "k_norm.weight", (c.head_dim,)),
     )
@@ -236,25 +281,25 @@ def _bind_deltanet(take: _Binder, a: str, c: TextConfig) -> DeltaNetWeights:
     hidden, heads = c.hidden_size, c.linear_num_value_heads
     conv = take(a + "conv1d.weight", (c.conv_dim, 1, c.linear_conv_kernel_dim))
     return DeltaNetWeights(
-        in_proj_qkv=take(a + "in_proj_qkv.weight", (c.conv_dim, hidden)),
-        in_proj_z=take(a + "in_proj_z.weight", (c.linear_value_dim, hidden)),
-        in_proj_b=take(a + "in_proj_b.weight", (heads, hidden)),
-        in_proj_a=take(a + "in_proj_a.weight", (heads, hidden)),
+        in_proj_qkv=take.linear(a + "in_proj_qkv.weight", (c.conv_dim, hidden)),
+        in_proj_z=take.linear(a + "in_proj_z.weight", (c.linear_value_dim, hidden)),
+        in_proj_b=take.linear(a + "in_proj_b.weight", (heads, hidden)),
+        in_proj_a=take.linear(a + "in_proj_a.weight", (heads, hidden)),
         conv1d=conv.reshape(c.conv_dim, c.linear_conv_kernel_dim),
         # The decay parameters stay fp32 whatever the model dtype: g feeds an exp.
         dt_bias=take(a + "dt_bias", (heads,), torch.float32),
         A_log=take(a + "A_log", (heads,), torch.float32),
         norm=take(a + "norm.weight", (c.linear_value_head_dim,)),
-        out_proj=take(a + "out_proj.weight", (hidden, c.linear_value_dim)),
+        out_proj=take.linear(a + "out_proj.weight", (hidden, c.linear_value_dim)),
     )
 
 
 def _bind_mlp(take: _Binder, m: str, c: TextConfig) -> MlpWeights:
     hidden, inter = c.hidden_size, c.intermediate_size
     return MlpWeights(
-        gate_proj=take(m + "gate_proj.weight", (inter, hidden)),
-        up_proj=take(m + "up_proj.weight", (inter, hidden)),
-        down_proj=take(m + "down_proj.weight", (hidden, inter)),
+        gate_proj=take.linear(m + "gate_proj.weight", (inter, hidden)),
+        up_proj=take.linear(m + "up_proj.weight", (inter, hidden)),
+        down_proj=take.linear(m + "down_proj.weight", (hidden, inter)),
     )
 
 
@@ -265,17 +310,34 @@ def _bind_moe(take: _Binder, m: str, c: TextConfig) -> MoeWeights:
         router=take(m + "gate.weight", (e, hidden)),
         experts_gate_up=take(m + "experts.gate_up_proj", (e, 2 * inter, hidden)),
         experts_down=take(m + "experts.down_proj", (e, hidden, inter)),
-        shared_gate_proj=take(m + "shared_expert.gate_proj.weight", (shared, hidden)),
-        shared_up_proj=take(m + "shared_expert.up_proj.weight", (shared, hidden)),
-        shared_down_proj=take(m + "shared_expert.down_proj.weight", (hidden, shared)),
+        shared_gate_proj=take.linear(m + "shared_expert.gate_proj.weight", (shared, hidden)),
+        shared_up_proj=take.linear(m + "shared_expert.up_proj.weight", (shared, hidden)),
+        shared_down_proj=take.linear(m + "shared_expert.down_proj.weight", (hidden, shared)),
         shared_gate=take(m + "shared_expert_gate.weight", (1, hidden)),
     )
 
 
-def _fuse_rows(parts: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """One [sum N_i, H] matrix and a view of it per part (row slices stay contiguous)."""
-    fused = torch.cat(list(parts), dim=0)
-    return fused, list(fused.split([p.shape[0] for p in parts], dim=0))
+_Linear = TypeVar("_Linear", torch.Tensor, Fp8Weight)
+
+
+def _fuse_rows(parts: Sequence[_Linear]) -> tuple[_Linear, list[_Linear]] | None:
+    """One [sum N_i, H] matrix and a view of it per part (row slices stay contiguous), or None
+    where the parts cannot merge: plain and fp8 mixed, or fp8 parts off the 128-row block grid."""
+    if all(isinstance(p, torch.Tensor) for p in parts):
+        fused = torch.cat(list(parts), dim=0)
+        return fused, list(fused.split([p.shape[0] for p in parts], dim=0))
+    if not all(isinstance(p, Fp8Weight) for p in parts):
+        return None
+    if any(p.shape[0] % BLOCK for p in parts[:-1]):
+        return None
+    fp8 = Fp8Weight(
+        torch.cat([p.weight for p in parts], dim=0),
+        torch.cat([p.scale_inv for p in parts], dim=0),
+    )
+    edges = [0]
+    for p in parts:
+        edges.append(edges[-1] + p.shape[0])
+    return fp8, [fp8.rows(a, b) for a, b in zip(edges, edges[1:], strict=False)]
 
 
 _W = TypeVar("_W", AttentionWeights, DeltaNetWeights, MlpWeights, MoeWeights)
@@ -284,15 +346,39 @@ _W = TypeVar("_W", AttentionWeights, DeltaNetWeights, MlpWeights, MoeWeights)
 def _fused(w: _W) -> _W:
     """The same weights with the row-concatenated projection bound (see Qwen3_5Model)."""
     if isinstance(w, DeltaNetWeights):
-        fused, (qkv, z, b, a) = _fuse_rows((w.in_proj_qkv, w.in_proj_z, w.in_proj_b, w.in_proj_a))
+        if (m := _fuse_rows((w.in_proj_qkv, w.in_proj_z, w.in_proj_b, w.in_proj_a))) is None:
+            # fp8 qkv/z beside bf16 b/a (the official fp8 layout): two merged pairs, if they merge
+            qkvz, ba = (
+                _fuse_rows((w.in_proj_qkv, w.in_proj_z)),
+                _fuse_rows((w.in_proj_b, w.in_proj_a)),
+            )
+            if qkvz is None or ba is None or not isinstance(ba[0], torch.Tensor):
+                return w
+            (qkvz_fused, (qkv, z)), (ba_fused, (b, a)) = qkvz, ba
+            return replace(
+                w,
+                in_proj_qkv=qkv,
+                in_proj_z=z,
+                in_proj_b=b,
+                in_proj_a=a,
+                in_proj_qkvz=qkvz_fused,
+                in_proj_ba=ba_fused,
+            )
+        fused, (qkv, z, b, a) = m
         return replace(
             w, in_proj_qkv=qkv, in_proj_z=z, in_proj_b=b, in_proj_a=a, in_proj_fused=fused
         )
     if isinstance(w, AttentionWeights):
-        fused, (q, k, v) = _fuse_rows((w.q_proj, w.k_proj, w.v_proj))
+        if (m := _fuse_rows((w.q_proj, w.k_proj, w.v_proj))) is None:
+            return w
+        fused, (q, k, v) = m
         return replace(w, q_proj=q, k_proj=k, v_proj=v, qkv_fused=fused)
     if isinstance(w, MlpWeights):
-        fused, (gate, up) = _fuse_rows((w.gate_proj, w.up_proj))
+        if (m := _fuse_rows((w.gate_proj, w.up_proj))) is None:
+            return w
+        fused, (gate, up) = m
         return replace(w, gate_proj=gate, up_proj=up, gate_up=fused)
-    fused, (gate, up) = _fuse_rows((w.shared_gate_proj, w.shared_up_proj))
+    if (m := _fuse_rows((w.shared_gate_proj, w.shared_up_proj))) is None:
+        return w
+    fused, (gate, up) = m
     return replace(w, shared_gate_proj=gate, shared_up_proj=up, shared_gate_up=fused)

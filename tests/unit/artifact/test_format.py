@@ -187,3 +187,14 @@ def test_writer_refuses_wrong_shape_and_missing_tensors(tmp_path: Path) -> None:
         w.close()
     assert not (tmp_path / "w.ninfer").exists()
     assert not list(tmp_path.iterdir())  # the partial file is gone too
+
+
+def test_tensors_outlive_a_closed_artifact(artifact: tuple[Path, dict]) -> None:
+    path, written = artifact
+    with Artifact(path) as art:
+        loaded = art.load("text")
+    import gc
+
+    gc.collect()
+    emb = loaded["embed_tokens.weight"]  # still mapped: reading it must not crash
+    assert torch.equal(emb.view(torch.int16), written["text.embed_tokens.weight"].view(torch.int16))

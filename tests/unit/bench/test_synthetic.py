@@ -70,3 +70,33 @@ def test_bench_cli_rejects_bad_lists() -> None:
     result = CliRunner().invoke(app, ["bench", "--synthetic", "qwen3.6-27b", "--batches", "1,x"])
     assert result.exit_code != 0
     assert "--batches must be comma-separated integers" in str(result.exception)
+
+
+def test_fp8_synthetic_weights_bind_and_fuse_on_the_block_grid() -> None:
+    """`bench --weights fp8`: the converter's fp8 selection with scales, bound strictly (meta
+    device); on the 27B's shapes attention q/k/v and MLP gate/up merge in fp8, while DeltaNet's
+    qkv/z (fp8) and b/a (bf16) cannot all merge: they become two merged pairs."""
+    from ninfer.bench.synthetic import random_weights
+    from ninfer.kernels.fp8_gemv.reference import Fp8Weight
+
+    weights = random_weights("qwen3.6-27b", device="meta", fp8=True)
+    assert weights["layers.0.mlp.gate_proj.weight"].dtype == torch.float8_e4m3fn
+    assert weights["layers.0.mlp.gate_proj.weight_scale_inv"].shape == (136, 40)
+    assert weights["lm_head.weight"].dtype == torch.bfloat16
+    model = Qwen3_5Model(
+        synthetic_config("qwen3.6-27b"),
+        weights,
+        dtype=torch.bfloat16,
+        device="meta",
+        fp8_weights=True,
+        fuse_projections=True,
+    )
+    deltanet, attention = model.layers[0], model.layers[3]
+    assert isinstance(attention.mixer.qkv_fused, Fp8Weight)
+    assert attention.mixer.qkv_fused.scale_inv.shape == (112, 40)  # (12288 + 2 * 1024) / 128
+    assert isinstance(deltanet.ffn.gate_up, Fp8Weight)
+    assert deltanet.mixer.in_proj_fused is None
+    assert isinstance(deltanet.mixer.in_proj_qkvz, Fp8Weight)
+    assert deltanet.mixer.in_proj_qkvz.shape == (10240 + 6144, 5120)
+    assert isinstance(deltanet.mixer.in_proj_ba, torch.Tensor)
+    assert deltanet.mixer.in_proj_ba.shape == (96, 5120)

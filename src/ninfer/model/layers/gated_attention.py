@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ninfer.kernels import dispatch
+from ninfer.kernels.fp8_gemv.reference import Fp8Weight
 from ninfer.model.batch import ForwardBatch
 
 
@@ -36,15 +37,15 @@ class AttentionMetadata(NamedTuple):
 
 @dataclass(frozen=True)
 class AttentionWeights:
-    q_proj: torch.Tensor  # [Hq * 2D, H]: per head, D query rows then D gate rows
-    k_proj: torch.Tensor  # [Hk * D, H]
-    v_proj: torch.Tensor  # [Hk * D, H]
-    o_proj: torch.Tensor  # [H, Hq * D]
+    q_proj: torch.Tensor | Fp8Weight  # [Hq * 2D, H]: per head, D query rows then D gate rows
+    k_proj: torch.Tensor | Fp8Weight  # [Hk * D, H]
+    v_proj: torch.Tensor | Fp8Weight  # [Hk * D, H]
+    o_proj: torch.Tensor | Fp8Weight  # [H, Hq * D]
     q_norm: torch.Tensor  # [D]
     k_norm: torch.Tensor  # [D]
     # Optional [Hq * 2D + 2 Hk * D, H]: q, k, v rows in one matrix (the three fields above are
     # then views into it), so a decode step runs one GEMM instead of three.
-    qkv_fused: torch.Tensor | None = None
+    qkv_fused: torch.Tensor | Fp8Weight | None = None
 
 
 def build_attention_metadata(batch: ForwardBatch, page_size: int) -> AttentionMetadata:
@@ -154,10 +155,10 @@ def gated_attention(
     num_kv_heads, head_dim = k_pages.shape[2:]
     if w.qkv_fused is not None:
         kv_dim = num_kv_heads * head_dim
-        proj = F.linear(x, w.qkv_fused)
+        proj = dispatch.linear(x, w.qkv_fused)
         qg, k, v = proj.split((w.q_proj.shape[0], kv_dim, kv_dim), dim=-1)
     else:
-        qg, k, v = F.linear(x, w.q_proj), F.linear(x, w.k_proj), F.linear(x, w.v_proj)
+        qg, k, v = (dispatch.linear(x, p) for p in (w.q_proj, w.k_proj, w.v_proj))
     qg = qg.reshape(num_tokens, -1, 2, head_dim)  # [T, Hq, (q, gate), D]
     q, gate = qg[:, :, 0], qg[:, :, 1]
     k = k.reshape(num_tokens, num_kv_heads, head_dim)
@@ -177,7 +178,7 @@ def gated_attention(
     else:
         out = paged_attention(q, k_pages, v_pages, meta, scale=scale)  # [T, Hq, D]
     out = out * torch.sigmoid(gate)
-    return F.linear(out.reshape(num_tokens, -1), w.o_proj)
+    return dispatch.linear(out.reshape(num_tokens, -1), w.o_proj)
 
 
 def _is_fresh_single_sequence(x: torch.Tensor, meta: AttentionMetadata) -> bool:

@@ -16,24 +16,29 @@ import torch
 import torch.nn.functional as F
 
 from ninfer.kernels import dispatch
+from ninfer.kernels.fp8_gemv.reference import Fp8Weight
 from ninfer.model.batch import ForwardBatch
 from ninfer.model.layers.norm import l2_norm
 
 
 @dataclass(frozen=True)
 class DeltaNetWeights:
-    in_proj_qkv: torch.Tensor  # [conv_dim, H], conv_dim = 2 * Hk * Dk + Hv * Dv
-    in_proj_z: torch.Tensor  # [Hv * Dv, H]
-    in_proj_b: torch.Tensor  # [Hv, H]
-    in_proj_a: torch.Tensor  # [Hv, H]
+    in_proj_qkv: torch.Tensor | Fp8Weight  # [conv_dim, H], conv_dim = 2 * Hk * Dk + Hv * Dv
+    in_proj_z: torch.Tensor | Fp8Weight  # [Hv * Dv, H]
+    in_proj_b: torch.Tensor | Fp8Weight  # [Hv, H]
+    in_proj_a: torch.Tensor | Fp8Weight  # [Hv, H]
     conv1d: torch.Tensor  # [conv_dim, K] depthwise taps, oldest first
     dt_bias: torch.Tensor  # [Hv] fp32
     A_log: torch.Tensor  # [Hv] fp32 (the checkpoint's name)
     norm: torch.Tensor  # [Dv]
-    out_proj: torch.Tensor  # [H, Hv * Dv]
+    out_proj: torch.Tensor | Fp8Weight  # [H, Hv * Dv]
     # Optional [conv_dim + Hv * Dv + 2 Hv, H]: qkv, z, b, a rows in one matrix (one GEMM per step;
     # the four fields above are then views into it; Qwen3_5Model binds it on CUDA).
-    in_proj_fused: torch.Tensor | None = None
+    in_proj_fused: torch.Tensor | Fp8Weight | None = None
+    # Optional, where the four cannot merge (fp8 qkv/z beside bf16 b/a): [conv_dim + Hv * Dv, H]
+    # and [2 Hv, H], two GEMMs per step instead of four.
+    in_proj_qkvz: torch.Tensor | Fp8Weight | None = None
+    in_proj_ba: torch.Tensor | None = None
 
 
 # --- causal depthwise conv1d -----------------------------------------------------------------
@@ -256,13 +261,16 @@ def gated_deltanet(
     key_dim = (conv_dim - value_dim) // 2
 
     if w.in_proj_fused is not None:
-        proj = F.linear(x, w.in_proj_fused)  # [T, conv_dim + Hv*Dv + 2 Hv]
+        proj = dispatch.linear(x, w.in_proj_fused)  # [T, conv_dim + Hv*Dv + 2 Hv]
         qkv, z, b, a = proj.split((conv_dim, value_dim, num_v_heads, num_v_heads), dim=-1)
+    elif w.in_proj_qkvz is not None and w.in_proj_ba is not None:
+        qkv, z = dispatch.linear(x, w.in_proj_qkvz).split((conv_dim, value_dim), dim=-1)
+        b, a = dispatch.linear(x, w.in_proj_ba).split((num_v_heads, num_v_heads), dim=-1)
     else:
-        qkv = F.linear(x, w.in_proj_qkv)  # [T, conv_dim]
-        z = F.linear(x, w.in_proj_z)
-        b = F.linear(x, w.in_proj_b)
-        a = F.linear(x, w.in_proj_a)
+        qkv = dispatch.linear(x, w.in_proj_qkv)  # [T, conv_dim]
+        z = dispatch.linear(x, w.in_proj_z)
+        b = dispatch.linear(x, w.in_proj_b)
+        a = dispatch.linear(x, w.in_proj_a)
     z = z.reshape(num_tokens, num_v_heads, head_v_dim)
     scale = head_k_dim**-0.5
 
@@ -311,4 +319,4 @@ def gated_deltanet(
         out = torch.cat(parts)  # [T, Hv, Dv] fp32
 
     out = dispatch.gated_rms_norm(out, z, w.norm, eps, x.dtype)
-    return F.linear(out.reshape(num_tokens, -1), w.out_proj)
+    return dispatch.linear(out.reshape(num_tokens, -1), w.out_proj)

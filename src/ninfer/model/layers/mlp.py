@@ -14,14 +14,15 @@ import torch
 import torch.nn.functional as F
 
 from ninfer.kernels import dispatch
+from ninfer.kernels.fp8_gemv.reference import Fp8Weight
 
 
 @dataclass(frozen=True)
 class MlpWeights:
-    gate_proj: torch.Tensor  # [I, H]
-    up_proj: torch.Tensor  # [I, H]
-    down_proj: torch.Tensor  # [H, I]
-    gate_up: torch.Tensor | None = None  # optional [2I, H]: gate rows then up rows
+    gate_proj: torch.Tensor | Fp8Weight  # [I, H]
+    up_proj: torch.Tensor | Fp8Weight  # [I, H]
+    down_proj: torch.Tensor | Fp8Weight  # [H, I]
+    gate_up: torch.Tensor | Fp8Weight | None = None  # optional [2I, H]: gate rows then up rows
 
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
@@ -30,7 +31,10 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def swiglu_mlp(
-    x: torch.Tensor, gate_proj: torch.Tensor, up_proj: torch.Tensor, down_proj: torch.Tensor
+    x: torch.Tensor,
+    gate_proj: torch.Tensor | Fp8Weight,
+    up_proj: torch.Tensor | Fp8Weight,
+    down_proj: torch.Tensor | Fp8Weight,
 ) -> torch.Tensor:
     """down(silu(gate(x)) * up(x)).
 
@@ -39,7 +43,8 @@ def swiglu_mlp(
     Returns:
         [T, H].
     """
-    return F.linear(F.silu(F.linear(x, gate_proj)) * F.linear(x, up_proj), down_proj)
+    gate, up = dispatch.linear(x, gate_proj), dispatch.linear(x, up_proj)
+    return dispatch.linear(F.silu(gate) * up, down_proj)
 
 
 def mlp(x: torch.Tensor, w: MlpWeights) -> torch.Tensor:
@@ -52,4 +57,4 @@ def mlp(x: torch.Tensor, w: MlpWeights) -> torch.Tensor:
     """
     if w.gate_up is None:
         return swiglu_mlp(x, w.gate_proj, w.up_proj, w.down_proj)
-    return F.linear(swiglu(F.linear(x, w.gate_up)), w.down_proj)
+    return dispatch.linear(swiglu(dispatch.linear(x, w.gate_up)), w.down_proj)

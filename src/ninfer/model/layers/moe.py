@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ninfer.kernels import dispatch
+from ninfer.kernels.fp8_gemv.reference import Fp8Weight
 from ninfer.model.layers.mlp import MlpWeights, mlp, swiglu
 
 
@@ -24,11 +25,12 @@ class MoeWeights:
     router: torch.Tensor  # [E, H]
     experts_gate_up: torch.Tensor  # [E, 2I, H], gate rows then up rows
     experts_down: torch.Tensor  # [E, H, I]
-    shared_gate_proj: torch.Tensor  # [Is, H]
-    shared_up_proj: torch.Tensor  # [Is, H]
-    shared_down_proj: torch.Tensor  # [H, Is]
+    shared_gate_proj: torch.Tensor | Fp8Weight  # [Is, H]
+    shared_up_proj: torch.Tensor | Fp8Weight  # [Is, H]
+    shared_down_proj: torch.Tensor | Fp8Weight  # [H, Is]
     shared_gate: torch.Tensor  # [1, H]
-    shared_gate_up: torch.Tensor | None = None  # optional [2 Is, H], gate and up as one matrix
+    # optional [2 Is, H]: gate and up as one matrix
+    shared_gate_up: torch.Tensor | Fp8Weight | None = None
 
 
 def route_topk(
