@@ -16,7 +16,6 @@ from ninfer.cli import (
     convert_cmd,
     count_tokens_cmd,
     inspect_cmd,
-    not_built,
     serve_cmd,
 )
 
@@ -33,8 +32,6 @@ app.command("convert")(convert_cmd.convert)
 app.command("serve")(serve_cmd.serve)
 app.command("chat")(chat_cmd.chat)
 app.command("bench")(bench_cmd.bench)
-for _name, _help in not_built.COMMANDS.items():
-    app.command(_name, help=_help, context_settings=not_built.CONTEXT)(not_built.make(_name))
 
 
 def main() -> None:

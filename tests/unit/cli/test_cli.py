@@ -12,7 +12,6 @@ import pytest
 from ninfer.artifact.demo import demo_path, ensure_demo
 from ninfer.artifact.reader import Artifact
 from ninfer.chat.template import ChatTemplate
-from ninfer.cli import not_built
 from ninfer.tokenizer import Tokenizer
 from support.artifact_files import rewrite_header, write_artifact
 
@@ -41,11 +40,6 @@ def test_help_lists_every_design_card_command() -> None:
     assert r.returncode == 0
     for name in DESIGN_CARD:
         assert name in r.stdout
-
-
-@pytest.mark.parametrize("name", sorted(not_built.COMMANDS))
-def test_unbuilt_commands_say_so_and_fail(name: str) -> None:
-    assert_one_line_error(run(name), "not supported yet")
 
 
 def test_inspect_demo_says_random_weights(demo: Path) -> None:
