@@ -7,6 +7,7 @@ and conversation-level `chat` (template rendering in, output decoding out), sync
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -232,8 +233,10 @@ class Engine:
         template_kwargs: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatEvent]:
-        request, decoder = self._chat_request(
-            messages, tools, enable_thinking, template_kwargs, kwargs
+        # Rendering and tokenizing a long conversation takes real CPU time: do it off the event
+        # loop so one large prompt does not stall every other connection.
+        request, decoder = await asyncio.to_thread(
+            self._chat_request, messages, tools, enable_thinking, template_kwargs, kwargs
         )
         tracker = _ChatTracker(decoder)
         async for event in AsyncRequestHandle(self.core, request):

@@ -78,7 +78,7 @@ class AnthropicRoutes:
 
     async def count_tokens(self, request: Request) -> HTTPResponse:
         parsed, kwargs = self._parse(request, count_only=True)
-        ids = self.engine.render(parsed.messages, parsed.tools, **kwargs)
+        ids = await asyncio.to_thread(self.engine.render, parsed.messages, parsed.tools, **kwargs)
         return response.json({"input_tokens": len(ids)})
 
     async def messages(self, request: Request) -> HTTPResponse | None:

@@ -204,7 +204,9 @@ class ResponsesRoutes:
         prep = self._prepare(req)
         kwargs = dict(prep.template_kwargs)
         kwargs["enable_thinking"] = prep.enable_thinking
-        ids = self.engine.render(prep.messages, req.tools.template_tools, **kwargs)
+        ids = await asyncio.to_thread(
+            self.engine.render, prep.messages, req.tools.template_tools, **kwargs
+        )
         return response.json({"object": "response.input_tokens", "input_tokens": len(ids)})
 
     # -- stored resources ----------------------------------------------------------------------
