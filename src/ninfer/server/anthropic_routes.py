@@ -96,18 +96,14 @@ class AnthropicRoutes:
             thinking_budget=parsed.budget_tokens,
             **parsed.sampling,
         )
-        source = sse.with_heartbeat(events, self.config.keepalive_s)
-        try:
-            first = await _first_event(source)  # admission errors raise here, before headers
-            if parsed.stream:
-                await self._stream(request, run, first, source)
-                return None
-            return await self._aggregate(run, first, source)
-        except asyncio.CancelledError:  # the client went away; closing `source` cancels the run
-            run.log(499, code="client_disconnected")
-            raise
-        finally:
-            await source.aclose()
+        return await sse.serve_events(
+            events,
+            self.config.keepalive_s,
+            stream=parsed.stream,
+            on_stream=lambda first, source: self._stream(request, run, first, source),
+            on_aggregate=lambda first, source: self._aggregate(run, first, source),
+            on_disconnect=lambda: run.log(499, code="client_disconnected"),
+        )
 
     async def _aggregate(
         self, run: _MessageRun, first: ChatEvent | None, source: AsyncIterator[ChatEvent | None]
@@ -117,7 +113,7 @@ class AnthropicRoutes:
             run.events(event)
             if event.kind == "finished":
                 break
-            event = await _first_event(source)
+            event = await sse.next_event(source)
         run.blocks.close()
         run.log(200)
         return response.json(run.body(), ensure_ascii=False)
@@ -135,7 +131,7 @@ class AnthropicRoutes:
         assert stream is not None
         try:
             event: Any = first
-            while event is not _END:
+            while event is not sse.END:
                 if event is None:  # idle heartbeat
                     await stream.send(sse.KEEPALIVE)
                 else:
@@ -143,7 +139,7 @@ class AnthropicRoutes:
                         await stream.send(event_frame(item))
                     if event.kind == "finished":
                         break
-                event = await anext(source, _END)
+                event = await anext(source, sse.END)
         except Exception as exc:  # after headers: report in-band, then end the stream
             error = anthropic_error(exc)
             run.log(error.status, code=error.code)
@@ -152,17 +148,6 @@ class AnthropicRoutes:
             return
         await stream.eof()
         run.log(200)
-
-
-_END: Any = object()
-
-
-async def _first_event(source: AsyncIterator[ChatEvent | None]) -> ChatEvent | None:
-    """The next real event (heartbeats skipped); None when the source ends."""
-    async for event in source:
-        if event is not None:
-            return event
-    return None
 
 
 class _MessageRun:

@@ -8,7 +8,6 @@ event iterator (client gone, handler cancelled) cancels the engine request.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
@@ -109,18 +108,14 @@ class OpenAIRoutes:
             request_id=run.request_id,
             **chat.sampling,
         )
-        source = sse.with_heartbeat(events, self.config.keepalive_s)
-        try:
-            first = await _first_event(source)  # admission errors raise here, before headers
-            if chat.stream:
-                await self._stream(request, run, first, source)
-                return None
-            return await self._aggregate(run, first, source)
-        except asyncio.CancelledError:  # the client went away; closing `source` cancels the run
-            run.log(499, code="client_disconnected")
-            raise
-        finally:
-            await source.aclose()
+        return await sse.serve_events(
+            events,
+            self.config.keepalive_s,
+            stream=chat.stream,
+            on_stream=lambda first, source: self._stream(request, run, first, source),
+            on_aggregate=lambda first, source: self._aggregate(run, first, source),
+            on_disconnect=lambda: run.log(499, code="client_disconnected"),
+        )
 
     async def _aggregate(
         self, run: _ChatRun, first: ChatEvent | None, source: AsyncIterator[ChatEvent | None]
@@ -130,7 +125,7 @@ class OpenAIRoutes:
             run.observe(event)
             if event.kind == "finished":
                 break
-            event = await _first_event(source)
+            event = await sse.next_event(source)
         body = run.renderer.completion(
             content="".join(run.content),
             reasoning="".join(run.reasoning),
@@ -156,7 +151,7 @@ class OpenAIRoutes:
         await stream.send(sse.data_frame(run.renderer.role_chunk()))
         try:
             event: Any = first
-            while event is not _END:
+            while event is not sse.END:
                 if event is None:  # idle heartbeat
                     await stream.send(sse.KEEPALIVE)
                 else:
@@ -164,7 +159,7 @@ class OpenAIRoutes:
                         await stream.send(sse.data_frame(frame))
                     if event.kind == "finished":
                         break
-                event = await anext(source, _END)
+                event = await anext(source, sse.END)
         except Exception as exc:  # after headers: report in-band, then end the stream
             error = to_protocol_error(exc)
             run.log(error.status, code=error.code)
@@ -174,17 +169,6 @@ class OpenAIRoutes:
         await stream.send(sse.DONE)
         await stream.eof()
         run.log(200)
-
-
-_END: Any = object()
-
-
-async def _first_event(source: AsyncIterator[ChatEvent | None]) -> ChatEvent | None:
-    """The next real event (heartbeats skipped); None when the source ends."""
-    async for event in source:
-        if event is not None:
-            return event
-    return None
 
 
 @dataclass

@@ -118,18 +118,14 @@ class ResponsesRoutes:
             request_id=run.request_id,
             **req.sampling,
         )
-        source = sse.with_heartbeat(events, self.config.keepalive_s)
-        try:
-            first = await _next_event(source)  # admission errors raise here, before headers
-            if req.stream:
-                await self._stream(request, run, first, source)
-                return None
-            return await self._aggregate(run, first, source)
-        except asyncio.CancelledError:
-            run.log(499, code="client_disconnected")
-            raise
-        finally:
-            await source.aclose()
+        return await sse.serve_events(
+            events,
+            self.config.keepalive_s,
+            stream=req.stream,
+            on_stream=lambda first, source: self._stream(request, run, first, source),
+            on_aggregate=lambda first, source: self._aggregate(run, first, source),
+            on_disconnect=lambda: run.log(499, code="client_disconnected"),
+        )
 
     async def _aggregate(
         self, run: _ResponseRun, first: ChatEvent | None, source: AsyncIterator[ChatEvent | None]
@@ -139,7 +135,7 @@ class ResponsesRoutes:
             run.apply(event)
             if event.kind == "finished":
                 break
-            event = await _next_event(source)
+            event = await sse.next_event(source)
         body = run.terminal()
         if run.req.store:
             self._keep(run, body)
@@ -169,15 +165,15 @@ class ResponsesRoutes:
             {"type": "response.in_progress", "response": start},
         ])  # fmt: skip
         try:
-            event: Any = _END if first is None else first
-            while event is not _END:
+            event: Any = sse.END if first is None else first
+            while event is not sse.END:
                 if event is None:  # idle heartbeat
                     await stream.send(sse.KEEPALIVE)
                 else:
                     await send(run.apply(event))
                     if event.kind == "finished":
                         break
-                event = await anext(source, _END)
+                event = await anext(source, sse.END)
             body = run.terminal()
             if run.req.store:
                 self._keep(run, body)
@@ -269,21 +265,10 @@ class ResponsesRoutes:
         )
 
 
-_END: Any = object()
-
-
 def _reject_include(request: Request) -> None:
     for key, values in request.args.items():
         if key in ("include", "include[]") and any(values):
             raise unsupported("include", "no optional output data (include) can be added")
-
-
-async def _next_event(source: AsyncIterator[ChatEvent | None]) -> ChatEvent | None:
-    """The next real event (heartbeats skipped); None when the source ends."""
-    async for event in source:
-        if event is not None:
-            return event
-    return None
 
 
 @dataclass

@@ -10,13 +10,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 DONE = b"data: [DONE]\n\n"
 KEEPALIVE = b": keep-alive\n\n"
+END: Any = object()  # `anext(source, END)`: the source is exhausted
 
 
 def data_frame(obj: Any) -> bytes:
@@ -56,3 +58,43 @@ async def with_heartbeat(source: AsyncIterator[T], interval_s: float) -> AsyncIt
 
 async def _next(source: AsyncIterator[T]) -> T:
     return await anext(source)
+
+
+async def next_event(source: AsyncIterator[T | None]) -> T | None:
+    """The next real item of a heartbeat source (idle Nones skipped); None when it ends."""
+    async for item in source:
+        if item is not None:
+            return item
+    return None
+
+
+Handler = Callable[[T | None, AsyncIterator[T | None]], Awaitable[R]]
+
+
+async def serve_events(
+    events: AsyncIterator[T],
+    keepalive_s: float,
+    *,
+    stream: bool,
+    on_stream: Handler[T, None],
+    on_aggregate: Handler[T, R],
+    on_disconnect: Callable[[], None],
+) -> R | None:
+    """The life of one generation response, shared by every API family.
+
+    The first real event is awaited before anything is written, so admission errors (overload,
+    queue timeout, context length) still become ordinary HTTP errors. A client that goes away
+    cancels the handler; closing the heartbeat source then cancels the engine request.
+    """
+    source = with_heartbeat(events, keepalive_s)
+    try:
+        first = await next_event(source)
+        if stream:
+            await on_stream(first, source)
+            return None
+        return await on_aggregate(first, source)
+    except asyncio.CancelledError:
+        on_disconnect()
+        raise
+    finally:
+        await source.aclose()
