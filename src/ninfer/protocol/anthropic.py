@@ -15,7 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ninfer.protocol.anthropic_messages import CacheMarks, cache_ttl, lower_messages, lower_system
-from ninfer.protocol.errors import ProtocolError, invalid, invalid_type, unsupported
+from ninfer.protocol.errors import (
+    conflicting_template_option,
+    invalid,
+    invalid_type,
+    opt_bool,
+    unsupported,
+)
 from ninfer.protocol.openai_chat import RESERVED_TEMPLATE_KWARGS
 
 MIN_BUDGET_TOKENS = 1024  # Anthropic's minimum for thinking.budget_tokens
@@ -110,7 +116,7 @@ def parse_messages_request(
         prefill=history.prefill,
         tools=tools,
         max_tokens=max_tokens,
-        stream=False if count_only else _opt_bool(body, "stream") or False,
+        stream=False if count_only else opt_bool(body, "stream") or False,
         sampling={} if count_only else _parse_sampling(body),
         stop=() if count_only else _parse_stop(body.get("stop_sequences")),
         thinking=thinking,
@@ -119,13 +125,6 @@ def parse_messages_request(
         effort=effort,
         template_kwargs=kwargs,
     )
-
-
-def _opt_bool(obj: Mapping[str, Any], name: str, prefix: str = "") -> bool | None:
-    value = obj.get(name)
-    if value is not None and not isinstance(value, bool):
-        raise invalid_type(prefix + name, "a boolean", value)
-    return value
 
 
 def _is_int(value: Any) -> bool:
@@ -245,12 +244,16 @@ def _parse_template_kwargs(
         if not isinstance(enable, bool):
             raise invalid_type("chat_template_kwargs.enable_thinking", "a boolean", enable)
         if thinking is not None and enable != (thinking != "disabled"):
-            raise _conflict(f"enable_thinking is {enable} but thinking.type is {thinking!r}")
+            raise conflicting_template_option(
+                f"enable_thinking is {enable} but thinking.type is {thinking!r}"
+            )
         if thinking is None:
             thinking = "adaptive" if enable else "disabled"
     inner_effort = kwargs.pop("reasoning_effort", None)
     if inner_effort is not None and effort is not None and inner_effort != effort:
-        raise _conflict("chat_template_kwargs.reasoning_effort and output_config.effort disagree")
+        raise conflicting_template_option(
+            "chat_template_kwargs.reasoning_effort and output_config.effort disagree"
+        )
     if inner_effort is not None and effort is None:
         kwargs["reasoning_effort"] = inner_effort
     top, inner = body.get("preserve_thinking"), kwargs.pop("preserve_thinking", None)
@@ -261,12 +264,10 @@ def _parse_template_kwargs(
         if value is not None and not isinstance(value, bool):
             raise invalid_type(param, "a boolean", value)
     if top is not None and inner is not None and top != inner:
-        raise _conflict("preserve_thinking and chat_template_kwargs.preserve_thinking disagree")
+        raise conflicting_template_option(
+            "preserve_thinking and chat_template_kwargs.preserve_thinking disagree"
+        )
     return kwargs, top if top is not None else inner, thinking
-
-
-def _conflict(message: str) -> ProtocolError:
-    return ProtocolError(message, code="conflicting_template_option", param="chat_template_kwargs")
 
 
 def _parse_sampling(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -330,7 +331,7 @@ def _parse_tools(body: Mapping[str, Any], marks: CacheMarks) -> list[dict[str, A
         )
     if kind not in ("auto", "none"):
         raise invalid("tool_choice.type", f"must be auto, none, any or tool, got {kind!r}")
-    if _opt_bool(choice, "disable_parallel_tool_use", "tool_choice.") and kind == "auto" and out:
+    if opt_bool(choice, "disable_parallel_tool_use", "tool_choice.") and kind == "auto" and out:
         raise unsupported(
             "tool_choice.disable_parallel_tool_use",
             "single-call enforcement needs constrained decoding: the model may emit several calls",

@@ -7,6 +7,7 @@ and name the offending field, so a client can fix its request without reading se
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 INVALID_REQUEST = "invalid_request_error"
@@ -59,6 +60,28 @@ def invalid_type(param: str, expected: str, value: Any) -> ProtocolError:
 def unsupported(param: str, message: str, code: str = "unsupported_parameter") -> ProtocolError:
     """A well-formed request for behaviour the engine cannot provide; names the lost guarantee."""
     return ProtocolError(f"{param}: {message}", code=code, param=param)
+
+
+def missing_or_type(
+    obj: Mapping[str, Any], name: str, expected: str, *, prefix: str = ""
+) -> ProtocolError:
+    """The error for a required field that is absent (missing) or present with the wrong type."""
+    if obj.get(name) is None:
+        return invalid(prefix + name, "is required", code="missing_required_parameter")
+    return invalid_type(prefix + name, expected, obj[name])
+
+
+def opt_bool(obj: Mapping[str, Any], name: str, prefix: str = "") -> bool | None:
+    """An optional boolean field: its value, None when absent, an error for any other type."""
+    value = obj.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise invalid_type(prefix + name, "a boolean", value)
+    return value
+
+
+def conflicting_template_option(message: str) -> ProtocolError:
+    """Typed fields and chat_template_kwargs disagree about one template option."""
+    return ProtocolError(message, code="conflicting_template_option", param="chat_template_kwargs")
 
 
 def _kind(value: Any) -> str:

@@ -14,7 +14,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from ninfer.protocol.errors import ProtocolError, invalid, invalid_type, unsupported
+from ninfer.protocol.errors import (
+    ProtocolError,
+    conflicting_template_option,
+    invalid,
+    invalid_type,
+    missing_or_type,
+    opt_bool,
+    unsupported,
+)
 
 MAX_STOP_STRINGS = 4
 TOP_K_MAX = 20
@@ -100,10 +108,10 @@ def parse_chat_request(body: Any) -> ChatCompletionRequest:
         raise invalid_type("body", "a JSON object", body)
     model = body.get("model")
     if not isinstance(model, str) or not model:
-        raise _missing_or_type(body, "model", "a non-empty string")
+        raise missing_or_type(body, "model", "a non-empty string")
     _reject_unsupported(body)
     messages = _parse_messages(body.get("messages"))
-    stream = _opt_bool(body, "stream") or False
+    stream = opt_bool(body, "stream") or False
     include_usage = False
     options = body.get("stream_options")
     if options is not None:
@@ -111,8 +119,8 @@ def parse_chat_request(body: Any) -> ChatCompletionRequest:
             raise invalid_type("stream_options", "an object", options)
         if not stream:
             raise invalid("stream_options", "is only allowed when stream is true")
-        include_usage = _opt_bool(options, "include_usage", "stream_options.") or False
-    enable, preserve, effort, kwargs = _parse_template_options(body)
+        include_usage = opt_bool(options, "include_usage", "stream_options.") or False
+    enable, preserve, effort, kwargs = parse_template_options(body)
     return ChatCompletionRequest(
         model=model,
         messages=messages,
@@ -126,22 +134,9 @@ def parse_chat_request(body: Any) -> ChatCompletionRequest:
         preserve_thinking=preserve,
         reasoning_effort=effort,
         template_kwargs=kwargs,
-        return_progress=_opt_bool(body, "return_progress") or False,
-        timings_per_token=_opt_bool(body, "timings_per_token") or False,
+        return_progress=opt_bool(body, "return_progress") or False,
+        timings_per_token=opt_bool(body, "timings_per_token") or False,
     )
-
-
-def _missing_or_type(obj: Mapping[str, Any], name: str, expected: str) -> ProtocolError:
-    if obj.get(name) is None:
-        return invalid(name, "is required", code="missing_required_parameter")
-    return invalid_type(name, expected, obj[name])
-
-
-def _opt_bool(obj: Mapping[str, Any], name: str, prefix: str = "") -> bool | None:
-    value = obj.get(name)
-    if value is not None and not isinstance(value, bool):
-        raise invalid_type(prefix + name, "a boolean", value)
-    return value
 
 
 def _is_number(value: Any) -> bool:
@@ -259,7 +254,7 @@ def _parse_stop(stop: Any) -> tuple[str, ...]:
     return tuple(items)
 
 
-def _parse_template_options(
+def parse_template_options(
     body: Mapping[str, Any],
 ) -> tuple[bool | None, bool | None, str | None, dict[str, Any]]:
     raw = body.get("chat_template_kwargs")
@@ -280,7 +275,7 @@ def _parse_template_options(
             if value is not None:
                 check(param, value)
         if top is not None and inner is not None and top != inner:
-            raise _conflict(f"{name} and chat_template_kwargs.{name} disagree")
+            raise conflicting_template_option(f"{name} and chat_template_kwargs.{name} disagree")
         return top if top is not None else inner
 
     def is_bool(param: str, value: Any) -> None:
@@ -295,14 +290,12 @@ def _parse_template_options(
     preserve = merged("preserve_thinking", is_bool)
     effort = merged("reasoning_effort", is_effort)
     if enable is True and effort == "none":
-        raise _conflict("enable_thinking is true but reasoning_effort is 'none'")
+        raise conflicting_template_option("enable_thinking is true but reasoning_effort is 'none'")
     if enable is False and effort not in (None, "none"):
-        raise _conflict(f"enable_thinking is false but reasoning_effort is {effort!r}")
+        raise conflicting_template_option(
+            f"enable_thinking is false but reasoning_effort is {effort!r}"
+        )
     return enable, preserve, effort, kwargs
-
-
-def _conflict(message: str) -> ProtocolError:
-    return ProtocolError(message, code="conflicting_template_option", param="chat_template_kwargs")
 
 
 # -- tools ------------------------------------------------------------------------------------

@@ -13,11 +13,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ninfer.protocol.errors import ProtocolError, invalid, invalid_type, unsupported
+from ninfer.protocol.errors import (
+    ProtocolError,
+    invalid,
+    invalid_type,
+    missing_or_type,
+    opt_bool,
+    unsupported,
+)
 from ninfer.protocol.openai_chat import (
     REASONING_EFFORTS,
     TemplateOptions,
-    _parse_template_options,
+    parse_template_options,
 )
 from ninfer.protocol.openai_responses_items import normalize_input
 
@@ -165,7 +172,7 @@ def _parse(body: Any, known: frozenset[str], *, count_only: bool) -> ResponsesRe
     model = body.get("model")
     required = not count_only or model is not None  # input_tokens may omit the model
     if required and (not isinstance(model, str) or not model):
-        raise _missing_or_type(body, "model", "a non-empty string")
+        raise missing_or_type(body, "model", "a non-empty string")
     previous = body.get("previous_response_id")
     if previous is not None and (not isinstance(previous, str) or not previous):
         raise invalid_type("previous_response_id", "a non-empty string", previous)
@@ -183,9 +190,9 @@ def _parse(body: Any, known: frozenset[str], *, count_only: bool) -> ResponsesRe
     effort = _parse_reasoning(body.get("reasoning"))
     merged = {k: body.get(k) for k in ("chat_template_kwargs", "preserve_thinking")}
     merged["reasoning_effort"] = effort
-    enable, preserve, effort, kwargs = _parse_template_options(merged)
+    enable, preserve, effort, kwargs = parse_template_options(merged)
     tools = _parse_tools(body.get("tools"), body.get("tool_choice"))
-    parallel = _opt_bool(body, "parallel_tool_calls")
+    parallel = opt_bool(body, "parallel_tool_calls")
     if parallel is False and tools.template_tools:
         raise unsupported(
             "parallel_tool_calls", "false cannot be enforced: the model may emit several calls"
@@ -209,7 +216,7 @@ def _parse(body: Any, known: frozenset[str], *, count_only: bool) -> ResponsesRe
 
 
 def _with_create_fields(request: ResponsesRequest, body: Mapping[str, Any]) -> ResponsesRequest:
-    stream = _opt_bool(body, "stream") or False
+    stream = opt_bool(body, "stream") or False
     options = body.get("stream_options")
     if options is not None:
         if not isinstance(options, dict):
@@ -223,8 +230,8 @@ def _with_create_fields(request: ResponsesRequest, body: Mapping[str, Any]) -> R
                     code="unknown_parameter",
                     param=f"stream_options.{name}",
                 )
-        _opt_bool(options, "include_obfuscation", "stream_options.")
-    if _opt_bool(body, "background"):
+        opt_bool(options, "include_obfuscation", "stream_options.")
+    if opt_bool(body, "background"):
         raise unsupported("background", "background execution is not supported")
     include = body.get("include")
     if include is not None:
@@ -248,7 +255,7 @@ def _with_create_fields(request: ResponsesRequest, body: Mapping[str, Any]) -> R
         request,
         max_output_tokens=_opt_count(body, "max_output_tokens"),
         stream=stream,
-        store=_opt_bool(body, "store") is not False,
+        store=opt_bool(body, "store") is not False,
         sampling=_parse_sampling(body),
         metadata=_parse_metadata(body.get("metadata")),
         max_tool_calls=_opt_count(body, "max_tool_calls"),
@@ -257,19 +264,6 @@ def _with_create_fields(request: ResponsesRequest, body: Mapping[str, Any]) -> R
 
 
 # -- scalars ------------------------------------------------------------------------------------
-
-
-def _missing_or_type(obj: Mapping[str, Any], name: str, expected: str) -> ProtocolError:
-    if obj.get(name) is None:
-        return invalid(name, "is required", code="missing_required_parameter")
-    return invalid_type(name, expected, obj[name])
-
-
-def _opt_bool(obj: Mapping[str, Any], name: str, prefix: str = "") -> bool | None:
-    value = obj.get(name)
-    if value is not None and not isinstance(value, bool):
-        raise invalid_type(prefix + name, "a boolean", value)
-    return value
 
 
 def _opt_count(obj: Mapping[str, Any], name: str) -> int | None:
@@ -432,7 +426,7 @@ def _parse_tools(tools: Any, choice: Any) -> ToolSet:
 def _check_function(param: str, tool: Mapping[str, Any]) -> dict[str, Any]:
     name = tool.get("name")
     if not isinstance(name, str) or not name:
-        raise _missing_or_type_at(param, tool, "name", "a non-empty string")
+        raise missing_or_type(tool, "name", "a non-empty string", prefix=f"{param}.")
     if tool.get("strict") is True:
         raise unsupported(
             f"{param}.strict", f"strict schemas need constrained decoding; {_NO_CONSTRAINT}"
@@ -453,14 +447,6 @@ def _check_function(param: str, tool: Mapping[str, Any]) -> dict[str, Any]:
     if desc is not None and not isinstance(desc, str):
         raise invalid_type(f"{param}.description", "a string", desc)
     return dict(tool)
-
-
-def _missing_or_type_at(
-    param: str, obj: Mapping[str, Any], name: str, expected: str
-) -> ProtocolError:
-    if obj.get(name) is None:
-        return invalid(f"{param}.{name}", "is required", code="missing_required_parameter")
-    return invalid_type(f"{param}.{name}", expected, obj[name])
 
 
 def _allowed_tools(choice: Any) -> list[tuple[str | None, str]] | None:
