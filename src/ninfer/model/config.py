@@ -105,21 +105,7 @@ class TextConfig:
         tie = text.get("tie_word_embeddings")
         if tie is None and nested is not None:
             tie = d.get("tie_word_embeddings")
-        kwargs: dict[str, Any] = {
-            name: text.get(name, required=True)
-            for name in (
-                "vocab_size",
-                "hidden_size",
-                "num_hidden_layers",
-                "num_attention_heads",
-                "num_key_value_heads",
-                "head_dim",
-                "linear_num_key_heads",
-                "linear_num_value_heads",
-                "linear_key_head_dim",
-                "linear_value_head_dim",
-            )
-        }
+        kwargs: dict[str, Any] = {name: text.get(name, required=True) for name in _REQUIRED_INTS}
         kwargs.update(
             layer_types=_layer_types(text, kwargs["num_hidden_layers"]),
             linear_conv_kernel_dim=text.get("linear_conv_kernel_dim", 4),
@@ -217,7 +203,8 @@ def _as_float(name: str, value: Any) -> float:
     return float(value)
 
 
-_POSITIVE_INTS = (
+# Shape fields every text config must state (no default could be right for them).
+_REQUIRED_INTS = (
     "vocab_size",
     "hidden_size",
     "num_hidden_layers",
@@ -228,9 +215,8 @@ _POSITIVE_INTS = (
     "linear_num_value_heads",
     "linear_key_head_dim",
     "linear_value_head_dim",
-    "linear_conv_kernel_dim",
-    "max_position_embeddings",
 )
+_POSITIVE_INTS = (*_REQUIRED_INTS, "linear_conv_kernel_dim", "max_position_embeddings")
 _NON_NEGATIVE_INTS = (
     "intermediate_size",
     "num_experts",
