@@ -77,6 +77,21 @@ def test_cuda_graphs_change_no_token(dense_artifact: Path, dtype: str) -> None:
     assert got_solo == want_solo
 
 
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_chunked_prefill_on_cuda_equals_cpu(
+    dense_artifact: Path, moe_artifact: Path, kind: str
+) -> None:
+    """Prompts of several 7-token chunks: later chunks take the lower-right causal SDPA path (and
+    the DeltaNet prefill continues its states); fp32 greedy tokens equal the CPU's."""
+    path = dense_artifact if kind == "dense" else moe_artifact
+    prompts = [_prompt(10 + i, n) for i, n in enumerate((8, 23, 61))]
+    with _engine(path, dtype="fp32", device="cpu", prefill_chunk=512) as cpu:
+        want = _run(cpu, prompts, 12)
+    with _engine(path, dtype="fp32", device="cuda:0", prefill_chunk=7) as gpu:
+        got = _run(gpu, prompts, 12)
+    assert got == want
+
+
 def test_moe_on_cuda_matches_cpu_with_graphs(moe_artifact: Path) -> None:
     """MoE decode gathers each assignment's experts (no host sync), so it is captured too."""
     with _engine(moe_artifact, dtype="fp32", device="cpu") as cpu:

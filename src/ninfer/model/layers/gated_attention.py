@@ -5,8 +5,9 @@ flat KV slot each token writes, which sequence it belongs to) is computed once p
 `AttentionMetadata` and shared by all layers. `paged_attention` gathers each sequence's pages into
 a padded [B, L] view and runs SDPA with a causal-and-length mask, so prefill chunks and decode
 batches share one code path. On CUDA, a prefill of one fresh sequence skips the gather and the
-mask (`fresh_causal_attention`) so SDPA can use a fused backend, and decode runs the split-KV
-paged kernel (kernels/paged_decode_attention); the CPU keeps the reference.
+mask (`fresh_causal_attention`), and a later chunk of one sequence gathers its pages and uses a
+lower-right causal bias (`continued_causal_attention`), so SDPA can use a fused backend; decode
+runs the split-KV paged kernel (kernels/paged_decode_attention); the CPU keeps the reference.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from ninfer.kernels import dispatch
 from ninfer.kernels.fp8_gemv.reference import Fp8Weight
@@ -170,6 +172,8 @@ def gated_attention(
     scale = head_dim**-0.5
     if _is_fresh_single_sequence(x, meta):
         out = fresh_causal_attention(q, k, v, scale=scale)
+    elif _is_continued_single_sequence(x, meta):
+        out = continued_causal_attention(q, k_pages, v_pages, meta, scale=scale)
     elif meta.max_query_len == 1 and dispatch.paged_decode_supported(q, k_pages):
         # CUDA decode: split-KV kernel reading each live page once, no gather, no mask
         out = dispatch.paged_decode_attention(
@@ -194,6 +198,55 @@ def _is_fresh_single_sequence(x: torch.Tensor, meta: AttentionMetadata) -> bool:
         and meta.max_query_len > 1
         and meta.max_kv_len == meta.max_query_len
     )
+
+
+def _is_continued_single_sequence(x: torch.Tensor, meta: AttentionMetadata) -> bool:
+    """A CUDA prefill chunk of one sequence that continues earlier chunks (host facts only).
+
+    With one sequence, max_kv_len is its kv_len, so the page gather can be sized on the host.
+    """
+    return (
+        x.is_cuda
+        and meta.page_table.shape[0] == 1
+        and meta.max_query_len > 1
+        and meta.max_kv_len > meta.max_query_len
+    )
+
+
+def continued_causal_attention(
+    q: torch.Tensor,
+    k_pages: torch.Tensor,
+    v_pages: torch.Tensor,
+    meta: AttentionMetadata,
+    *,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of one sequence's new chunk over its whole paged KV, without a mask tensor.
+
+    The chunk's n queries are the last n of the sequence's L keys, which is the lower-right
+    aligned causal pattern; `causal_lower_right` expresses it as a bias object that SDPA's flash
+    and memory-efficient backends take natively, where an explicit [n, L] mask would force the
+    math backend (fp32 scores of n x L per head).
+
+    Args:
+        q: [n, Hq, D]; k_pages, v_pages: [num_pages, P, Hk, D] (the chunk's KV already stored).
+    Returns:
+        [n, Hq, D] in q's dtype.
+    """
+    page_size = k_pages.shape[1]
+    kv_len = meta.max_kv_len
+    pages = meta.page_table[0, : -(-kv_len // page_size)]
+    # [n_pages, P, Hk, D] -> [L, Hk, D]
+    k = k_pages[pages].flatten(0, 1)[:kv_len]
+    v = v_pages[pages].flatten(0, 1)[:kv_len]
+    group = q.shape[1] // k.shape[1]
+    # [T, H, D] -> [1, H, T, D]
+    qh = q.transpose(0, 1)[None]
+    kh = k.to(q.dtype).repeat_interleave(group, dim=1).transpose(0, 1)[None]
+    vh = v.to(q.dtype).repeat_interleave(group, dim=1).transpose(0, 1)[None]
+    bias = causal_lower_right(q.shape[0], kv_len)
+    out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=bias, scale=scale)
+    return out[0].transpose(0, 1)
 
 
 def fresh_causal_attention(

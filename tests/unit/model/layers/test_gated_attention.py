@@ -15,6 +15,7 @@ from ninfer.model.batch import ForwardBatch
 from ninfer.model.layers.gated_attention import (
     AttentionWeights,
     build_attention_metadata,
+    continued_causal_attention,
     fresh_causal_attention,
     gated_attention,
     paged_attention,
@@ -110,6 +111,30 @@ def test_fresh_causal_attention_matches_dense():
     got = fresh_causal_attention(q, k, v, scale=D**-0.5)
     assert got.shape == q.shape
     assert rel_err(got, dense_causal_attention(q, k, v, 0)) < 1e-5
+
+
+@pytest.mark.parametrize(("num_computed", "query_len"), [(9, 6), (16, 4), (3, 29), (1, 2)])
+def test_continued_causal_attention_matches_dense(num_computed: int, query_len: int):
+    """The mask-free path CUDA takes for a later prefill chunk of one sequence, over shuffled
+    pages with stale data past the sequence's end, against the fp64 reference."""
+    gen = torch.Generator().manual_seed(num_computed * 31 + query_len)
+    length = num_computed + query_len
+    pool = list(range(30))
+    random.Random(length).shuffle(pool)
+    pages = pool[: -(-length // P)]
+    k_pages = torch.randn(30, P, HK, D, generator=gen)
+    v_pages = torch.randn(30, P, HK, D, generator=gen)
+    full_k = torch.randn(length, HK, D, generator=gen)
+    full_v = torch.randn(length, HK, D, generator=gen)
+    batch = make_varlen_batch([num_computed], [query_len], [pages])
+    meta = build_attention_metadata(batch, P)
+    for pos in range(length):
+        k_pages[pages[pos // P], pos % P] = full_k[pos]
+        v_pages[pages[pos // P], pos % P] = full_v[pos]
+    q = torch.randn(query_len, HQ, D, generator=gen)
+    got = continued_causal_attention(q, k_pages, v_pages, meta, scale=D**-0.5)
+    assert got.shape == q.shape
+    assert rel_err(got, dense_causal_attention(q, full_k, full_v, num_computed)) < 1e-5
 
 
 def test_layer_matches_transformers_module():
