@@ -14,10 +14,14 @@ import torch
 from ninfer.bench.results import KernelTiming
 from ninfer.kernels.add_rms_norm import launch as add_norm_cuda
 from ninfer.kernels.add_rms_norm import reference as add_norm_ref
+from ninfer.kernels.causal_conv1d import launch as conv_cuda
+from ninfer.kernels.causal_conv1d import reference as conv_ref
 from ninfer.kernels.expert_gemv import launch as expert_cuda
 from ninfer.kernels.expert_gemv import reference as expert_ref
 from ninfer.kernels.gated_delta_decode import launch as delta_cuda
 from ninfer.kernels.gated_delta_decode import reference as delta_ref
+from ninfer.kernels.gated_delta_prefill import launch as prefill_cuda
+from ninfer.kernels.gated_delta_prefill import reference as prefill_ref
 from ninfer.kernels.gated_rms_norm import launch as gated_cuda
 from ninfer.kernels.gated_rms_norm import reference as gated_ref
 from ninfer.kernels.gdn_decode_front import launch as front_cuda
@@ -53,6 +57,21 @@ def _graph_us(fn: Callable[[], object], replays: int = 10) -> float:
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1000.0 / CALLS_PER_GRAPH)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def _eager_us(fn: Callable[[], object], runs: int = 5) -> float:
+    """Median GPU microseconds per eager call of `fn` (for ops that run outside graphs)."""
+    fn()  # warm-up: compilation, allocator
+    times = []
+    for _ in range(runs):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0)
     times.sort()
     return times[len(times) // 2]
 
@@ -137,7 +156,59 @@ def bench_kernels(device: torch.device, batches: tuple[int, ...] = (1, 8)) -> li
                 err,
             )
         )
+    out.extend(_prefill_timings(device))
     return out
+
+
+def _prefill_timings(device: torch.device, num_tokens: int = 2048) -> list[KernelTiming]:
+    """27B DeltaNet prefill of one sequence: the varlen conv + SiLU, then the fused delta rule.
+
+    Inputs are laid out as the model passes them: qkv, a and b as column slices of the fused
+    projection output, q/k/v as row-strided views of the conv output. Timed eagerly (`_eager_us`):
+    prefill runs outside CUDA graphs, and the twin's batched triangular solves are not known to
+    be capturable.
+    """
+    bf16 = torch.bfloat16
+    hk, hv, dim = 16, 48, 128
+    channels = 2 * hk * dim + hv * dim
+    lens = (num_tokens,)
+    offsets = torch.tensor([0, num_tokens], device=device)
+    slots = torch.tensor([1], device=device)
+    proj = torch.randn(num_tokens, channels + hv * dim + 2 * hv, dtype=bf16, device=device)
+    qkv, _, b, a = proj.split((channels, hv * dim, hv, hv), dim=-1)
+    conv_w = torch.randn(channels, 4, dtype=bf16, device=device) * 0.5
+    conv_state = torch.randn(2, channels, 3, dtype=bf16, device=device)
+    conv_args = (qkv, conv_w, conv_state, slots, lens)
+    want = conv_ref.causal_conv1d(qkv, conv_w, conv_state.clone(), slots, lens)
+    got = conv_cuda.causal_conv1d(*conv_args, cu_seqlens=offsets)
+    conv = KernelTiming(
+        "causal_conv1d",
+        f"T={num_tokens}, {channels} channels, K=4 bf16",
+        _eager_us(lambda: conv_ref.causal_conv1d(*conv_args, cu_seqlens=offsets)),
+        _eager_us(lambda: conv_cuda.causal_conv1d(*conv_args, cu_seqlens=offsets)),
+        _rel(got, want),
+    )
+    q, k, v = want.split((hk * dim, hk * dim, hv * dim), dim=-1)
+    heads = (q.view(num_tokens, hk, dim), k.view(num_tokens, hk, dim), v.view(num_tokens, hv, dim))
+    a_log = torch.rand(hv, device=device)
+    dt_bias = torch.randn(hv, device=device)
+    state = torch.randn(2, hv, dim, dim, device=device) * 0.1
+    args = (*heads, a, b, a_log, dt_bias, state, slots, lens)
+    ref_state = state.clone()
+    want = prefill_ref.gated_delta_prefill(
+        *heads, a, b, a_log, dt_bias, ref_state, slots, lens, scale=dim**-0.5
+    )
+    got = prefill_cuda.gated_delta_prefill(*args, scale=dim**-0.5, cu_seqlens=offsets)
+    delta = KernelTiming(
+        "gated_delta_prefill",
+        f"T={num_tokens}, 48 heads, 128x128 fp32 state",
+        _eager_us(lambda: prefill_ref.gated_delta_prefill(*args, scale=dim**-0.5)),
+        _eager_us(
+            lambda: prefill_cuda.gated_delta_prefill(*args, scale=dim**-0.5, cu_seqlens=offsets)
+        ),
+        max(_rel(got, want), _rel(state[1], ref_state[1])),
+    )
+    return [conv, delta]
 
 
 def _front_timing(b: int, device: torch.device) -> KernelTiming:

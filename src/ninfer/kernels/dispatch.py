@@ -16,22 +16,31 @@ import torch.nn.functional as F
 from ninfer.kernels import runtime
 from ninfer.kernels.add_rms_norm import launch as _add_rms_norm_cuda
 from ninfer.kernels.add_rms_norm import reference as _add_rms_norm_ref
+from ninfer.kernels.causal_conv1d import launch as _conv_cuda
+from ninfer.kernels.causal_conv1d import reference as _conv_ref
 from ninfer.kernels.expert_gemv import launch as _expert_gemv_cuda
 from ninfer.kernels.expert_gemv import reference as _expert_gemv_ref
+from ninfer.kernels.fp8_gemm import launch as _fp8_gemm_cuda
 from ninfer.kernels.fp8_gemv import launch as _fp8_gemv_cuda
 from ninfer.kernels.fp8_gemv import reference as _fp8_gemv_ref
 from ninfer.kernels.fp8_gemv.reference import Fp8Weight
 from ninfer.kernels.gated_delta_decode import launch as _delta_cuda
 from ninfer.kernels.gated_delta_decode import reference as _delta_ref
+from ninfer.kernels.gated_delta_prefill import launch as _prefill_cuda
+from ninfer.kernels.gated_delta_prefill import reference as _prefill_ref
 from ninfer.kernels.gated_rms_norm import launch as _gated_norm_cuda
 from ninfer.kernels.gated_rms_norm import reference as _gated_norm_ref
 from ninfer.kernels.gdn_decode_front import launch as _front_cuda
 from ninfer.kernels.gdn_decode_front import reference as _front_ref
 from ninfer.kernels.gdn_decode_front.reference import DecodeFront
+from ninfer.kernels.moe_routing import launch as _routing_cuda
+from ninfer.kernels.moe_routing import reference as _routing_ref
 from ninfer.kernels.paged_decode_attention import launch as _paged_cuda
 from ninfer.kernels.paged_decode_attention import reference as _paged_ref
 from ninfer.kernels.qk_norm_rope import launch as _qk_cuda
 from ninfer.kernels.qk_norm_rope import reference as _qk_ref
+from ninfer.kernels.sampling import launch as _sampling_cuda
+from ninfer.kernels.sampling import reference as _sampling_ref
 from ninfer.kernels.silu_mul import launch as _silu_mul_cuda
 from ninfer.kernels.silu_mul import reference as _silu_mul_ref
 
@@ -123,6 +132,53 @@ def gdn_decode_front(
     )
 
 
+def causal_conv1d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    conv_state: torch.Tensor,
+    state_slots: torch.Tensor,
+    query_lens: tuple[int, ...],
+    *,
+    cu_seqlens: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Prefill depthwise conv + SiLU, varlen; see kernels/causal_conv1d/reference.py."""
+    fn = _conv_cuda if use_cuda_kernels(x, "causal_conv1d") else _conv_ref
+    return fn.causal_conv1d(x, weight, conv_state, state_slots, query_lens, cu_seqlens=cu_seqlens)
+
+
+def gated_delta_prefill(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    ssm_state: torch.Tensor,
+    state_slots: torch.Tensor,
+    query_lens: tuple[int, ...],
+    *,
+    scale: float,
+    cu_seqlens: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The prefill delta rule with its q/k norm and gates; see kernels/gated_delta_prefill/."""
+    fn = _prefill_cuda if use_cuda_kernels(q, "gated_delta_prefill") else _prefill_ref
+    return fn.gated_delta_prefill(
+        q,
+        k,
+        v,
+        a,
+        b,
+        a_log,
+        dt_bias,
+        ssm_state,
+        state_slots,
+        query_lens,
+        scale=scale,
+        cu_seqlens=cu_seqlens,
+    )
+
+
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """SwiGLU activation of a fused gate-up row; see kernels/silu_mul/reference.py."""
     if use_cuda_kernels(gate_up, "silu_mul"):
@@ -139,6 +195,50 @@ def expert_gemv(
     else:
         fn = _expert_gemv_ref.expert_gemv
     return fn(x, weight, expert_ids, rows_per_input=rows_per_input)
+
+
+def expert_down_sum(
+    gate_up_out: torch.Tensor,
+    down: torch.Tensor,
+    expert_ids: torch.Tensor,
+    weights: torch.Tensor,
+    *,
+    shared: torch.Tensor | None = None,
+    shared_gate: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """MoE decode tail (SwiGLU, down, weighted sum, shared expert); see expert_gemv/reference.py."""
+    fn = _expert_gemv_ref.expert_down_sum
+    if use_cuda_kernels(gate_up_out, "expert_down_sum") and _expert_gemv_cuda.supports_down_sum(
+        gate_up_out, down, expert_ids, shared, shared_gate
+    ):
+        fn = _expert_gemv_cuda.expert_down_sum
+    return fn(gate_up_out, down, expert_ids, weights, shared=shared, shared_gate=shared_gate)
+
+
+def route_topk(
+    router_logits: torch.Tensor, top_k: int, *, normalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """MoE router softmax + top-k (ties to the lower id); see kernels/moe_routing/reference.py."""
+    if use_cuda_kernels(router_logits, "moe_routing") and _routing_cuda.supports(
+        router_logits, top_k
+    ):
+        return _routing_cuda.route_topk(router_logits, top_k, normalize=normalize)
+    return _routing_ref.route_topk(router_logits, top_k, normalize=normalize)
+
+
+def grouped_mm_enabled(t: torch.Tensor) -> bool:
+    """True when `torch._grouped_mm` has its sync-free bf16 kernel on `t`'s device.
+
+    Only sm_90 and sm_100 have it (torch's own gate); elsewhere torch loops over the groups with
+    the offsets copied to the host, a sync, so callers keep their own path. `NINFER_KERNELS=torch`
+    or `grouped_mm` in `NINFER_KERNELS_OFF` turns it off like a kernel.
+    """
+    if not t.is_cuda or not hasattr(torch, "_grouped_mm"):
+        return False
+    if os.environ.get("NINFER_KERNELS", "cuda") == "torch" or _switched_off("grouped_mm"):
+        return False
+    major, _ = torch.cuda.get_device_capability(t.device)
+    return major in (9, 10)
 
 
 def paged_decode_supported(q: torch.Tensor, k_pages: torch.Tensor) -> bool:
@@ -181,12 +281,29 @@ def qk_norm_rope(
     return fn(q, k, q_weight, k_weight, cos, sin, eps)
 
 
+def sample_tokens(
+    logits: torch.Tensor,
+    rows: _sampling_ref.RowParams,
+    *,
+    num_sampleable: int,
+    counts: torch.Tensor | None = None,
+    count_rows: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One token per logits row; see kernels/sampling/reference.py and engine.sampling.Sampler."""
+    if use_cuda_kernels(logits, "sampling") and _sampling_cuda.supports(logits, counts):
+        fn = _sampling_cuda.sample_tokens
+    else:
+        fn = _sampling_ref.sample_tokens
+    return fn(logits, rows, num_sampleable=num_sampleable, counts=counts, count_rows=count_rows)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torch.Tensor:
     """x @ weight.T for a plain weight or an fp8 block-scaled one (`Fp8Weight`).
 
     fp8 on CUDA: decode-sized x (at most `fp8_gemv.launch.MAX_ROWS` rows) runs the GEMV kernel,
-    which reads the e4m3 bytes once; larger x (prefill) dequantizes into a scratch copy and
-    runs cuBLAS, where the matmul, not the weight read, is the cost.
+    which reads the e4m3 bytes once; larger x (prefill) runs `fp8_gemm.launch.fp8_linear`: x
+    quantized per 1x128 group and a block-scaled fp8 `torch._scaled_mm`, or (fp32 x, shapes off
+    its grid, no blockwise support) a dequantize kernel into a scratch copy, then cuBLAS.
     """
     if not isinstance(weight, Fp8Weight):
         return F.linear(x, weight)
@@ -194,4 +311,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torch.Tensor:
         x = x.contiguous()
         if _fp8_gemv_cuda.supports(x, weight):
             return _fp8_gemv_cuda.fp8_linear(x, weight)
+    # prefill-sized x (or x the GEMV does not take): block-scaled fp8 GEMM, else dequantize+cuBLAS
+    if use_cuda_kernels(x, "fp8_gemm") and _fp8_gemm_cuda.supports(x, weight):
+        return _fp8_gemm_cuda.fp8_linear(x, weight)
     return _fp8_gemv_ref.fp8_linear(x, weight)

@@ -1,11 +1,13 @@
 """Gated DeltaNet (linear attention) of Qwen3.5 with per-slot conv and recurrent state.
 
-Imports torch, model.batch, sibling layers and kernels.dispatch. Prefill runs the delta rule in
-chunked (WY / UT-transform) form, one sequence at a time; decode runs one recurrent step for the
-whole batch, reading and writing each sequence's state slot in place, through `dispatch` (CUDA
-kernels on a GPU, their bit-identical torch twins elsewhere). The state is
-fp32 [Hv, Dk, Dv] (key x value); key heads are repeated to value heads (consecutive value heads
-share a key head).
+Imports torch, model.batch and kernels (dispatch and twins); no model layers. Prefill and decode
+both go through `dispatch` (CUDA kernels on a GPU, their torch twins elsewhere): prefill as the
+varlen conv then the fused norms + gates + delta rule (chunked WY form in the twin, token-serial
+in the kernel), decode as one recurrent step per sequence, each reading and writing its state
+slot in place. The state is fp32 [Hv, Dk, Dv] (key x value); key heads are repeated to value
+heads (consecutive value heads share a key head). `recurrent_gated_delta_rule` here is the
+independent definition both prefill forms are tested against; the prefill twins
+(`causal_conv1d`, `chunk_gated_delta_rule`) live in kernels/ and are re-exported here.
 """
 
 from __future__ import annotations
@@ -16,9 +18,12 @@ import torch
 import torch.nn.functional as F
 
 from ninfer.kernels import dispatch
+from ninfer.kernels.causal_conv1d.reference import causal_conv1d as causal_conv1d
 from ninfer.kernels.fp8_gemv.reference import Fp8Weight
+from ninfer.kernels.gated_delta_prefill.reference import (
+    chunk_gated_delta_rule as chunk_gated_delta_rule,
+)
 from ninfer.model.batch import ForwardBatch
-from ninfer.model.layers.norm import l2_norm
 
 
 @dataclass(frozen=True)
@@ -42,38 +47,6 @@ class DeltaNetWeights:
 
 
 # --- causal depthwise conv1d -----------------------------------------------------------------
-
-
-def causal_conv1d(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    conv_state: torch.Tensor,
-    state_slots: torch.Tensor,
-    query_lens: tuple[int, ...],
-) -> torch.Tensor:
-    """Depthwise causal conv + SiLU over the new tokens of each sequence, continuing its state.
-
-    Args:
-        x: [T, C] new inputs, sequences back to back (lengths `query_lens`).
-        weight: [C, K]; conv_state: [S, C, K-1] (updated in place: the last K-1 inputs).
-        state_slots: [B] int64.
-    Returns:
-        [T, C] in x's dtype.
-    """
-    num_channels, kernel = weight.shape
-    w = weight.float()[:, None, :]  # [C, 1, K]
-    out = torch.empty_like(x)
-    start = 0
-    for b, num_new in enumerate(query_lens):
-        slot = state_slots[b : b + 1]
-        history = conv_state.index_select(0, slot)[0].float()  # [C, K-1]
-        seq = torch.cat((history, x[start : start + num_new].float().T), dim=1)  # [C, K-1+n]
-        y = F.conv1d(seq[None], w, groups=num_channels)[0]  # [C, n]
-        out[start : start + num_new] = F.silu(y).T.to(x.dtype)
-        new_history = seq[:, seq.shape[1] - (kernel - 1) :]
-        conv_state.index_copy_(0, slot, new_history[None].to(conv_state.dtype))
-        start += num_new
-    return out
 
 
 def causal_conv1d_update(
@@ -144,67 +117,6 @@ def recurrent_gated_delta_rule(
         o_t, state = _delta_step(state, q[t], k[t], v[t], g[t], beta[t])
         outputs.append(o_t)
     out = torch.stack(outputs) if outputs else v.new_zeros(v.shape)
-    return out, state
-
-
-def chunk_gated_delta_rule(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    initial_state: torch.Tensor,
-    *,
-    scale: float,
-    chunk_size: int = 64,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The gated delta rule in chunks: matmuls inside a chunk, a scan of states across chunks.
-
-    Within a chunk with state S0 at its start and cumulative log decay G_t = sum_{s<=t} g_s, the
-    per-token corrections U (rows u_t = beta_t (v_t - e^{g_t} S_{t-1}^T k_t)) solve the unit lower
-    triangular system (I + A) U = diag(beta) V - diag(beta e^G) K S0, with
-    A[t, s] = beta_t e^{G_t - G_s} k_t.k_s for s < t. Then
-        O    = diag(e^G) Q S0 + (e^{G_t - G_s} [s <= t] * Q K^T) U
-        S_C  = e^{G_C} S0 + (diag(e^{G_C - G}) K)^T U.
-    Same arguments and results as `recurrent_gated_delta_rule`.
-    """
-    num_tokens, num_v_heads = v.shape[0], v.shape[1]
-    q = _expand_key_heads(q.float(), num_v_heads) * scale
-    k = _expand_key_heads(k.float(), num_v_heads)
-    pad = (-num_tokens) % chunk_size  # padded steps: g = 0, beta = 0 leave the state unchanged
-    num_chunks = (num_tokens + pad) // chunk_size
-
-    def chunked(x: torch.Tensor) -> torch.Tensor:
-        # [T, Hv, ...] -> [Hv, n, C, ...]
-        x = F.pad(x.float().movedim(0, -1), (0, pad)).movedim(-1, 1)
-        return x.reshape(x.shape[0], num_chunks, chunk_size, *x.shape[2:])
-
-    q, k, v, g, beta = (chunked(x) for x in (q, k, v, g, beta))
-    cum = g.cumsum(-1)  # [Hv, n, C]
-    lower = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device).tril()
-    # decay[..., t, s] = e^{G_t - G_s} for s <= t, else 0 (masked before exp: no overflow)
-    decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(~lower, float("-inf")).exp()
-
-    eye = torch.eye(chunk_size, dtype=q.dtype, device=q.device)
-    a = (beta[..., :, None] * (k @ k.transpose(-1, -2)) * decay).tril(-1)
-    system = eye + a  # [Hv, n, C, C], unit lower triangular
-    u0 = torch.linalg.solve_triangular(system, beta[..., None] * v, upper=False, unitriangular=True)
-    w = torch.linalg.solve_triangular(
-        system, (beta * cum.exp())[..., None] * k, upper=False, unitriangular=True
-    )
-    attn = (q @ k.transpose(-1, -2)) * decay  # [Hv, n, C, C]
-    q_read = q * cum.exp()[..., None]  # reads S0 decayed to each token
-    k_write = k * (cum[..., -1:] - cum).exp()[..., None]  # writes decayed to the chunk end
-    chunk_decay = cum[..., -1].exp()[..., None, None]  # [Hv, n, 1, 1]
-
-    state = initial_state.float()
-    out = torch.empty_like(v)
-    for i in range(num_chunks):
-        u = u0[:, i] - w[:, i] @ state  # [Hv, C, Dv]
-        out[:, i] = q_read[:, i] @ state + attn[:, i] @ u
-        state = state * chunk_decay[:, i] + k_write[:, i].transpose(-1, -2) @ u
-    # [Hv, n, C, Dv] -> [T, Hv, Dv]
-    out = out.reshape(num_v_heads, -1, v.shape[-1])[:, :num_tokens].transpose(0, 1)
     return out, state
 
 
@@ -292,31 +204,30 @@ def gated_deltanet(
             q, k, v, g, beta, ssm_state, batch.state_slots, scale=scale
         )
     else:
-        qkv = causal_conv1d(qkv, w.conv1d, conv_state, batch.state_slots, batch.query_lens)
-        q, k, v = qkv.split((key_dim, key_dim, value_dim), dim=-1)
-        q = l2_norm(q.reshape(num_tokens, -1, head_k_dim))  # [T, Hk, Dk] fp32
-        k = l2_norm(k.reshape(num_tokens, -1, head_k_dim))
-        v = v.reshape(num_tokens, num_v_heads, head_v_dim)
-        beta = torch.sigmoid(b.float())  # [T, Hv]
-        g = -w.A_log.float().exp() * F.softplus(a.float() + w.dt_bias.float())
-        parts = []
-        start = 0
-        for i, num_new in enumerate(batch.query_lens):
-            span = slice(start, start + num_new)
-            slot = batch.state_slots[i : i + 1]
-            o, final = chunk_gated_delta_rule(
-                q[span],
-                k[span],
-                v[span],
-                g[span],
-                beta[span],
-                ssm_state.index_select(0, slot)[0],
-                scale=scale,
-            )
-            ssm_state.index_copy_(0, slot, final[None])
-            parts.append(o)
-            start += num_new
-        out = torch.cat(parts)  # [T, Hv, Dv] fp32
+        # Two kernels on CUDA (conv + SiLU; norms, gates and the delta rule), the twins elsewhere.
+        mixed = dispatch.causal_conv1d(
+            qkv,
+            w.conv1d,
+            conv_state,
+            batch.state_slots,
+            batch.query_lens,
+            cu_seqlens=batch.cu_seqlens,
+        )
+        q, k, v = mixed.split((key_dim, key_dim, value_dim), dim=-1)
+        out = dispatch.gated_delta_prefill(
+            q.reshape(num_tokens, -1, head_k_dim),  # [T, Hk, Dk] views, rows strided
+            k.reshape(num_tokens, -1, head_k_dim),
+            v.reshape(num_tokens, num_v_heads, head_v_dim),
+            a,
+            b,
+            w.A_log,
+            w.dt_bias,
+            ssm_state,
+            batch.state_slots,
+            batch.query_lens,
+            scale=scale,
+            cu_seqlens=batch.cu_seqlens,
+        )  # [T, Hv, Dv] fp32
 
     out = dispatch.gated_rms_norm(out, z, w.norm, eps, x.dtype)
     return dispatch.linear(out.reshape(num_tokens, -1), w.out_proj)

@@ -1,0 +1,98 @@
+// Prefill depthwise causal conv1d + SiLU over varlen sequences packed back to back.
+//
+// Sequence b (tokens cu_seqlens[b] .. cu_seqlens[b+1]) continues conv_state[slot_b] ([C, K-1],
+// oldest first): with ext = [state, x_b], y_t = silu(sum_j w[c, j] ext[t + j]) in fp32, rounded
+// to x's type. Two launches on one stream, so no thread overwrites a state slot another still
+// reads: `causal_conv1d_fwd` (a thread per channel walks CONV_TOKENS tokens, the window in
+// registers, finding its sequence by binary search over cu_seqlens) reads the old states, then
+// `causal_conv1d_state` (a thread per channel and sequence) writes each slot's last K-1 inputs,
+// mixing old state and new inputs for sequences shorter than K-1. x rows may be strided (a column
+// slice of the fused projection); a warp reads 32 consecutive channels of a row.
+
+constexpr int CONV_TOKENS = 32;  // tokens per thread in causal_conv1d_fwd
+
+// Input at flat token p for the sequence starting at `seq_start` (earlier: its state slot).
+template <typename TX, typename TS, int K>
+__device__ __forceinline__ float conv_input(const TX* __restrict__ x, long long x_stride,
+                                            const TS* __restrict__ st, long long p,
+                                            long long seq_start, int c) {
+  if (p >= seq_start) return to_float(x[p * x_stride + c]);
+  return to_float(st[(K - 1) - static_cast<int>(seq_start - p)]);
+}
+
+template <typename TX, typename TS, typename TW, int K>
+__global__ void __launch_bounds__(128) causal_conv1d_fwd(
+    TX* __restrict__ out, const TX* __restrict__ x, long long x_stride,
+    const TS* __restrict__ conv_state, const TW* __restrict__ weight,
+    const long long* __restrict__ slots, const long long* __restrict__ cu_seqlens, int num_seqs,
+    long long num_tokens, int channels) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= channels) return;
+  const long long t_begin = static_cast<long long>(blockIdx.y) * CONV_TOKENS;
+  const long long t_end = min(t_begin + CONV_TOKENS, num_tokens);
+  // The last sequence starting at or before t_begin (skips empty sequences).
+  int lo = 0;
+  int hi = num_seqs - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (cu_seqlens[mid] <= t_begin) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  int b = lo;
+  long long seq_start = cu_seqlens[b];
+  long long seq_end = cu_seqlens[b + 1];
+  const TS* st = conv_state + (slots[b] * channels + c) * static_cast<long long>(K - 1);
+
+  float w[K];
+#pragma unroll
+  for (int i = 0; i < K; ++i) w[i] = to_float(weight[static_cast<long long>(c) * K + i]);
+  float hist[K - 1];  // hist[K-2] is the newest input before token t
+#pragma unroll
+  for (int i = 0; i < K - 1; ++i) {
+    hist[i] = conv_input<TX, TS, K>(x, x_stride, st, t_begin - (K - 1) + i, seq_start, c);
+  }
+
+  for (long long t = t_begin; t < t_end; ++t) {
+    if (t >= seq_end) {  // the next non-empty sequence starts here: its history is its state
+      while (cu_seqlens[b + 1] <= t) ++b;
+      seq_start = cu_seqlens[b];
+      seq_end = cu_seqlens[b + 1];
+      st = conv_state + (slots[b] * channels + c) * static_cast<long long>(K - 1);
+#pragma unroll
+      for (int i = 0; i < K - 1; ++i) hist[i] = to_float(st[i]);
+    }
+    const float xt = to_float(x[t * x_stride + c]);
+    float y = 0.0f;
+#pragma unroll
+    for (int i = 0; i < K - 1; ++i) y += hist[i] * w[i];
+    y += xt * w[K - 1];
+#pragma unroll
+    for (int i = 0; i < K - 2; ++i) hist[i] = hist[i + 1];
+    hist[K - 2] = xt;
+    out[t * channels + c] = from_float<TX>(y / (1.0f + __expf(-y)));
+  }
+}
+
+template <typename TX, typename TS, int K>
+__global__ void __launch_bounds__(128) causal_conv1d_state(
+    TS* __restrict__ conv_state, const TX* __restrict__ x, long long x_stride,
+    const long long* __restrict__ slots, const long long* __restrict__ cu_seqlens, int channels) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= channels) return;
+  const int b = blockIdx.y;
+  const long long seq_start = cu_seqlens[b];
+  const long long seq_end = cu_seqlens[b + 1];
+  TS* st = conv_state + (slots[b] * channels + c) * static_cast<long long>(K - 1);
+  TS keep[K - 1];
+#pragma unroll
+  for (int i = 0; i < K - 1; ++i) {
+    const long long p = seq_end - (K - 1) + i;
+    keep[i] = p >= seq_start ? from_float<TS>(to_float(x[p * x_stride + c]))
+                             : st[(K - 1) - static_cast<int>(seq_start - p)];
+  }
+#pragma unroll
+  for (int i = 0; i < K - 1; ++i) st[i] = keep[i];
+}
