@@ -1,4 +1,6 @@
-// Grouped GEMV for MoE decode: out[a, :] = W[ids[a]] @ x[a / x_div], W: [E, N, K], one launch for
+// Grouped GEMVs for MoE decode, reading each chosen expert's matrix in place by id.
+//
+// expert_gemv: out[a, :] = W[ids[a]] @ x[a / x_div], W: [E, N, K], one launch for
 // every (token, expert) assignment a, reading each chosen expert's rows in place (no gathered
 // copy of the weights). Grid (row tiles, assignments); the block stages its x row in shared memory
 // as fp32; each warp owns ROWS output rows and reads them 16 bytes per lane per step, ROWS loads in
@@ -41,4 +43,86 @@ __global__ void __launch_bounds__(256) expert_gemv(
     const float total = warp_sum(acc[r]);
     if (lane == 0 && row0 + r < n) out[static_cast<long long>(a) * n + row0 + r] = from_float<T>(total);
   }
+}
+
+// MoE decode tail, one launch: out[t] = sum_j w[t, j] * (D[ids[t, j]] @ swiglu(gu[t k + j])), plus
+// optionally sigmoid(g[t]) * shared[t] (the shared expert), D: [E, N, K], gu: [T k, 2K] rows of
+// gate then up. Block = (a tile of rows, one token t); its warps take (assignment j, group of ROWS
+// rows) units, `groups` row groups per block so that small k still fills the 8 warps. A lane reads
+// 16 bytes of ROWS rows per step (a 1 KB row of 512 bf16 is two steps, so all 8 rows' loads are in
+// flight together), applies SwiGLU to its slice of gu on the fly, and the warp reduces each row.
+// Per-(j, row) results meet in shared memory and are summed over j in order 0..k-1. Rounded like
+// the twin: SwiGLU as silu_mul, each expert output to T, the weighted sum in fp32 then to T, and
+// the shared-expert combine op by op in T (sigmoid, product, sum).
+template <typename T, int ROWS>
+__global__ void __launch_bounds__(256) expert_down_sum(
+    T* __restrict__ out, const T* __restrict__ gate_up, long long gu_stride,
+    const T* __restrict__ w, const long long* __restrict__ ids, const float* __restrict__ route_w,
+    const T* __restrict__ shared, long long shared_stride, const T* __restrict__ shared_gate,
+    long long gate_stride, int top_k, int groups, int n, int k) {
+  __shared__ float part[32 * ROWS];  // [unit][ROWS], units = top_k * groups <= 32
+  constexpr int V = 16 / sizeof(T);  // elements per 16-byte load
+  const int t = blockIdx.y;
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int block_rows = ROWS * groups;
+  const int block_row0 = blockIdx.x * block_rows;
+  const int units = top_k * groups;
+  const int chunks = k / V;
+  for (int u = warp; u < units; u += blockDim.x >> 5) {
+    const int j = u % top_k;
+    const int row0 = block_row0 + (u / top_k) * ROWS;
+    const long long a = static_cast<long long>(t) * top_k + j;
+    const T* gr = gate_up + a * gu_stride;
+    const T* we = w + ids[a] * static_cast<long long>(n) * k;
+    float acc[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) acc[r] = 0.0f;
+    for (int c = lane; c < chunks; c += 32) {
+      uint4 q[ROWS];
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) {
+        const int row = row0 + r < n ? row0 + r : n - 1;  // past n: computed, never stored
+        q[r] = *reinterpret_cast<const uint4*>(we + static_cast<long long>(row) * k + c * V);
+      }
+      const uint4 gq = *reinterpret_cast<const uint4*>(gr + c * V);
+      const uint4 uq = *reinterpret_cast<const uint4*>(gr + k + c * V);
+      const T* ge = reinterpret_cast<const T*>(&gq);
+      const T* ue = reinterpret_cast<const T*>(&uq);
+      float h[V];
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        const float g = to_float(ge[i]);
+        const float act = to_float(from_float<T>(g / (1.0f + __expf(-g))));
+        h[i] = to_float(from_float<T>(act * to_float(ue[i])));
+      }
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) {
+        const T* e = reinterpret_cast<const T*>(&q[r]);
+#pragma unroll
+        for (int i = 0; i < V; ++i) acc[r] += to_float(e[i]) * h[i];
+      }
+    }
+    const float weight = route_w[a];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      const float total = warp_sum(acc[r]);
+      if (lane == 0) part[u * ROWS + r] = to_float(from_float<T>(total)) * weight;
+    }
+  }
+  __syncthreads();
+  const int i = threadIdx.x;
+  const int row = block_row0 + i;
+  if (i >= block_rows || row >= n) return;
+  const int g = i / ROWS;
+  const int r = i - g * ROWS;
+  float sum = 0.0f;
+  for (int j = 0; j < top_k; ++j) sum += part[(g * top_k + j) * ROWS + r];
+  float y = to_float(from_float<T>(sum));
+  if (shared != nullptr) {
+    const float z = to_float(shared_gate[t * gate_stride]);
+    const float sig = to_float(from_float<T>(1.0f / (1.0f + __expf(-z))));
+    y += to_float(from_float<T>(sig * to_float(shared[t * shared_stride + row])));
+  }
+  out[static_cast<long long>(t) * n + row] = from_float<T>(y);
 }

@@ -1,8 +1,9 @@
-"""CUDA launcher of the grouped expert GEMV (grid: row tiles x assignments).
+"""CUDA launchers of the grouped expert GEMV and of the fused MoE decode tail (`expert_down_sum`).
 
-Imports torch and kernels.runtime. Same signature and results as `reference.expert_gemv` where
-`supports` says yes (contiguous [E, N, K] weights, K a multiple of one 16-byte load, x fits in
-shared memory); dispatch runs the twin otherwise.
+Imports torch and kernels.runtime. Same signatures and results as the `reference` twins where
+the `supports*` checks say yes (contiguous aligned [E, N, K] weights, K a multiple of one 16-byte
+load, rows 16-byte aligned); dispatch runs the twin otherwise. Short rows (K <= 1024, the 35B
+down projection's 512) get 8 rows per warp so each lane keeps 8 loads in flight.
 """
 
 from __future__ import annotations
@@ -12,24 +13,74 @@ import torch
 from ninfer.kernels import runtime as rt
 
 OP = "expert_gemv"
-ROWS = 4  # output rows per warp (independent 16-byte loads in flight per lane)
 THREADS = 256
+WARPS = THREADS // 32
 MAX_K = 12288  # x staged as fp32 in the 48 KiB of static-launch shared memory
+SHORT_ROW = 1024  # up to this K a warp owns 8 rows, above it 4
+DOWN_ROWS = 8  # rows per warp of expert_down_sum (its instance's template argument)
+MAX_TOP_K = 32  # expert_down_sum's shared partials hold at most 32 units of DOWN_ROWS rows
+MAX_TOKENS = 65535  # grid.y of expert_down_sum
+
+
+def rows_per_warp(k: int) -> int:
+    """Output rows per warp of `expert_gemv` (independent 16-byte loads in flight per lane)."""
+    return 8 if k <= SHORT_ROW else 4
+
+
+def _aligned_experts(weight: torch.Tensor, dtype: torch.dtype) -> bool:
+    """[E, N, K] contiguous, 16-byte aligned, K a whole number of 16-byte loads."""
+    return (
+        weight.dtype == dtype
+        and dtype in rt.CUDA_TYPES
+        and weight.dim() == 3
+        and weight.is_contiguous()
+        and weight.shape[2] % (16 // weight.element_size()) == 0
+        and weight.data_ptr() % 16 == 0
+    )
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether the kernel takes these operands (otherwise the twin runs)."""
-    if x.dtype != weight.dtype or weight.dtype not in rt.CUDA_TYPES or weight.dim() != 3:
-        return False
-    per_load = 16 // weight.element_size()
-    k = weight.shape[2]
+    """Whether the expert GEMV kernel takes these operands (otherwise the twin runs)."""
     return (
-        weight.is_contiguous()
-        and k % per_load == 0
-        and k <= MAX_K
-        and weight.data_ptr() % 16 == 0
-        and x.shape[-1] == k
+        _aligned_experts(weight, x.dtype)
+        and weight.shape[2] <= MAX_K
+        and x.dim() == 2
+        and x.shape[-1] == weight.shape[2]
         and x.stride(-1) == 1
+    )
+
+
+def supports_down_sum(
+    gate_up_out: torch.Tensor,
+    down: torch.Tensor,
+    expert_ids: torch.Tensor,
+    shared: torch.Tensor | None = None,
+    shared_gate: torch.Tensor | None = None,
+) -> bool:
+    """Whether the fused decode-tail kernel takes these operands (otherwise the twin runs)."""
+    dtype = gate_up_out.dtype
+    if not _aligned_experts(down, dtype) or gate_up_out.dim() != 2 or expert_ids.dim() != 2:
+        return False
+    num_tokens, top_k = expert_ids.shape
+    _, n, k = down.shape
+    row_bytes = gate_up_out.stride(0) * gate_up_out.element_size()
+    ok = (
+        1 <= top_k <= MAX_TOP_K
+        and num_tokens <= MAX_TOKENS
+        and gate_up_out.shape == (num_tokens * top_k, 2 * k)
+        and gate_up_out.stride(1) == 1
+        and (row_bytes % 16 == 0 or num_tokens * top_k <= 1)
+        and gate_up_out.data_ptr() % 16 == 0
+    )
+    if shared is None:
+        return ok and shared_gate is None
+    return (
+        ok
+        and shared_gate is not None
+        and shared.dtype == shared_gate.dtype == dtype
+        and shared.shape == (num_tokens, n)
+        and shared.stride(1) == 1
+        and shared_gate.shape == (num_tokens, 1)
     )
 
 
@@ -54,8 +105,8 @@ def expert_gemv(
     out = torch.empty((num_assignments, n), dtype=x.dtype, device=device)
     if num_assignments == 0:
         return out
-    kernel = rt.get_kernel(OP, f"expert_gemv<{rt.cuda_type(x, 'x')}, {ROWS}>", device)
-    rows_per_block = (THREADS // 32) * ROWS
+    rows = rows_per_warp(k)
+    kernel = rt.get_kernel(OP, f"expert_gemv<{rt.cuda_type(x, 'x')}, {rows}>", device)
     args = (
         rt.ptr(out),
         rt.ptr(x),
@@ -66,6 +117,59 @@ def expert_gemv(
         rt.i32(n),
         rt.i32(k),
     )
-    grid = (-(-n // rows_per_block), num_assignments)
+    grid = (-(-n // (WARPS * rows)), num_assignments)
     rt.launch(kernel, grid, (THREADS,), args, device, shared_mem=4 * k)
+    return out
+
+
+def expert_down_sum(
+    gate_up_out: torch.Tensor,
+    down: torch.Tensor,
+    expert_ids: torch.Tensor,
+    weights: torch.Tensor,
+    *,
+    shared: torch.Tensor | None = None,
+    shared_gate: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """See `reference.expert_down_sum`."""
+    device = rt.check_cuda(gate_up_out, down, expert_ids, weights, shared, shared_gate)
+    if not supports_down_sum(gate_up_out, down, expert_ids, shared, shared_gate):
+        raise rt.KernelInputError(
+            f"fused MoE down projection needs aligned [E, H, I] experts (I % 8 == 0), gate-up "
+            f"rows [T * k, 2I] with 16-byte aligned dense rows, k <= {MAX_TOP_K}, T <= "
+            f"{MAX_TOKENS} and a shared output [T, H] with gate [T, 1] (or neither); got "
+            f"gate_up {tuple(gate_up_out.shape)} {gate_up_out.dtype}, down {tuple(down.shape)} "
+            f"{down.dtype}, ids {tuple(expert_ids.shape)}"
+        )
+    num_tokens, top_k = expert_ids.shape
+    _, n, k = down.shape
+    out = torch.empty((num_tokens, n), dtype=gate_up_out.dtype, device=device)
+    if num_tokens == 0:
+        return out
+    ids = expert_ids.reshape(-1).to(torch.int64).contiguous()
+    route_w = weights.reshape(-1).to(torch.float32).contiguous()
+    if route_w.numel() != ids.numel():
+        raise rt.KernelInputError(f"{route_w.numel()} routing weights for {ids.numel()} experts")
+    groups = max(1, WARPS // top_k)  # row groups per block, so that small k still fills the warps
+    kernel = rt.get_kernel(
+        OP, f"expert_down_sum<{rt.cuda_type(gate_up_out, 'gate_up_out')}, {DOWN_ROWS}>", device
+    )
+    args = (
+        rt.ptr(out),
+        rt.ptr(gate_up_out),
+        rt.i64(gate_up_out.stride(0)),
+        rt.ptr(down),
+        rt.ptr(ids),
+        rt.ptr(route_w),
+        rt.ptr(shared),
+        rt.i64(0 if shared is None else shared.stride(0)),
+        rt.ptr(shared_gate),
+        rt.i64(0 if shared_gate is None else shared_gate.stride(0)),
+        rt.i32(top_k),
+        rt.i32(groups),
+        rt.i32(n),
+        rt.i32(k),
+    )
+    grid = (-(-n // (DOWN_ROWS * groups)), num_tokens)
+    rt.launch(kernel, grid, (THREADS,), args, device)
     return out

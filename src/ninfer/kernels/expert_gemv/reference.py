@@ -1,13 +1,15 @@
-"""Torch twin of the grouped expert GEMV kernel.
+"""Torch twins of the grouped expert GEMV and of the fused MoE decode tail.
 
-Imports only torch. The same ops as the model's gathered-expert path (`_experts_gathered` in
-model/layers/moe.py): gather each assignment's expert matrix, then one batched matmul; restated
-because kernels/ may not import model/, and held bit-identical to it by a CPU test.
+Imports only torch. The same ops as the model's gathered-expert path (model/layers/moe.py): gather
+each assignment's expert matrix, one batched matmul, SwiGLU as `silu_mul`'s twin, the weighted
+sum over the k experts in fp32; restated because kernels/ may not import model/. The kernels
+round where these ops round, so kernel and twin differ only by summation order.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def expert_gemv(
@@ -25,3 +27,37 @@ def expert_gemv(
     else:
         rows = x[:, None, :].expand(-1, rows_per_input, -1).reshape(-1, x.shape[1], 1)
     return torch.bmm(weight[expert_ids], rows)[..., 0]
+
+
+def expert_down_sum(
+    gate_up_out: torch.Tensor,
+    down: torch.Tensor,
+    expert_ids: torch.Tensor,
+    weights: torch.Tensor,
+    *,
+    shared: torch.Tensor | None = None,
+    shared_gate: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The MoE block after the gate-up GEMV: SwiGLU, down projection, weighted sum over the k.
+
+    With `shared` (the shared expert's output) and `shared_gate` (its gate logit per token) it
+    also adds sigmoid(shared_gate) * shared, so the decode step ends in one kernel.
+
+    Args:
+        gate_up_out: [T * k, 2I], gate then up per assignment (assignment t * k + j);
+        down: [E, H, I]; expert_ids, weights: [T, k]; shared: [T, H]; shared_gate: [T, 1].
+    Returns:
+        [T, H] in gate_up_out's dtype.
+    """
+    num_tokens, top_k = expert_ids.shape
+    gate, up = gate_up_out.chunk(2, dim=-1)
+    h = F.silu(gate) * up  # [T * k, I]
+    y = expert_gemv(h, down, expert_ids.reshape(-1), rows_per_input=1)  # [T * k, H]
+    # [T, k, H] weighted and summed over the k choices
+    y = y.float().view(num_tokens, top_k, -1) * weights.float()[..., None]
+    routed = y.sum(1).to(gate_up_out.dtype)
+    if shared is None:
+        return routed
+    if shared_gate is None:
+        raise ValueError("a shared expert output needs its gate logits (shared_gate)")
+    return routed + torch.sigmoid(shared_gate) * shared

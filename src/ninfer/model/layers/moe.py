@@ -1,15 +1,15 @@
 """Sparse MoE feed-forward of Qwen3.5-MoE: softmax top-k router, fused experts, gated shared expert.
 
-Imports torch, layers.mlp and kernels.dispatch. Experts are always fused ([E, 2I, H] gate-up,
-[E, H, I] down), whatever the checkpoint had, so kernels read them in place. Two paths: few
-assignments (decode) run one grouped GEMV per projection over the chosen experts (a CUDA kernel;
-elsewhere its twin gathers each one's matrices into a batched matmul), with no host sync, so a
-decode step can be CUDA-graph captured; many (prefill) group assignments by expert, which needs
-the per-expert counts on the host.
+Imports torch, layers.mlp and kernels.dispatch. Experts stay fused ([E, 2I, H], [E, H, I]) so
+kernels read them in place. `expert_path` names the three paths: decode gathers (a grouped GEMV,
+then one kernel for SwiGLU, down, weighted sum and shared expert), prefill sorts by expert on the
+device for `torch._grouped_mm` (bf16, sm_90/100), else loops over experts (host counts: the only
+path that syncs, so decode and H200 prefill can be CUDA-graph captured).
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 import torch
@@ -17,7 +17,18 @@ import torch.nn.functional as F
 
 from ninfer.kernels import dispatch
 from ninfer.kernels.fp8_gemv.reference import Fp8Weight
+from ninfer.kernels.moe_routing.reference import route_topk
 from ninfer.model.layers.mlp import MlpWeights, mlp, swiglu
+
+__all__ = [
+    "GATHER_MAX_ASSIGNMENTS",
+    "ExpertPath",
+    "MoeWeights",
+    "expert_path",
+    "moe_experts",
+    "route_topk",
+    "sparse_moe",
+]
 
 
 @dataclass(frozen=True)
@@ -31,29 +42,46 @@ class MoeWeights:
     shared_gate: torch.Tensor  # [1, H]
     # optional [2 Is, H]: gate and up as one matrix
     shared_gate_up: torch.Tensor | Fp8Weight | None = None
+    # optional [E + 1, H]: router rows then the shared gate row, one GEMV for both
+    router_and_gate: torch.Tensor | None = None
 
 
-def route_topk(
-    router_logits: torch.Tensor, top_k: int, *, normalize: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax over experts (fp32), keep the top k, optionally renormalise them to sum to 1.
+class ExpertPath(enum.Enum):
+    """How the routed experts run for one batch of assignments."""
 
-    Args:
-        router_logits: [T, E].
-    Returns:
-        (weights [T, k] fp32, expert ids [T, k] int64).
-    """
-    probs = torch.softmax(router_logits.float(), dim=-1)
-    weights, ids = torch.topk(probs, top_k, dim=-1)
-    if normalize:
-        weights = weights / weights.sum(-1, keepdim=True)
-    return weights, ids
+    GATHERED = "gathered"  # per-assignment GEMVs reading experts in place by id (sync-free)
+    GROUPED_MM = "grouped_mm"  # torch._grouped_mm over assignments sorted by expert (sync-free)
+    LOOP = "loop"  # one matmul pair per expert that has tokens (host-side counts: syncs)
 
 
 # Above this many (token, expert) assignments the gather path (the CUDA grouped GEMV, or its
-# twin's [n, 2I, H] weight copies) costs more than the grouped path's host sync (decode batches
-# stay below it).
+# twin's [n, 2I, H] weight copies) costs more than a grouped GEMM (decode batches stay below it).
 GATHER_MAX_ASSIGNMENTS = 256
+
+
+def expert_path(
+    x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, num_assignments: int
+) -> ExpertPath:
+    """The path `moe_experts` takes for these operands (a host-side decision, no device sync)."""
+    if num_assignments <= GATHER_MAX_ASSIGNMENTS:
+        return ExpertPath.GATHERED
+    if _grouped_mm_fits(x, gate_up, down):
+        return ExpertPath.GROUPED_MM
+    return ExpertPath.LOOP
+
+
+def _grouped_mm_fits(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> bool:
+    """bf16 everywhere (other dtypes take torch's host-synced fallback) and 16-byte row strides."""
+    return (
+        dispatch.grouped_mm_enabled(x)
+        and x.dtype == gate_up.dtype == down.dtype == torch.bfloat16
+        and gate_up.is_contiguous()
+        and down.is_contiguous()
+        and x.shape[-1] % 8 == 0
+        and down.shape[-1] % 8 == 0
+        and gate_up.data_ptr() % 16 == 0
+        and down.data_ptr() % 16 == 0
+    )
 
 
 def moe_experts(
@@ -62,35 +90,62 @@ def moe_experts(
     down: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
+    *,
+    shared: torch.Tensor | None = None,
+    shared_gate: torch.Tensor | None = None,
+    path: ExpertPath | None = None,
 ) -> torch.Tensor:
-    """Sum over each token's chosen experts of weight * expert_e(x).
+    """Sum over each token's chosen experts of weight * expert_e(x) [+ sigmoid(gate) * shared].
 
     Args:
-        x: [T, H]; gate_up: [E, 2I, H]; down: [E, H, I]; topk_weights: [T, k]; topk_ids: [T, k].
+        x: [T, H]; gate_up: [E, 2I, H]; down: [E, H, I]; topk_weights: [T, k]; topk_ids: [T, k];
+        shared: the shared expert's output [T, H], with shared_gate its gate logits [T, 1];
+        path: force a path (tests); None picks `expert_path`.
     Returns:
         [T, H] in x's dtype.
     """
-    if topk_ids.numel() <= GATHER_MAX_ASSIGNMENTS:
-        y = _experts_gathered(x, gate_up, down, topk_ids)
+    if path is None:
+        path = expert_path(x, gate_up, down, topk_ids.numel())
+    if path is ExpertPath.GATHERED:
+        # On CUDA: one grouped GEMV reads the chosen experts in place, one kernel does the rest.
+        flat_ids = topk_ids.reshape(-1)  # assignment a is token a // k
+        gate_up_out = dispatch.expert_gemv(x, gate_up, flat_ids, rows_per_input=topk_ids.shape[1])
+        return dispatch.expert_down_sum(
+            gate_up_out, down, topk_ids, topk_weights, shared=shared, shared_gate=shared_gate
+        )
+    if path is ExpertPath.GROUPED_MM:
+        y = _experts_grouped_mm(x, gate_up, down, topk_ids)
     else:
-        y = _experts_grouped(x, gate_up, down, topk_ids)
+        y = _experts_loop(x, gate_up, down, topk_ids)
     # [T, k, H] weighted and summed over the k choices
-    return (y * topk_weights.float()[..., None]).sum(1).to(x.dtype)
+    routed = (y * topk_weights.float()[..., None]).sum(1).to(x.dtype)
+    if shared is None:
+        return routed
+    return routed + torch.sigmoid(shared_gate) * shared
 
 
-def _experts_gathered(
+def _experts_grouped_mm(
     x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_ids: torch.Tensor
 ) -> torch.Tensor:
-    """[T, k, H] fp32 expert outputs, each assignment with its own gathered weights (sync-free)."""
+    """[T, k, H] fp32 expert outputs: two grouped GEMMs over assignments sorted by expert.
+
+    Group ends come from a device-side search over the sorted ids, never from host counts.
+    """
     num_tokens, top_k = topk_ids.shape
-    flat_ids = topk_ids.reshape(-1)  # assignment a is token a // k
-    # On CUDA one grouped GEMV reads the chosen experts in place; the twin gathers them.
-    h = swiglu(dispatch.expert_gemv(x, gate_up, flat_ids, rows_per_input=top_k))  # [T*k, I]
-    y = dispatch.expert_gemv(h, down, flat_ids, rows_per_input=1)  # [T*k, H]
-    return y.float().view(num_tokens, top_k, -1)
+    num_experts = gate_up.shape[0]
+    sorted_ids, order = torch.sort(topk_ids.reshape(-1), stable=True)  # [T * k] each
+    experts = torch.arange(num_experts, device=x.device, dtype=sorted_ids.dtype)
+    # [E] int32: row end of expert e's group = number of sorted ids <= e
+    ends = torch.searchsorted(sorted_ids, experts, right=True, out_int32=True)
+    rows = x.index_select(0, order // top_k)  # [T * k, H], grouped by expert
+    h = swiglu(torch._grouped_mm(rows, gate_up.transpose(-2, -1), offs=ends))  # [T * k, I]
+    y_sorted = torch._grouped_mm(h, down.transpose(-2, -1), offs=ends)  # [T * k, H]
+    y = torch.empty((order.numel(), down.shape[1]), dtype=torch.float32, device=x.device)
+    y.index_copy_(0, order, y_sorted.float())  # back to assignment order
+    return y.view(num_tokens, top_k, -1)
 
 
-def _experts_grouped(
+def _experts_loop(
     x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_ids: torch.Tensor
 ) -> torch.Tensor:
     """[T, k, H] fp32 expert outputs, one matmul pair per expert that has tokens (host sync)."""
@@ -121,9 +176,21 @@ def sparse_moe(x: torch.Tensor, w: MoeWeights, *, top_k: int, norm_topk_prob: bo
     Returns:
         [T, H].
     """
-    weights, ids = route_topk(F.linear(x, w.router), top_k, normalize=norm_topk_prob)
-    routed = moe_experts(x, w.experts_gate_up, w.experts_down, weights, ids)
+    if w.router_and_gate is not None:
+        both = F.linear(x, w.router_and_gate)  # [T, E + 1]
+        router_logits, gate_logits = both[:, :-1], both[:, -1:]
+    else:
+        router_logits, gate_logits = F.linear(x, w.router), F.linear(x, w.shared_gate)
+    weights, ids = dispatch.route_topk(router_logits, top_k, normalize=norm_topk_prob)
     shared = mlp(
         x, MlpWeights(w.shared_gate_proj, w.shared_up_proj, w.shared_down_proj, w.shared_gate_up)
     )
-    return routed + torch.sigmoid(F.linear(x, w.shared_gate)) * shared
+    return moe_experts(
+        x,
+        w.experts_gate_up,
+        w.experts_down,
+        weights,
+        ids,
+        shared=shared,
+        shared_gate=gate_logits,
+    )

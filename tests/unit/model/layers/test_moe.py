@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from ninfer.model.layers import moe
 from ninfer.model.layers.mlp import swiglu_mlp
-from ninfer.model.layers.moe import MoeWeights, moe_experts, route_topk, sparse_moe
+from ninfer.model.layers.moe import ExpertPath, MoeWeights, moe_experts, route_topk, sparse_moe
 
 E, H, INTER = 6, 16, 8
 
@@ -48,6 +50,74 @@ def test_moe_experts_matches_per_token_loop(num_tokens):
         ]
     )
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def cpu_grouped_mm_works() -> bool:
+    """torch._grouped_mm runs on the CPU (its looped fallback) in recent torch releases."""
+    try:
+        torch._grouped_mm(torch.ones(2, 8), torch.ones(1, 8, 8), offs=torch.tensor([2]).int())
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return False
+    return True
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_expert_path_choice_on_cpu(dtype):
+    """Decode-sized batches gather; larger ones on the CPU loop (no sync-free grouped GEMM)."""
+    x = torch.zeros(3, H, dtype=dtype)
+    gate_up = torch.zeros(E, 2 * INTER, H, dtype=dtype)
+    down = torch.zeros(E, H, INTER, dtype=dtype)
+    limit = moe.GATHER_MAX_ASSIGNMENTS
+    assert moe.expert_path(x, gate_up, down, 1) is ExpertPath.GATHERED
+    assert moe.expert_path(x, gate_up, down, limit) is ExpertPath.GATHERED
+    assert moe.expert_path(x, gate_up, down, limit + 1) is ExpertPath.LOOP
+
+
+@pytest.mark.parametrize("with_shared", [False, True], ids=["routed", "with-shared"])
+@pytest.mark.parametrize("path", list(ExpertPath), ids=lambda p: p.value)
+def test_every_expert_path_matches_a_dense_per_token_reference(path, with_shared):
+    if path is ExpertPath.GROUPED_MM and not cpu_grouped_mm_works():
+        pytest.skip("this torch has no CPU torch._grouped_mm")
+    num_tokens, top_k = 37, 3
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(num_tokens, H, generator=gen)
+    gate_up = torch.randn(E, 2 * INTER, H, generator=gen) / 4
+    down = torch.randn(E, H, INTER, generator=gen) / 3
+    logits = torch.randn(num_tokens, E, generator=gen)
+    logits[:, 5] = -30.0  # an expert no token picks: an empty group
+    weights, ids = route_topk(logits, top_k, normalize=True)
+    shared = torch.randn(num_tokens, H, generator=gen) if with_shared else None
+    gate = torch.randn(num_tokens, 1, generator=gen) if with_shared else None
+    got = moe_experts(x, gate_up, down, weights, ids, shared=shared, shared_gate=gate, path=path)
+    expected = torch.stack(
+        [
+            sum(
+                weights[t, j] * expert_naive(x[t], gate_up[ids[t, j]], down[ids[t, j]])
+                for j in range(top_k)
+            )
+            for t in range(num_tokens)
+        ]
+    )
+    if with_shared:
+        expected = expected + torch.sigmoid(gate) * shared
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_grouped_mm_path_in_bf16_on_cpu():
+    """bf16 is the dtype the GPU runs this path in; the bf16 result tracks fp32 within rounding."""
+    if not cpu_grouped_mm_works():
+        pytest.skip("this torch has no CPU torch._grouped_mm")
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(90, H, generator=gen)
+    gate_up = torch.randn(E, 2 * INTER, H, generator=gen) / 4
+    down = torch.randn(E, H, INTER, generator=gen) / 3
+    weights, ids = route_topk(torch.randn(90, E, generator=gen), 2, normalize=False)
+    want = moe_experts(x, gate_up, down, weights, ids, path=ExpertPath.LOOP)
+    got = moe_experts(
+        x.bfloat16(), gate_up.bfloat16(), down.bfloat16(), weights, ids, path=ExpertPath.GROUPED_MM
+    )
+    assert got.dtype == torch.bfloat16
+    assert ((got.float() - want).norm() / want.norm()).item() < 2e-2
 
 
 def test_swiglu_mlp_matches_transformers():
@@ -95,3 +165,7 @@ def test_sparse_moe_matches_transformers_block():
     )
     got = sparse_moe(x[0], w, top_k=2, norm_topk_prob=True)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    # the router and the shared gate as one [E + 1, H] GEMV give the same block
+    fused = dataclasses.replace(w, router_and_gate=torch.cat([w.router, w.shared_gate]))
+    got_fused = sparse_moe(x[0], fused, top_k=2, norm_topk_prob=True)
+    torch.testing.assert_close(got_fused, expected, rtol=1e-5, atol=1e-5)

@@ -1,0 +1,72 @@
+"""CUDA launcher of the MoE routing kernel (one warp per token row, four rows per block).
+
+Imports torch and kernels.runtime. Same signature and results as `reference.route_topk` where
+`supports` says yes (2-D logits with dense rows, at most 1024 experts, k at most 32 and E);
+dispatch runs the twin otherwise. Output sizes depend only on shapes, so a CUDA graph captures it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ninfer.kernels import runtime as rt
+
+OP = "moe_routing"
+ROWS_PER_BLOCK = 4  # one warp per row
+MAX_EXPERTS = 1024  # 32 lanes x 32 logits in registers
+MAX_TOP_K = 32  # lane r keeps the r-th choice
+
+
+def values_per_lane(num_experts: int) -> int:
+    """Logits each lane holds: the smallest power of two covering E / 32 (one instance each)."""
+    vals = 1
+    while 32 * vals < num_experts:
+        vals *= 2
+    return vals
+
+
+def supports(router_logits: torch.Tensor, top_k: int) -> bool:
+    """Whether the kernel takes these operands (otherwise the twin runs)."""
+    if router_logits.dtype not in rt.CUDA_TYPES or router_logits.dim() != 2:
+        return False
+    num_experts = router_logits.shape[1]
+    return (
+        1 <= num_experts <= MAX_EXPERTS
+        and 1 <= top_k <= min(num_experts, MAX_TOP_K)
+        and router_logits.stride(1) == 1
+    )
+
+
+def route_topk(
+    router_logits: torch.Tensor, top_k: int, *, normalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """See `reference.route_topk`."""
+    device = rt.check_cuda(router_logits)
+    if not supports(router_logits, top_k):
+        raise rt.KernelInputError(
+            f"MoE routing needs [T, E] fp32/bf16 logits with dense rows, E <= {MAX_EXPERTS} and "
+            f"1 <= k <= min(E, {MAX_TOP_K}); got {tuple(router_logits.shape)} "
+            f"{router_logits.dtype} with stride {router_logits.stride()}, k = {top_k}"
+        )
+    num_rows, num_experts = router_logits.shape
+    weights = torch.empty((num_rows, top_k), dtype=torch.float32, device=device)
+    ids = torch.empty((num_rows, top_k), dtype=torch.int64, device=device)
+    if num_rows == 0:
+        return weights, ids
+    vals = values_per_lane(num_experts)
+    kernel = rt.get_kernel(
+        OP, f"moe_routing<{rt.cuda_type(router_logits, 'router_logits')}, {vals}>", device
+    )
+    args = (
+        rt.ptr(weights),
+        rt.ptr(ids),
+        rt.ptr(router_logits),
+        rt.i64(router_logits.stride(0)),
+        rt.i32(num_rows),
+        rt.i32(num_experts),
+        rt.i32(top_k),
+        rt.i32(int(normalize)),
+    )
+    grid = (-(-num_rows // ROWS_PER_BLOCK),)
+    rt.launch(kernel, grid, (32 * ROWS_PER_BLOCK,), args, device)
+    return weights, ids

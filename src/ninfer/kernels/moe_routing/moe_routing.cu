@@ -1,0 +1,83 @@
+// MoE routing: router logits [T, E] -> top-k expert ids (int64) and their softmax weights (fp32),
+// optionally renormalised over the k. One warp per row; lane l holds experts l, l + 32, ... in
+// registers (VALS per lane, E <= 32 * VALS). Each of the k rounds takes the largest logit not yet
+// taken, ties to the lower expert id (the twin's stable sort), by a lane-local scan and a warp
+// butterfly over (logit, id); lane r keeps the r-th choice. Choosing on the logits, not on the
+// exponentials, makes the choice independent of exp rounding, so kernel and twin agree exactly.
+// The softmax runs in fp32 with IEEE division and an exp accurate to a few ulp (--use_fast_math
+// would otherwise turn expf and '/' into approximations). NaN logits: the choice is unspecified.
+
+#define ROUTE_NONE 0x7fffffff
+
+// exp(x) for x <= 0: 2^(x log2 e) with the product's rounding error carried as a first-order term.
+__device__ __forceinline__ float route_exp(float x) {
+  if (x < -88.0f) return 0.0f;  // below fp32's normal range (and -inf, whose lo would be NaN)
+  const float log2e_hi = 1.44269502162933349609375f;  // fp32 nearest to log2(e)
+  const float log2e_lo = 1.925963033500011079e-8f;    // log2(e) - log2e_hi
+  const float hi = x * log2e_hi;
+  const float lo = fmaf(x, log2e_hi, -hi) + x * log2e_lo;
+  return exp2f(hi) * fmaf(lo, 0.69314718055994530942f, 1.0f);
+}
+
+template <typename T, int VALS>
+__global__ void __launch_bounds__(128) moe_routing(
+    float* __restrict__ weights, long long* __restrict__ ids, const T* __restrict__ logits,
+    long long row_stride, int num_rows, int num_experts, int top_k, int normalize) {
+  const int lane = threadIdx.x & 31;
+  const long long row = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (row >= num_rows) return;  // warp-uniform: the whole warp leaves together
+  const T* src = logits + row * row_stride;
+  float v[VALS];
+  unsigned int taken = 0u;  // bit j: expert lane + 32 j is chosen already or does not exist
+#pragma unroll
+  for (int j = 0; j < VALS; ++j) {
+    const int e = lane + 32 * j;
+    if (e < num_experts) {
+      v[j] = to_float(src[e]);
+    } else {
+      v[j] = 0.0f;
+      taken |= 1u << j;
+    }
+  }
+  float chosen_v = 0.0f;  // lane r < top_k: the r-th choice
+  int chosen_id = 0;
+  for (int r = 0; r < top_k; ++r) {
+    float best_v = 0.0f;
+    int best_id = ROUTE_NONE;
+#pragma unroll
+    for (int j = 0; j < VALS; ++j) {  // ascending ids: '>' keeps the lowest id among equals
+      if (!((taken >> j) & 1u) && (best_id == ROUTE_NONE || v[j] > best_v)) {
+        best_v = v[j];
+        best_id = lane + 32 * j;
+      }
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      const float other_v = __shfl_xor_sync(0xffffffffu, best_v, offset);
+      const int other_id = __shfl_xor_sync(0xffffffffu, best_id, offset);
+      if (other_id != ROUTE_NONE &&
+          (best_id == ROUTE_NONE || other_v > best_v || (other_v == best_v && other_id < best_id))) {
+        best_v = other_v;
+        best_id = other_id;
+      }
+    }
+    if (best_id != ROUTE_NONE && (best_id & 31) == lane) taken |= 1u << (best_id >> 5);
+    if (lane == r) {
+      chosen_v = best_v;
+      chosen_id = best_id;
+    }
+  }
+  const float top = __shfl_sync(0xffffffffu, chosen_v, 0);  // the largest logit of the row
+  float total = 0.0f;
+#pragma unroll
+  for (int j = 0; j < VALS; ++j) {
+    if (lane + 32 * j < num_experts) total += route_exp(v[j] - top);
+  }
+  total = warp_sum(total);
+  float p = lane < top_k ? __fdiv_rn(route_exp(chosen_v - top), total) : 0.0f;
+  if (normalize) p = __fdiv_rn(p, warp_sum(p));
+  if (lane < top_k) {
+    weights[row * top_k + lane] = p;
+    ids[row * top_k + lane] = static_cast<long long>(chosen_id);
+  }
+}

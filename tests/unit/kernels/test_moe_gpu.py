@@ -1,0 +1,271 @@
+"""MoE on the GPU: the routing and decode-tail kernels against their twins, the whole decode MoE
+(kernels) against the twins at 35B-A3B shapes, the grouped prefill path against the expert loop,
+and `sparse_moe` replayed from a CUDA graph against eager (GPU only, fresh random inputs each run).
+
+Tolerances as test_kernels_gpu.py: bf16 outputs within 1e-2 relative (norm of the difference over
+the norm of the reference), fp32 within 1e-4; routing ids equal and weights within 1e-6.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ninfer.kernels import dispatch
+from ninfer.kernels.expert_gemv import launch as expert_cuda
+from ninfer.kernels.expert_gemv import reference as expert_ref
+from ninfer.kernels.moe_routing import launch as routing_cuda
+from ninfer.kernels.moe_routing import reference as routing_ref
+from ninfer.model.layers import moe
+from ninfer.model.layers.moe import ExpertPath, MoeWeights
+
+pytestmark = pytest.mark.gpu
+TOL = {torch.bfloat16: 1e-2, torch.float32: 1e-4}
+DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.bfloat16, id="bf16")]
+# 35B-A3B: hidden 2048, 256 experts, top-8, expert and shared-expert intermediate 512
+HIDDEN, EXPERTS, TOP_K, INTER, SHARED_INTER = 2048, 256, 8, 512, 512
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    assert not a.isnan().any(), "NaN in the result under test"
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def fresh_generator() -> torch.Generator:
+    return torch.Generator("cuda").manual_seed(torch.seed() % 2**31)
+
+
+@pytest.fixture
+def gen() -> torch.Generator:
+    return fresh_generator()
+
+
+def make_moe(
+    gen: torch.Generator,
+    dtype: torch.dtype,
+    *,
+    num_experts: int,
+    hidden: int,
+    inter: int,
+    shared_inter: int,
+) -> MoeWeights:
+    """Random MoE weights at scales that keep activations O(1) and the router decisive."""
+
+    def draw(*shape: int, fan_in: int, scale: float = 1.0) -> torch.Tensor:
+        w = torch.randn(shape, device="cuda", generator=gen) * (scale / fan_in**0.5)
+        return w.to(dtype)
+
+    return MoeWeights(
+        router=draw(num_experts, hidden, fan_in=hidden, scale=2.0),
+        experts_gate_up=draw(num_experts, 2 * inter, hidden, fan_in=hidden),
+        experts_down=draw(num_experts, hidden, inter, fan_in=inter),
+        shared_gate_proj=draw(shared_inter, hidden, fan_in=hidden),
+        shared_up_proj=draw(shared_inter, hidden, fan_in=hidden),
+        shared_down_proj=draw(hidden, shared_inter, fan_in=shared_inter),
+        shared_gate=draw(1, hidden, fan_in=hidden),
+    )
+
+
+@pytest.fixture(scope="module")
+def big_moe() -> MoeWeights:
+    """One 35B-A3B MoE layer in bf16 (1.5 GiB of experts), shared by the tests of this module."""
+    return make_moe(
+        fresh_generator(),
+        torch.bfloat16,
+        num_experts=EXPERTS,
+        hidden=HIDDEN,
+        inter=INTER,
+        shared_inter=SHARED_INTER,
+    )
+
+
+def with_fused_router(w: MoeWeights) -> MoeWeights:
+    """The router and the shared gate as one [E + 1, H] matrix (strided logits downstream)."""
+    return dataclasses.replace(w, router_and_gate=torch.cat([w.router, w.shared_gate]))
+
+
+# --- routing kernel ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("normalize", [True, False], ids=["renorm", "plain"])
+@pytest.mark.parametrize(
+    "tokens,num_experts,top_k",
+    [
+        (1, 256, 8),
+        (8, 256, 8),
+        (2048, 256, 8),
+        (7, 8, 2),
+        (5, 16, 4),
+        (33, 64, 8),
+        (3, 100, 7),
+        (4, 1000, 32),
+        (6, 8, 8),
+        (2, 1, 1),
+    ],
+)
+def test_moe_routing(dtype, normalize: bool, tokens: int, num_experts: int, top_k: int, gen):
+    logits = (torch.randn(tokens, num_experts, device="cuda", generator=gen) * 2).to(dtype)
+    assert routing_cuda.supports(logits, top_k)
+    weights, ids = routing_cuda.route_topk(logits, top_k, normalize=normalize)
+    want_weights, want_ids = routing_ref.route_topk(logits, top_k, normalize=normalize)
+    assert weights.dtype == torch.float32 and ids.dtype == torch.int64
+    assert weights.shape == ids.shape == (tokens, top_k)
+    assert torch.equal(ids, want_ids)
+    assert (weights - want_weights).abs().max().item() <= 1e-6
+
+
+@pytest.mark.parametrize("num_experts,top_k", [(256, 8), (8, 3), (64, 32)])
+def test_moe_routing_ties_and_strided_logits(num_experts: int, top_k: int, gen) -> None:
+    """Integer bf16 logits tie everywhere (lowest id wins); rows of a [T, E + 1] GEMV output."""
+    both = torch.randint(-2, 3, (64, num_experts + 1), device="cuda", generator=gen)
+    both = both.to(torch.bfloat16)
+    both[0] = 1.0  # one row all equal: experts 0..k-1
+    logits = both[:, :num_experts]
+    weights, ids = routing_cuda.route_topk(logits, top_k, normalize=True)
+    want_weights, want_ids = routing_ref.route_topk(logits, top_k, normalize=True)
+    assert torch.equal(ids, want_ids)
+    assert ids[0].tolist() == list(range(top_k))
+    assert (weights - want_weights).abs().max().item() <= 1e-6
+
+
+# --- fused decode tail --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_shared", [False, True], ids=["routed", "with-shared"])
+@pytest.mark.parametrize(
+    "tokens,num_experts,top_k,hidden,inter",
+    [
+        (1, EXPERTS, TOP_K, HIDDEN, INTER),
+        (4, EXPERTS, TOP_K, HIDDEN, INTER),
+        (8, EXPERTS, TOP_K, HIDDEN, INTER),
+        (3, 6, 3, 40, 24),
+        (2, 16, 1, 48, 16),
+        (2, 16, 10, 44, 24),
+        (5, 32, 32, 64, 8),
+    ],
+    ids=["35b-t1", "35b-t4", "35b-t8", "tiny-k3", "tiny-k1", "tiny-k10", "tiny-k32"],
+)
+def test_expert_down_sum(dtype, with_shared, tokens, num_experts, top_k, hidden, inter, gen):
+    def randn(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return (torch.randn(shape, device="cuda", generator=gen) * scale).to(dtype)
+
+    gate_up_out = randn(tokens * top_k, 2 * inter)
+    down = randn(num_experts, hidden, inter, scale=inter**-0.5)
+    scores = torch.rand(tokens, num_experts, device="cuda", generator=gen)
+    ids = scores.argsort(dim=-1)[:, :top_k]  # distinct experts per token
+    weights = torch.rand(tokens, top_k, device="cuda", generator=gen)
+    shared = randn(tokens, hidden) if with_shared else None
+    # the gate logit as a column of a wider GEMV output, read in place
+    gate = randn(tokens, 5)[:, 2:3] if with_shared else None
+    assert expert_cuda.supports_down_sum(gate_up_out, down, ids, shared, gate)
+    got = expert_cuda.expert_down_sum(
+        gate_up_out, down, ids, weights, shared=shared, shared_gate=gate
+    )
+    want = expert_ref.expert_down_sum(
+        gate_up_out, down, ids, weights, shared=shared, shared_gate=gate
+    )
+    assert got.shape == want.shape == (tokens, hidden) and got.dtype == dtype
+    assert rel(got, want) < TOL[dtype]
+
+
+# --- the whole MoE block ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tokens", [1, 4, 8])
+def test_decode_moe_kernels_match_twins_at_35b_shapes(tokens, big_moe, gen, monkeypatch):
+    x = torch.randn(tokens, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16)
+    logits = F.linear(x, big_moe.router)
+    assert dispatch.use_cuda_kernels(x, "moe_routing") and routing_cuda.supports(logits, TOP_K)
+    assert moe.expert_path(x, big_moe.experts_gate_up, big_moe.experts_down, tokens * TOP_K) is (
+        ExpertPath.GATHERED
+    )
+    for w in (big_moe, with_fused_router(big_moe)):
+        got = moe.sparse_moe(x, w, top_k=TOP_K, norm_topk_prob=True)
+        with monkeypatch.context() as m:
+            m.setenv("NINFER_KERNELS", "torch")
+            want = moe.sparse_moe(x, w, top_k=TOP_K, norm_topk_prob=True)
+        assert got.shape == (tokens, HIDDEN) and got.dtype == torch.bfloat16
+        assert rel(got, want) < TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_tiny_moe_kernels_match_twins(dtype, tokens: int, gen, monkeypatch) -> None:
+    """The tiny test models' MoE shape (hidden 64, 16 experts, top-2) in fp32 and bf16."""
+    w = make_moe(gen, dtype, num_experts=16, hidden=64, inter=32, shared_inter=48)
+    x = torch.randn(tokens, 64, device="cuda", generator=gen).to(dtype)
+    got = moe.sparse_moe(x, w, top_k=2, norm_topk_prob=False)
+    monkeypatch.setenv("NINFER_KERNELS", "torch")
+    want = moe.sparse_moe(x, w, top_k=2, norm_topk_prob=False)
+    assert rel(got, want) < TOL[dtype]
+
+
+def test_expert_path_choice_on_cuda() -> None:
+    """bf16 with 16-byte rows: the grouped GEMM (H200 is sm_90); fp32 or odd widths: the loop."""
+    assert torch.cuda.get_device_capability()[0] in (9, 10), "these checks assume sm_90/sm_100"
+    many = moe.GATHER_MAX_ASSIGNMENTS + 1
+
+    def path(dtype: torch.dtype, hidden: int = 64, inter: int = 16) -> ExpertPath:
+        x = torch.zeros(4, hidden, device="cuda", dtype=dtype)
+        gate_up = torch.zeros(4, 2 * inter, hidden, device="cuda", dtype=dtype)
+        down = torch.zeros(4, hidden, inter, device="cuda", dtype=dtype)
+        return moe.expert_path(x, gate_up, down, many)
+
+    assert path(torch.bfloat16) is ExpertPath.GROUPED_MM
+    assert path(torch.float32) is ExpertPath.LOOP
+    assert path(torch.bfloat16, hidden=60) is ExpertPath.LOOP
+    assert path(torch.bfloat16, inter=12) is ExpertPath.LOOP
+
+
+def test_grouped_prefill_matches_the_loop_and_never_syncs(big_moe, gen) -> None:
+    tokens = 2048
+    x = torch.randn(tokens, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16)
+    weights, ids = dispatch.route_topk(F.linear(x, big_moe.router), TOP_K, normalize=True)
+    gate_up, down = big_moe.experts_gate_up, big_moe.experts_down
+    assert moe.expert_path(x, gate_up, down, ids.numel()) is ExpertPath.GROUPED_MM
+    got = moe.moe_experts(x, gate_up, down, weights, ids, path=ExpertPath.GROUPED_MM)
+    want = moe.moe_experts(x, gate_up, down, weights, ids, path=ExpertPath.LOOP)
+    assert got.shape == (tokens, HIDDEN)
+    assert rel(got, want) < TOL[torch.bfloat16]
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any device-to-host sync now raises
+    try:
+        again = moe.moe_experts(x, gate_up, down, weights, ids, path=ExpertPath.GROUPED_MM)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(again, got)
+
+
+@pytest.mark.parametrize("tokens", [1, 4, 64], ids=["t1", "t4", "t64-grouped"])
+@pytest.mark.parametrize("fused_router", [False, True], ids=["router", "router+gate"])
+def test_sparse_moe_replays_from_a_cuda_graph(tokens: int, fused_router: bool, big_moe, gen):
+    """Capture once, replay on new inputs: the routing happens on the device each replay."""
+    w = with_fused_router(big_moe) if fused_router else big_moe
+    static_x = torch.randn(tokens, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16)
+    path = moe.expert_path(static_x, w.experts_gate_up, w.experts_down, tokens * TOP_K)
+    assert path is (ExpertPath.GATHERED if tokens <= 32 else ExpertPath.GROUPED_MM)
+
+    def step() -> torch.Tensor:
+        return moe.sparse_moe(static_x, w, top_k=TOP_K, norm_topk_prob=True)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up: kernel compilation, cuBLAS workspaces
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = step()
+    for _ in range(2):
+        fresh = torch.randn(tokens, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16)
+        static_x.copy_(fresh)
+        graph.replay()
+        eager = moe.sparse_moe(fresh, w, top_k=TOP_K, norm_topk_prob=True)
+        torch.cuda.synchronize()
+        assert rel(static_out, eager) < 1e-3
