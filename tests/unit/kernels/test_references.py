@@ -16,7 +16,6 @@ from ninfer.kernels.gated_delta_decode.reference import gated_delta_rule_decode
 from ninfer.kernels.gated_rms_norm.launch import _gate_layout
 from ninfer.kernels.gated_rms_norm.reference import gated_rms_norm
 from ninfer.kernels.gdn_decode_front.reference import gdn_decode_front
-from ninfer.kernels.paged_decode_attention import launch as paged_launch
 from ninfer.kernels.paged_decode_attention.reference import paged_decode_attention
 from ninfer.kernels.qk_norm_rope.reference import qk_norm_rope
 from ninfer.kernels.silu_mul.reference import silu_mul
@@ -210,12 +209,6 @@ def test_paged_decode_twin_matches_model_paged_attention() -> None:
     want = model_attention.paged_attention(q, k_pages, v_pages, meta, scale=0.2)
     got = paged_decode_attention(q, k_pages, v_pages, meta.page_table, meta.kv_lens, scale=0.2)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-
-
-def test_paged_decode_split_size_depends_on_width_only() -> None:
-    sizes = [paged_launch.split_tokens(c) for c in (64, 1024, 8192, 32768, 262144)]
-    assert sizes == [16, 16, 16, 64, 512]
-    assert all(-(-c // s) <= 512 for c, s in zip((64, 1024, 8192, 32768), sizes, strict=False))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -1,0 +1,95 @@
+"""Host-side launch plans of the decode-tail kernels (add_rms_norm, paged decode attention).
+
+The kernels themselves run only on a GPU (test_decode_tail_gpu.py); what is checked here is the
+arithmetic the launchers do on the host: every element or KV position is covered, the limits the
+kernels are compiled for hold, and the split plan reads nothing but host facts.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ninfer.kernels.add_rms_norm import launch as add_norm_launch
+from ninfer.kernels.paged_decode_attention import launch as paged_launch
+
+
+@pytest.mark.parametrize("element_size", [2, 4])
+@pytest.mark.parametrize("n", [8, 48, 256, 2048, 5120, 4096 + 8, 17408, 16384, 32768])
+def test_vec_plan_covers_the_row_within_the_kernel_limits(element_size: int, n: int) -> None:
+    plan = add_norm_launch.vec_plan(n, element_size)
+    num_vecs = n * element_size // 16
+    if num_vecs > 512 * 8:
+        assert plan is None  # beyond 512 threads x 8 vectors: the two-pass row kernel
+        return
+    assert plan is not None
+    assert plan.chunks in add_norm_launch.CHUNK_CHOICES
+    assert plan.num_threads % 32 == 0 and 32 <= plan.num_threads <= 512
+    assert plan.chunks * plan.num_threads >= num_vecs  # every vector has a thread
+    assert plan.chunks * (plan.num_threads - 32) < num_vecs  # no whole idle warp
+
+
+def test_vec_plan_declines_rows_off_the_vector_grid() -> None:
+    assert add_norm_launch.vec_plan(5124, 2) is None  # 5124 bf16 is not a whole number of 16 B
+    assert add_norm_launch.vec_plan(6, 4) is None
+    assert add_norm_launch.vec_plan(0, 2) is None
+    assert add_norm_launch.vec_plan(5124, 4) is not None  # 5124 fp32 is 1281 vectors
+
+
+def test_vec_plan_at_the_decode_rows() -> None:
+    """27B rows: 640 bf16 vectors as 320 threads x 2; 35B rows: 256 threads x 1."""
+    assert add_norm_launch.vec_plan(5120, 2) == (2, 320)
+    assert add_norm_launch.vec_plan(2048, 2) == (1, 256)
+    assert add_norm_launch.vec_plan(5120, 4) == (4, 320)
+
+
+@pytest.mark.parametrize("num_seqs", [1, 2, 8, 64])
+@pytest.mark.parametrize("num_kv_heads,group", [(4, 6), (2, 8), (1, 1), (8, 16)])
+@pytest.mark.parametrize("capacity", [1, 64, 1024, 1088, 2048, 32960, 65536, 262144, 1 << 20])
+def test_split_plan_covers_the_capacity(num_seqs, num_kv_heads, group, capacity) -> None:
+    plan = paged_launch.plan_splits(num_seqs, num_kv_heads, group, capacity)
+    size = plan.tokens_per_split
+    assert size >= 32 and size & (size - 1) == 0  # whole chunks of 8 tokens for each warp
+    assert plan.num_splits * size >= capacity > (plan.num_splits - 1) * size
+    assert group * size <= paged_launch.SCORE_FLOATS
+    blocks = num_seqs * num_kv_heads * plan.num_splits
+    if blocks > paged_launch.MAX_BLOCKS:  # only where the split is at its shared-memory cap
+        assert group * size * 2 > paged_launch.SCORE_FLOATS
+    if size > 32:  # the smallest split that keeps within MAX_BLOCKS
+        assert num_seqs * num_kv_heads * -(-capacity // (size // 2)) > paged_launch.MAX_BLOCKS
+
+
+def test_split_plan_at_the_27b_decode_shapes() -> None:
+    """Batch 1, 4 KV heads of 6 q heads: 1k splits of 32 tokens (~1 block per SM), 32k of 128."""
+    assert paged_launch.plan_splits(1, 4, 6, 1088) == (32, 34)
+    assert paged_launch.plan_splits(1, 4, 6, 2048) == (32, 64)
+    assert paged_launch.plan_splits(1, 4, 6, 32960) == (128, 258)
+    assert paged_launch.plan_splits(8, 4, 6, 2048) == (32, 64)  # 2,048 blocks
+    assert paged_launch.plan_splits(8, 4, 6, 4096) == (64, 64)
+
+
+@pytest.mark.parametrize("head_dim", [32, 64, 128, 256, 512])
+@pytest.mark.parametrize("group", [1, 2, 6, 8, 16])
+def test_partial_shared_memory_fits_the_default_limit(head_dim: int, group: int) -> None:
+    """Every supported shape stays under the 48 KiB a launch gets without an opt-in."""
+    q = torch.empty(1, group * 2, head_dim)
+    k_pages = torch.empty(1, 16, 2, head_dim)
+    if not paged_launch.supports(q, k_pages):
+        assert group * head_dim // 32 > paged_launch.MAX_REGS_PER_LANE
+        return
+    for capacity in (32, 4096, 1 << 20):
+        plan = paged_launch.plan_splits(1, 1, group, capacity)
+        assert paged_launch.partial_smem_bytes(group, head_dim, plan.tokens_per_split) <= 48 * 1024
+
+
+def test_supports_the_model_shapes_and_declines_the_rest() -> None:
+    bf16 = torch.bfloat16
+    pages = torch.empty(2, 64, 4, 256, dtype=bf16)
+    assert paged_launch.supports(torch.empty(1, 24, 256, dtype=bf16), pages)  # 27B
+    pages_35b = torch.empty(2, 64, 2, 256, dtype=bf16)
+    assert paged_launch.supports(torch.empty(8, 16, 256, dtype=bf16), pages_35b)  # 35B-A3B
+    assert not paged_launch.supports(torch.empty(1, 24, 256), pages)  # dtype mismatch
+    assert not paged_launch.supports(torch.empty(1, 6, 48), torch.empty(2, 16, 2, 48))  # D % 32
+    assert not paged_launch.supports(torch.empty(1, 64, 32), torch.empty(2, 16, 2, 32))  # G 32
+    assert not paged_launch.supports(torch.empty(1, 2, 1024), torch.empty(2, 16, 2, 1024))
+    assert not paged_launch.supports(torch.empty(1, 5, 64), torch.empty(2, 16, 2, 64))  # 5 % 2
