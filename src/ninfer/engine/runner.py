@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import torch
 
 from ninfer.engine.graphs import DecodeGraphs, GraphError
-from ninfer.engine.sampling import Sampler, count_output_ids
+from ninfer.engine.penalty_counts import PenaltyCounts
+from ninfer.engine.sampling import Sampler
 from ninfer.engine.scheduler import Sequence, StepPlan
 from ninfer.model.batch import ForwardBatch
 from ninfer.model.cache import ModelCache
@@ -43,6 +44,7 @@ class ModelRunner:
         self.sampler = sampler
         self.device = torch.device(device)
         self.graphs = graphs  # CUDA-graph decode (engine/graphs.py); None: eager
+        self.penalty_counts: PenaltyCounts | None = None  # made at the first penalised step
 
     def execute(self, plan: StepPlan) -> StepResult:
         sampled: dict[int, int] = {}
@@ -92,14 +94,27 @@ class ModelRunner:
             rows.extend((s, logits[i]) for i, s in enumerate(seqs))
         if rows:
             seqs = [s for s, _ in rows]
-            stacked = torch.stack([row for _, row in rows])
+            if plan.decode and len(rows) == len(plan.decode):
+                stacked = logits  # decode rows only: sample the [B, V] logits in place
+            else:
+                stacked = torch.stack([row for _, row in rows])
             params = [s.sampling for s in seqs]
-            counts = None
+            counts = count_rows = None
             if any(p.presence_penalty or p.frequency_penalty for p in params):
-                counts = count_output_ids(
-                    [s.output_ids for s in seqs], stacked.shape[1], stacked.device
-                )
-            tokens = self.sampler.sample(stacked, params, [s.num_output for s in seqs], counts)
+                counts, count_rows = self._output_counts(seqs, stacked)
+            steps = [s.num_output for s in seqs]
+            tokens = self.sampler.sample(stacked, params, steps, counts, count_rows)
             for s, t in zip(seqs, tokens.tolist(), strict=True):
                 sampled[id(s)] = int(t)
         return StepResult(sampled)
+
+    def _output_counts(
+        self, seqs: list[Sequence], logits: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Generated-token counts of each row: the per-slot buffer, updated in place, and the
+        row -> slot map the sampler reads it through."""
+        if self.penalty_counts is None:
+            self.penalty_counts = PenaltyCounts(
+                self.cache.num_slots, logits.shape[1], logits.device
+            )
+        return self.penalty_counts.counts, self.penalty_counts.rows_for(seqs)

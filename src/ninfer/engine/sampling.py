@@ -1,23 +1,49 @@
-"""Token sampling on the torch reference path, and the spec's per-architecture sampling presets.
+"""Token sampling for requests, and the spec's per-architecture sampling presets.
 
-Owns SamplingParams and its validation, the preset table and its precedence rules, a counter-based
-RNG and the batched Sampler. Imports only torch and the standard library (no other ninfer module).
-Randomness is Philox4x32-10 keyed by the request's seed and counted by (token id, output step,
-purpose), so a row's draws never depend on its batch neighbours and a CUDA kernel can mirror them.
+Owns SamplingParams and its validation, the preset table and its precedence rules, and the batched
+Sampler. Imports torch and ninfer.kernels only: the math runs in kernels/sampling (a CUDA kernel on
+GPUs, its torch twin elsewhere, chosen by kernels.dispatch). Randomness is Philox4x32-10 keyed by
+the request's seed and counted by (token id, output step, purpose), so a row's draws never depend
+on its batch neighbours, and kernel and twin draw the same tokens.
 """
 
 from __future__ import annotations
 
-import enum
 import math
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
-TOP_K_CAP = 20  # the spec's top-k ceiling; top_k=0 selects it, so at most 20 candidates per row
+from ninfer.kernels import dispatch
+from ninfer.kernels.sampling.reference import TOP_K_CAP, RowParams
+from ninfer.kernels.sampling.rng import RngPurpose, counter_uniforms, philox4x32_10
+
+__all__ = [  # RngPurpose, counter_uniforms and philox4x32_10 are re-exported from kernels/
+    "KNOWN_ARCHITECTURES",
+    "MAX_PENALTY",
+    "MAX_SAMPLEABLE",
+    "MAX_TEMPERATURE",
+    "NON_THINKING",
+    "SEED_MAX",
+    "SEED_MIN",
+    "THINKING",
+    "TOP_K_CAP",
+    "RngPurpose",
+    "Sampler",
+    "SamplingParamError",
+    "SamplingParams",
+    "SamplingPreset",
+    "UnknownArchitectureError",
+    "count_output_ids",
+    "counter_uniforms",
+    "philox4x32_10",
+    "presets_for",
+    "resolve_sampling",
+]
+
 MAX_PENALTY = 2.0  # OpenAI's range for presence / frequency penalties is [-2, 2]
 MAX_TEMPERATURE = 2.0
 SEED_MIN = -(1 << 63)
@@ -198,105 +224,17 @@ def _fresh_seed() -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# Counter-based RNG
-# ---------------------------------------------------------------------------------------------
-
-_MASK32 = 0xFFFFFFFF
-_PHILOX_M0, _PHILOX_M1 = 0xD2511F53, 0xCD9E8D57
-_PHILOX_W0, _PHILOX_W1 = 0x9E3779B9, 0xBB67AE85
-_PHILOX_ROUNDS = 10
-
-
-class RngPurpose(enum.IntEnum):
-    """Counter word 3: separates draw streams that share (seed, step, lane).
-
-    Speculative decoding's acceptance test and residual draw need their own streams; they are
-    registered here so no two users of the RNG collide.
-    """
-
-    SAMPLE = 0
-    SPEC_ACCEPT = 1
-    SPEC_RESIDUAL = 2
-
-
-def _mulhilo32(a: torch.Tensor, multiplier: int) -> tuple[torch.Tensor, torch.Tensor]:
-    # a holds uint32 values in int64 lanes. Splitting the multiplier in 16-bit halves keeps every
-    # partial product below 2**49, so nothing relies on signed overflow wrapping.
-    m_hi, m_lo = multiplier >> 16, multiplier & 0xFFFF
-    low_part = a * m_lo
-    mid = a * m_hi + (low_part >> 16)
-    return mid >> 16, ((mid & 0xFFFF) << 16) | (low_part & 0xFFFF)
-
-
-def philox4x32_10(counter: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
-    """Philox4x32-10 (Salmon et al. 2011; Random123's constants and known answers).
-
-    Args:
-        counter: [..., 4] int64 holding uint32 words.
-        key: [..., 2] int64 holding uint32 words, broadcastable against counter[..., 0].
-    Returns:
-        [..., 4] int64 holding the uint32 output words.
-    """
-    c0, c1, c2, c3 = counter.unbind(-1)
-    k0, k1 = key.unbind(-1)
-    for round_idx in range(_PHILOX_ROUNDS):
-        if round_idx:
-            k0 = (k0 + _PHILOX_W0) & _MASK32
-            k1 = (k1 + _PHILOX_W1) & _MASK32
-        hi0, lo0 = _mulhilo32(c0, _PHILOX_M0)
-        hi1, lo1 = _mulhilo32(c2, _PHILOX_M1)
-        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
-    return torch.stack((c0, c1, c2, c3), dim=-1)
-
-
-def counter_uniforms(
-    seeds: torch.Tensor, steps: torch.Tensor, lanes: torch.Tensor, purpose: RngPurpose
-) -> torch.Tensor:
-    """Uniforms in the open interval (0, 1), one per (row, lane), from word 0 of Philox.
-
-    Key = the seed's two's-complement words (low, high); counter = (lane, step low, step high,
-    purpose). The value is (x + 0.5) / 2**32 in float64, exact and never 0 or 1.
-
-    Args:
-        seeds: [B] int64 signed seeds.
-        steps: [B] int64 non-negative step indices.
-        lanes: [B, N] int64 lane ids below 2**32 (the sampler uses token ids).
-    Returns:
-        [B, N] float64.
-    """
-    key = torch.stack((seeds & _MASK32, (seeds >> 32) & _MASK32), dim=-1)[:, None, :]  # [B, 1, 2]
-    step_lo = (steps & _MASK32)[:, None].expand_as(lanes)
-    step_hi = ((steps >> 32) & _MASK32)[:, None].expand_as(lanes)
-    counter = torch.stack(
-        (lanes, step_lo, step_hi, torch.full_like(lanes, int(purpose))), dim=-1
-    )  # [B, N, 4]
-    words = philox4x32_10(counter, key)
-    return (words[..., 0].to(torch.float64) + 0.5) * 2.0**-32
-
-
-# ---------------------------------------------------------------------------------------------
 # Sampler
 # ---------------------------------------------------------------------------------------------
 
-
-class _RowParams(NamedTuple):
-    """Per-row sampling fields as [B] tensors on the logits' device."""
-
-    temperature: torch.Tensor
-    top_p: torch.Tensor
-    top_k: torch.Tensor
-    min_p: torch.Tensor
-    presence: torch.Tensor
-    frequency: torch.Tensor
-    greedy: torch.Tensor
-    seeds: torch.Tensor
-    steps: torch.Tensor
+MAX_SAMPLEABLE = (1 << 31) - 2  # token ids are int32 inside the kernel
 
 
 def count_output_ids(
     output_ids: Sequence[Sequence[int]], num_columns: int, device: torch.device | str = "cpu"
 ) -> torch.Tensor:
-    """Per-row occurrence counts of generated ids, the `output_counts` Sampler.sample takes.
+    """Per-row occurrence counts of generated ids, from scratch (engine.penalty_counts keeps the
+    same numbers incrementally; this is its definition and its tests' reference).
 
     Returns:
         [B, num_columns] int32.
@@ -310,29 +248,36 @@ def count_output_ids(
 
 
 class Sampler:
-    """Batched sampler: one token per row of fp32 logits.
+    """Batched sampler: one token per row of logits.
 
     Per row, in this order:
       1. keep columns below `num_sampleable` (lm_head padding rows are never sampled);
-      2. penalties on generated tokens only (OpenAI semantics):
+      2. penalties on generated tokens only (OpenAI semantics), in float32:
          z -= presence * [count > 0] + frequency * count;
       3. greedy rows (greedy flag or temperature 0) take the argmax of z, lowest id on ties;
-      4. temperature: z / T;
-      5. top-k: the k largest (k = top_k, 0 meaning the cap 20), ties broken toward lower ids;
-      6. top-p: softmax over those k, keep the shortest prefix (probability-descending, then id)
-         whose mass reaches top_p; the first token always stays;
-      7. min-p: keep tokens whose probability is at least min_p times the largest one's (a ratio,
-         so the same before or after renormalising, and relative to the temperature-scaled
-         distribution);
-      8. draw from the survivors' renormalised probabilities by an exponential race: the token
-         maximising p_i / E_i, E_i = -log(u_i), u_i = counter_uniforms(seed, step, token id).
+      4. top-k: the k largest z (k = top_k, 0 meaning the cap 20), ties broken toward lower ids;
+      5. temperature: s = z / T in float32; from here on float64, with r_i = s_i - s_max the
+         log-probability ratio log(p_i / p_max) (exact) and w_i = exp(r_i);
+      6. top-p: keep the shortest prefix (probability-descending, then id) whose mass reaches
+         top_p: token i stays while the mass before it, w_0 + ... + w_{i-1}, is below
+         top_p * sum(w); the first token always stays;
+      7. min-p: keep tokens with r_i >= log(min_p), i.e. p_i >= min_p * p_max (a ratio, so the
+         same before or after renormalising, relative to the temperature-scaled distribution);
+      8. draw from the survivors by an exponential race: the token maximising r_i - log(E_i),
+         E_i = -log(u_i), u_i = counter_uniforms(seed, step, token id), i.e. p_i / E_i.
     Keying noise by token id makes the draw independent of candidate order and batch layout.
+
+    Kernel and twin (kernels/sampling) round every step alike, so they draw the same token except
+    where two float64 values that decide it are within a library ulp of each other: a race
+    between two survivors (|r_i - log E_i - (r_j - log E_j)| ~ 1e-16), a prefix mass against
+    top_p * sum(w), or r_i against log(min_p). For continuous inputs each has probability of
+    order 1e-15 per row; exact coincidences (tied logits) are computed exactly on both sides.
     """
 
     def __init__(self, num_sampleable: int | None = None) -> None:
         """num_sampleable: ids at or above it are never drawn (tokenizer's last real id + 1)."""
-        if num_sampleable is not None and num_sampleable < 1:
-            raise ValueError(f"num_sampleable must be positive, got {num_sampleable}")
+        if num_sampleable is not None and not 1 <= num_sampleable <= MAX_SAMPLEABLE:
+            raise ValueError(f"num_sampleable must be in 1..{MAX_SAMPLEABLE}, got {num_sampleable}")
         self.num_sampleable = num_sampleable
 
     def sample(
@@ -341,18 +286,23 @@ class Sampler:
         params: Sequence[SamplingParams],
         steps: Sequence[int],
         output_counts: torch.Tensor | None = None,
+        count_rows: torch.Tensor | Sequence[int] | None = None,
     ) -> torch.Tensor:
         """Draw one token per row.
 
         Args:
-            logits: [B, V] float logits without NaN; each row needs one finite sampleable value.
+            logits: [B, V] float32 or bfloat16 logits without NaN; each row needs one finite
+                sampleable value.
             params: B validated-on-entry samplers.
             steps: B output indices of the tokens being drawn (0 for a request's first output
                 token); with the seed they fully determine the row's randomness.
-            output_counts: [B, >= num_sampleable] counts of each id among the row's generated
-                tokens (see count_output_ids); required when any row has a nonzero penalty.
+            output_counts: [N, >= num_sampleable] int32 counts of each id among a sequence's
+                generated tokens (see count_output_ids, engine.penalty_counts); required when
+                any row has a nonzero penalty.
+            count_rows: B row indices into output_counts (a per-slot buffer is read in place);
+                None means logits row i uses counts row i.
         Returns:
-            [B] int64 token ids.
+            [B] int64 token ids on the logits' device.
         """
         num_rows, num_columns = logits.shape
         if len(params) != num_rows or len(steps) != num_rows:
@@ -364,90 +314,59 @@ class Sampler:
             raise ValueError(f"logits have {num_columns} columns, fewer than {num_sampleable}")
         for row_params in params:
             row_params.validate()
-        rows = _row_tensors(params, steps, logits.device)
-        z = logits[:, :num_sampleable].float()
+        rows = _row_params(params, steps, logits.device)
+        counts = rows_index = None
         if any(p.presence_penalty or p.frequency_penalty for p in params):
-            z = _apply_penalties(z, rows, output_counts, num_sampleable)
-
-        num_candidates = min(TOP_K_CAP, num_sampleable)
-        cand_ids, cand_z = _top_candidates(z, num_candidates)
-        temperature = torch.where(rows.greedy, torch.ones_like(rows.temperature), rows.temperature)
-        scaled = cand_z / temperature[:, None]
-        rank = torch.arange(num_candidates, device=z.device)
-        keep = rank[None, :] < rows.top_k[:, None]
-        scaled = scaled.masked_fill(~keep, -math.inf)
-
-        probs = torch.softmax(scaled, dim=-1)
-        mass_before = torch.cumsum(probs, dim=-1) - probs
-        keep &= (mass_before < rows.top_p[:, None]) | (rows.top_p[:, None] >= 1.0)
-        log_ratio = scaled - scaled[:, :1]  # log(p_i / p_max)
-        keep &= log_ratio >= torch.log(rows.min_p)[:, None]
-        keep[:, 0] = True
-
-        uniforms = counter_uniforms(rows.seeds, rows.steps, cand_ids, RngPurpose.SAMPLE)
-        race = log_ratio.double() - torch.log(-torch.log(uniforms))  # log(p_i / E_i) + const
-        choice = race.masked_fill(~keep, -math.inf).argmax(dim=-1)
-        drawn = cand_ids.gather(1, choice[:, None]).squeeze(1)
-        return torch.where(rows.greedy, cand_ids[:, 0], drawn)
+            counts, rows_index = _check_counts(
+                output_counts, count_rows, num_rows, num_sampleable, logits.device
+            )
+        if logits.dtype not in (torch.float32, torch.bfloat16):
+            logits = logits.float()
+        return dispatch.sample_tokens(
+            logits, rows, num_sampleable=num_sampleable, counts=counts, count_rows=rows_index
+        )
 
 
-def _row_tensors(
+def _row_params(
     params: Sequence[SamplingParams], steps: Sequence[int], device: torch.device
-) -> _RowParams:
+) -> RowParams:
     for step in steps:
         if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= SEED_MAX:
             raise ValueError(f"steps must be non-negative 64-bit integers, got {step!r}")
-    seeds = [_fresh_seed() if p.seed is None else p.seed for p in params]
-
-    def column(values: list[Any], dtype: torch.dtype) -> torch.Tensor:
-        return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
-
-    return _RowParams(
-        temperature=column([p.temperature for p in params], torch.float32),
-        top_p=column([p.top_p for p in params], torch.float32),
-        top_k=column([p.effective_top_k for p in params], torch.int64),
-        min_p=column([p.min_p for p in params], torch.float32),
-        presence=column([p.presence_penalty for p in params], torch.float32),
-        frequency=column([p.frequency_penalty for p in params], torch.float32),
-        greedy=column([p.is_greedy for p in params], torch.bool),
-        seeds=column(seeds, torch.int64),
-        steps=column(list(steps), torch.int64),
-    )
+    reals = [
+        (p.temperature, p.top_p, p.min_p, p.presence_penalty, p.frequency_penalty) for p in params
+    ]
+    ints = [
+        (p.effective_top_k, int(p.is_greedy), _fresh_seed() if p.seed is None else p.seed, step)
+        for p, step in zip(params, steps, strict=True)
+    ]
+    return RowParams.pack(reals, ints, device)
 
 
-def _apply_penalties(
-    z: torch.Tensor, rows: _RowParams, output_counts: torch.Tensor | None, num_sampleable: int
-) -> torch.Tensor:
+def _check_counts(
+    output_counts: torch.Tensor | None,
+    count_rows: torch.Tensor | Sequence[int] | None,
+    num_rows: int,
+    num_sampleable: int,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     if output_counts is None:
         raise ValueError("output_counts is required when a row has a presence/frequency penalty")
-    if output_counts.shape[0] != z.shape[0] or output_counts.shape[1] < num_sampleable:
+    if output_counts.dim() != 2 or output_counts.shape[1] < num_sampleable:
         raise ValueError(
-            f"output_counts shape {tuple(output_counts.shape)} does not cover "
-            f"[{z.shape[0]}, {num_sampleable}]"
+            f"output_counts shape {tuple(output_counts.shape)} has fewer than "
+            f"{num_sampleable} columns"
         )
-    counts = output_counts[:, :num_sampleable].to(device=z.device, dtype=torch.float32)
-    return z - rows.presence[:, None] * (counts > 0) - rows.frequency[:, None] * counts
-
-
-def _top_candidates(z: torch.Tensor, num_candidates: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The num_candidates largest logits per row, ordered by (logit desc, id asc).
-
-    torch.topk does not promise which of several equal values it returns, and bf16-derived logits
-    tie often; the choice must not depend on the batch, so ties resolve to the lowest ids through
-    a second topk over distinct integer keys.
-
-    Returns:
-        ids [B, K] int64 and their logits [B, K] float32.
-    """
-    num_columns = z.shape[1]
-    threshold = torch.topk(z, num_candidates, dim=-1).values[:, -1:]  # [B, 1] K-th largest value
-    lower_id_first = num_columns - torch.arange(num_columns, device=z.device, dtype=torch.int32)
-    # keys: above threshold > at threshold > below (0); within a class, lower ids rank higher
-    key = torch.where(
-        z > threshold,
-        lower_id_first + num_columns,
-        torch.where(z == threshold, lower_id_first, torch.zeros_like(lower_id_first)),
-    )  # [B, V] int32
-    cand_ids = torch.topk(key, num_candidates, dim=-1).indices
-    cand_z, order = torch.sort(z.gather(1, cand_ids), dim=-1, descending=True, stable=True)
-    return cand_ids.gather(1, order), cand_z
+    counts = output_counts.to(device=device, dtype=torch.int32)
+    if count_rows is None:
+        if counts.shape[0] != num_rows:
+            raise ValueError(f"output_counts has {counts.shape[0]} rows for {num_rows} logit rows")
+        return counts, None
+    if not isinstance(count_rows, torch.Tensor):
+        bad = [r for r in count_rows if not 0 <= r < counts.shape[0]]
+        if bad:
+            raise ValueError(f"count_rows {bad} outside 0..{counts.shape[0] - 1}")
+        count_rows = torch.tensor(list(count_rows), dtype=torch.int64)
+    if count_rows.shape != (num_rows,):
+        raise ValueError(f"count_rows must hold {num_rows} row indices")
+    return counts, count_rows.to(device=device, dtype=torch.int64, non_blocking=True)

@@ -1,0 +1,285 @@
+"""The sampling kernel against its torch twin on the GPU (GPU only).
+
+Token ids must agree on at least 99.9% of rows and every disagreement must be a float64 near-tie
+(two race values, a prefix mass against top_p * total, or a log-ratio against log(min_p) within
+1e-9 relative); greedy rows must agree always. Inputs are fresh each run: bf16-rounded (and
+coarsely quantised) logits for heavy ties, every parameter mix, penalties read through a per-slot
+count buffer, many seeds and steps. A 20k-draw check compares the kernel's empirical distribution
+with the twin's probabilities, and a graph capture checks the launches are capturable.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from ninfer.engine.penalty_counts import PenaltyCounts
+from ninfer.engine.sampling import Sampler, SamplingParams, count_output_ids
+from ninfer.kernels.sampling import launch, reference
+from ninfer.kernels.sampling.reference import RowParams, top_candidates
+from ninfer.kernels.sampling.rng import RngPurpose, counter_uniforms, philox4x32_10
+
+pytestmark = pytest.mark.gpu
+NEAR_TIE = 1e-9
+MIN_AGREEMENT = 0.999
+
+
+@pytest.fixture
+def seed() -> int:
+    return torch.seed() % 2**31  # fresh inputs each run
+
+
+def _random_rows(rng: random.Random, num_rows: int) -> tuple[list, list]:
+    reals, ints = [], []
+    for _ in range(num_rows):
+        reals.append(
+            (
+                rng.choice([0.7, 1.0, rng.uniform(0.05, 2.0)]),
+                rng.choice([1.0, 0.95, 0.8, rng.uniform(0.1, 1.0)]),
+                rng.choice([0.0, 0.0, 0.05, rng.uniform(0.0, 0.3)]),
+                rng.choice([0.0, 1.5, rng.uniform(-2.0, 2.0)]),
+                rng.choice([0.0, 0.0, rng.uniform(-2.0, 2.0)]),
+            )
+        )
+        ints.append(
+            (
+                rng.choice([1, 5, 20, rng.randint(1, 20)]),
+                int(rng.random() < 0.15),
+                rng.randint(-(2**63), 2**63 - 1),
+                rng.choice([0, 1, rng.randint(0, 2**40)]),
+            )
+        )
+    return reals, ints
+
+
+def _logits(num_rows: int, num_columns: int, style: str, gen: torch.Generator) -> torch.Tensor:
+    x = 3.0 * torch.randn(num_rows, num_columns, device="cuda", generator=gen)
+    if style == "bf16":
+        x = x.to(torch.bfloat16).float()
+    elif style == "coarse":  # very heavy ties: steps of 0.5
+        x = torch.round(2.0 * x) / 2.0
+    return x
+
+
+def _explained(logits_row, counts_row, reals, ints, num_sampleable, a: int, b: int) -> bool:
+    """True when tokens a and b differ only through a float64 near-tie of the twin's own math."""
+    temperature, top_p, min_p, presence, frequency = reals
+    top_k = ints[0]
+    z = logits_row[None, :num_sampleable].double().cpu().float()
+    if counts_row is not None:
+        c = counts_row[None, :num_sampleable].cpu().float()
+        z = z - torch.tensor(presence, dtype=torch.float32) * (c > 0)
+        z = z - torch.tensor(frequency, dtype=torch.float32) * c
+    ids, cand_z = top_candidates(z, min(20, num_sampleable))
+    scaled = cand_z / torch.tensor(temperature, dtype=torch.float32)
+    ratio = scaled.double() - scaled[:, :1].double()
+    ratio[:, top_k:] = -math.inf
+    weights = torch.exp(ratio)
+    before = torch.cumsum(weights, -1) - weights
+    total = float(weights.sum())
+    near = (before[0, :top_k] - top_p * total).abs().min().item() <= NEAR_TIE * total
+    if min_p > 0:
+        near |= (ratio[0, :top_k] - math.log(min_p)).abs().min().item() <= NEAR_TIE
+    seeds, steps = torch.tensor([ints[2]]), torch.tensor([ints[3]])
+    race = ratio - torch.log(-torch.log(counter_uniforms(seeds, steps, ids, RngPurpose.SAMPLE)))
+    listed = ids[0].tolist()
+    if a in listed and b in listed:
+        ra, rb = race[0, listed.index(a)].item(), race[0, listed.index(b)].item()
+        near |= abs(ra - rb) <= NEAR_TIE * (1.0 + abs(ra))
+    return near
+
+
+CASES = [
+    # (rows, columns, sampleable, logits style, dtype, trials)
+    (1, 248_320, 248_077, "bf16", torch.float32, 600),
+    (1, 248_320, 248_320, "coarse", torch.float32, 400),
+    (8, 248_320, 248_077, "bf16", torch.float32, 80),
+    (64, 248_320, 248_077, "bf16", torch.float32, 16),
+    (64, 248_320, 248_320, "coarse", torch.bfloat16, 16),
+    (37, 151_936, 151_643, "plain", torch.float32, 30),
+    (5, 4_100, 4_097, "coarse", torch.float32, 100),
+    (16, 33, 33, "bf16", torch.float32, 80),
+    (13, 20, 20, "coarse", torch.float32, 80),
+    (3, 7, 5, "plain", torch.bfloat16, 200),
+]
+
+
+@pytest.mark.parametrize(
+    ("num_rows", "num_columns", "num_sampleable", "style", "dtype", "trials"), CASES
+)
+def test_kernel_draws_the_twins_tokens(
+    num_rows, num_columns, num_sampleable, style, dtype, trials, seed
+) -> None:
+    rng = random.Random(seed)
+    gen = torch.Generator("cuda").manual_seed(seed)
+    num_slots = num_rows + 3
+    total = agree = 0
+    unexplained = []
+    for trial in range(trials):
+        logits = _logits(num_rows, num_columns, style, gen).to(dtype)
+        if trial % 7 == 3:
+            logits[:, : num_sampleable // 3] = -math.inf  # masked ids; the rest stay finite
+        buffer = torch.randint(0, 3, (num_slots, num_columns), device="cuda", generator=gen)
+        buffer = (buffer * (torch.rand(buffer.shape, device="cuda", generator=gen) < 0.05)).int()
+        slots = torch.randperm(num_slots, device="cuda", generator=gen)[:num_rows]
+        reals, ints = _random_rows(rng, num_rows)
+        rows = RowParams.pack(reals, ints, "cuda")
+        use_counts = trial % 4 != 0
+        kwargs = {"counts": buffer, "count_rows": slots} if use_counts else {}
+        before = (logits.clone(), buffer.clone())
+        got = launch.sample_tokens(logits, rows, num_sampleable=num_sampleable, **kwargs)
+        want = reference.sample_tokens(logits, rows, num_sampleable=num_sampleable, **kwargs)
+        assert torch.equal(logits, before[0]) and torch.equal(buffer, before[1])
+        assert got.dtype == torch.int64 and got.shape == (num_rows,)
+        assert int(got.max()) < num_sampleable and int(got.min()) >= 0
+        got_l, want_l = got.tolist(), want.tolist()
+        for i in range(num_rows):
+            total += 1
+            if got_l[i] == want_l[i]:
+                agree += 1
+                continue
+            assert not ints[i][1], f"greedy row differs: {got_l[i]} vs {want_l[i]}"
+            counts_row = buffer[int(slots[i])] if use_counts else None
+            if not _explained(
+                logits[i].float(),
+                counts_row,
+                reals[i],
+                ints[i],
+                num_sampleable,
+                got_l[i],
+                want_l[i],
+            ):
+                unexplained.append((trial, i, reals[i], ints[i], got_l[i], want_l[i]))
+    assert not unexplained, unexplained[:5]
+    assert agree / total >= MIN_AGREEMENT, f"{agree}/{total}"
+
+
+def test_philox_kernel_matches_known_answers_and_rng() -> None:
+    known = [
+        ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+        ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+        (
+            (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344),
+            (0xA4093822, 0x299F31D0),
+            (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1),
+        ),
+    ]
+    counters = torch.tensor([k[0] for k in known], device="cuda")
+    keys = torch.tensor([k[1] for k in known], device="cuda")
+    assert launch.philox4x32_10(counters, keys).tolist() == [list(k[2]) for k in known]
+    gen = torch.Generator().manual_seed(torch.seed() % 2**31)
+    counters = torch.randint(0, 2**32, (4096, 4), generator=gen, dtype=torch.int64)
+    keys = torch.randint(0, 2**32, (4096, 2), generator=gen, dtype=torch.int64)
+    got = launch.philox4x32_10(counters.cuda(), keys.cuda()).cpu()
+    assert torch.equal(got, philox4x32_10(counters, keys))
+
+
+@pytest.mark.parametrize(
+    ("num_columns", "num_sampleable", "params", "with_counts"),
+    [
+        (248_320, 248_077, (0.7, 0.8, 0.0, 1.5, 0.0, 20), True),
+        (248_320, 248_320, (1.0, 0.95, 0.0, 0.0, 0.0, 20), False),
+        (50, 50, (1.3, 1.0, 0.02, 0.4, 0.3, 12), True),
+        (50, 45, (0.9, 0.6, 0.0, 0.0, 0.0, 5), False),
+    ],
+)
+def test_empirical_distribution_matches_twin_probabilities(
+    num_columns, num_sampleable, params, with_counts, seed
+) -> None:
+    num_draws = 20_000
+    gen = torch.Generator("cuda").manual_seed(seed)
+    scale = 4.0 if num_columns > 1000 else 1.0  # a few dozen tokens carry the mass
+    row = (scale * torch.randn(1, num_columns, device="cuda", generator=gen)).bfloat16().float()
+    counts = None
+    if with_counts:
+        counts = torch.randint(0, 3, (1, num_columns), device="cuda", generator=gen).int()
+    temperature, top_p, min_p, presence, frequency, top_k = params
+    reals = [(temperature, top_p, min_p, presence, frequency)] * num_draws
+    ints = [(top_k, 0, seed * 7 + 1, step) for step in range(num_draws)]
+    rows = RowParams.pack(reals, ints, "cuda")
+    many = row.expand(num_draws, -1)  # stride 0: one row read num_draws times
+    many_counts = counts.expand(num_draws, -1) if counts is not None else None
+    tokens = launch.sample_tokens(many, rows, num_sampleable=num_sampleable, counts=many_counts)
+    observed = torch.bincount(tokens.cpu(), minlength=num_columns).double() / num_draws
+
+    # the twin's probabilities for this row: survivors' weights, renormalised (float64)
+    z = row[:, :num_sampleable].cpu()
+    if counts is not None:
+        c = counts[:, :num_sampleable].cpu().float()
+        z = z - torch.tensor(presence, dtype=torch.float32) * (c > 0)
+        z = z - torch.tensor(frequency, dtype=torch.float32) * c
+    ids, cand_z = top_candidates(z, min(20, num_sampleable))
+    scaled = cand_z / torch.tensor(temperature, dtype=torch.float32)
+    ratio = scaled.double() - scaled[:, :1].double()
+    ratio[:, top_k:] = -math.inf
+    weights = torch.exp(ratio)
+    before = torch.cumsum(weights, -1) - weights
+    keep = (before < top_p * weights.sum()) | (top_p >= 1.0)
+    if min_p > 0:
+        keep &= ratio >= math.log(min_p)
+    keep[:, 0] = True
+    probs = torch.zeros(num_columns, dtype=torch.float64)
+    probs[ids[0]] = torch.where(keep[0], weights[0], torch.zeros_like(weights[0]))
+    probs /= probs.sum()
+
+    assert observed[probs == 0].sum() == 0, "a token outside the twin's support was drawn"
+    sigma = (probs * (1 - probs) / num_draws).sqrt()
+    assert bool(((observed - probs).abs() <= 5 * sigma + 1e-3).all())
+    assert 0.5 * float((observed - probs).abs().sum()) < 0.03  # total variation
+
+
+def test_launches_replay_inside_a_cuda_graph(seed) -> None:
+    gen = torch.Generator("cuda").manual_seed(seed)
+    num_rows, num_columns = 8, 248_320
+    logits = _logits(num_rows, num_columns, "bf16", gen)
+    counts = torch.randint(0, 2, (num_rows + 2, num_columns), device="cuda", generator=gen).int()
+    slots = torch.arange(2, num_rows + 2, device="cuda")
+    reals, ints = _random_rows(random.Random(seed), num_rows)
+    rows = RowParams.pack(reals, ints, "cuda")
+    kwargs = {"num_sampleable": num_columns, "counts": counts, "count_rows": slots}
+    launch.sample_tokens(logits, rows, **kwargs)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = launch.sample_tokens(logits, rows, **kwargs)
+    for step in range(3):
+        logits.copy_(_logits(num_rows, num_columns, "bf16", gen))
+        rows.ints[:, 3] = step + 100
+        graph.replay()
+        assert torch.equal(captured, launch.sample_tokens(logits, rows, **kwargs))
+
+
+def test_sampler_with_slot_counts_on_cuda_matches_cpu(seed) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    num_rows, num_columns = 6, 248_320
+    logits = (3 * torch.randn(num_rows, num_columns, generator=gen)).bfloat16().float()
+    outputs = [torch.randint(0, 300, (n,), generator=gen).tolist() for n in (0, 5, 40, 1, 9, 77)]
+
+    class Seq:
+        def __init__(self, slot: int, ids: list[int]) -> None:
+            self.slot, self.num_prompt, self.token_ids = slot, 1, [7, *ids]
+
+    seqs = [Seq(slot, ids) for slot, ids in zip((4, 0, 7, 2, 5, 1), outputs, strict=True)]
+    buffer = PenaltyCounts(8, num_columns, "cuda")
+    buffer.rows_for(seqs[:3])  # a partial earlier sync, then the rest catches up
+    slots = buffer.rows_for(seqs)
+    expected = count_output_ids(outputs, num_columns)
+    assert torch.equal(buffer.counts.index_select(0, slots).cpu(), expected)
+    params = [
+        SamplingParams(
+            temperature=0.7,
+            top_p=0.8,
+            presence_penalty=1.5,
+            frequency_penalty=0.3 * i,
+            seed=seed + i,
+        )
+        for i in range(num_rows)
+    ]
+    steps = [len(o) for o in outputs]
+    sampler = Sampler(num_sampleable=248_077)
+    on_cuda = sampler.sample(logits.cuda(), params, steps, buffer.counts, slots)
+    on_cpu = sampler.sample(logits, params, steps, expected)
+    assert torch.equal(on_cuda.cpu(), on_cpu)
