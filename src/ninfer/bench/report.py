@@ -10,7 +10,7 @@ import json
 from rich.console import Console
 from rich.table import Table
 
-from ninfer.bench.results import BenchReport, StepProfile
+from ninfer.bench.results import BenchReport, HfComparison, StepProfile, comparison_rows
 
 
 def to_json(report: BenchReport) -> str:
@@ -68,6 +68,8 @@ def print_report(report: BenchReport, console: Console) -> None:
     for profile in (report.profile, report.prefill_profile):
         if profile is not None:
             _print_profile(profile, console)
+    if report.hf is not None:
+        _print_hf(report, report.hf, console)
     for note in report.notes:
         console.print(f"note: {note}")
 
@@ -91,3 +93,31 @@ def _print_profile(p: StepProfile, console: Console) -> None:
     for k in p.top:
         table.add_row(k.name, f"{k.calls_per_step:.0f}", f"{k.us_per_step:,.0f}", f"{k.share:.0%}")
     console.print(table)
+
+
+def _print_hf(report: BenchReport, hf: HfComparison, console: Console) -> None:
+    table = Table(
+        title=(
+            f"ninfer vs HF transformers {hf.transformers_version} ({hf.attn_implementation} "
+            f"attention, eager, no CUDA graphs): same process, same weight tensors; HF decode: "
+            f"median of {hf.decode_steps} steps; peak GPU memory in the HF part "
+            f"{hf.peak_memory_gib:.1f} GiB"
+        )
+    )
+    for col in ("workload", "ninfer tok/s", "HF tok/s", "ninfer / HF"):
+        table.add_column(col, justify="right" if col != "workload" else "left")
+    for row in comparison_rows(report):
+        table.add_row(
+            row.workload,
+            "-" if row.ninfer_tok_per_s is None else f"{row.ninfer_tok_per_s:,.1f}",
+            f"{row.hf_tok_per_s:,.1f}",
+            "-" if row.ratio is None else f"{row.ratio:.1f}x",
+        )
+    console.print(table)
+    if (c := hf.logit_check) is not None:
+        console.print(
+            f"logit check (a check that both run the same weights, not a benchmark): one "
+            f"{c.num_tokens}-token prefill, last {c.num_positions} positions: max |ninfer - HF| "
+            f"{c.max_abs_diff:.3g} against HF logits up to {c.max_abs_logit:.3g}; relative L2 "
+            f"{c.rel_l2:.2e}; same greedy token at {c.argmax_agree:.0%} of the positions"
+        )

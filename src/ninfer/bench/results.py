@@ -64,6 +64,43 @@ class Ceilings:
     gemm_tflops: float  # bf16 8192^3 torch.matmul on random data
 
 
+@dataclass(frozen=True)
+class LogitCheck:
+    """ninfer's and HF's logits on the same prefill: a check that both run the same weights
+    (bf16 kernels differ, so small differences are expected), not a benchmark."""
+
+    num_tokens: int  # prompt length of the checked prefill
+    num_positions: int  # last positions compared
+    max_abs_diff: float  # max |ninfer - HF| over those logits
+    max_abs_logit: float  # max |HF logit| there: the scale the difference reads against
+    rel_l2: float  # ||ninfer - HF|| / ||HF||
+    argmax_agree: float  # share of the positions whose greedy token is the same
+
+
+@dataclass
+class HfComparison:
+    """The `--compare hf` run: HF transformers over the ninfer model's own weight tensors."""
+
+    transformers_version: str
+    attn_implementation: str
+    decode_steps: int  # timed steps per decode cell (after 2 warm-up steps)
+    build_s: float = 0.0  # building the HF model on the meta device and binding the tensors
+    peak_memory_gib: float = 0.0  # during the HF part, the shared weights included
+    prefill: list[PrefillResult] = field(default_factory=list)
+    decode: list[DecodeResult] = field(default_factory=list)  # eager (graphs False)
+    logit_check: LogitCheck | None = None
+
+
+@dataclass(frozen=True)
+class CompareRow:
+    """One workload cell both ran: throughput of each and their ratio."""
+
+    workload: str  # "prefill 2048 tokens" or "decode batch 8 at 1024 context"
+    ninfer_tok_per_s: float | None  # None: ninfer's matrix did not hold this cell
+    hf_tok_per_s: float
+    ratio: float | None  # ninfer / HF
+
+
 @dataclass
 class BenchReport:
     model: str
@@ -82,6 +119,32 @@ class BenchReport:
     prefill_profile: StepProfile | None = None
     peak_memory_gib: float = 0.0
     notes: list[str] = field(default_factory=list)
+    hf: HfComparison | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if self.hf is not None:
+            out["compare_hf"] = [asdict(row) for row in comparison_rows(self)]
+        return out
+
+
+def comparison_rows(report: BenchReport) -> list[CompareRow]:
+    """Each HF cell beside ninfer's number for the same cell (its graph row where it has one:
+    what the engine runs), in HF's order."""
+    if report.hf is None:
+        return []
+    rows = []
+    prefill = {p.num_tokens: p.tok_per_s for p in report.prefill}
+    for p in report.hf.prefill:
+        rows.append(_row(f"prefill {p.num_tokens} tokens", prefill.get(p.num_tokens), p.tok_per_s))
+    for d in report.hf.decode:
+        same = [n for n in report.decode if (n.batch, n.context) == (d.batch, d.context)]
+        same.sort(key=lambda n: not n.graphs)  # graph rows first
+        ninfer = same[0].tok_per_s if same else None
+        rows.append(_row(f"decode batch {d.batch} at {d.context} context", ninfer, d.tok_per_s))
+    return rows
+
+
+def _row(workload: str, ninfer: float | None, hf: float) -> CompareRow:
+    ratio = ninfer / hf if ninfer is not None and hf > 0 else None
+    return CompareRow(workload, ninfer, hf, ratio)

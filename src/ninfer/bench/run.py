@@ -1,12 +1,15 @@
-"""One `ninfer bench --synthetic` session: ceilings, kernels, then the model matrix.
+"""One `ninfer bench --synthetic` session: ceilings, kernels, the model matrix, then HF's.
 
-Imports torch, model/, kernels.runtime and bench siblings. Owns the default matrix and the order
+Imports torch, model/, kernels.runtime and bench siblings. Owns the default matrices and the order
 of work (cheap, informative measurements first, so a session cut short still reports something).
+`--compare hf` runs last over the same weight tensors, with a small matrix of its own: HF decodes
+the 27B at ~8 tok/s, so ninfer's full matrix through HF would not fit one 10-minute call.
 """
 
 from __future__ import annotations
 
 import datetime
+import gc
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,9 +17,15 @@ from dataclasses import dataclass
 import torch
 
 from ninfer.bench.ceilings import measure_ceilings
+from ninfer.bench.hf_compare import require_hf, run_hf_compare
 from ninfer.bench.model_bench import ModelBench, run_matrix
 from ninfer.bench.results import BenchReport
-from ninfer.bench.synthetic import num_parameters, random_weights, synthetic_config
+from ninfer.bench.synthetic import (
+    num_parameters,
+    random_weights,
+    synthetic_config,
+    synthetic_hf_config,
+)
 from ninfer.kernels.runtime import KernelUnavailable
 from ninfer.model.qwen3_5 import Qwen3_5Model
 
@@ -41,6 +50,12 @@ class BenchOptions:
     seed: int = 0
     weights: str = "bf16"  # or "fp8"
     command: str = ""
+    # `--compare hf`: HF transformers on its own small matrix (decode at decode_contexts[0]);
+    # ninfer's matrix is widened to hold every HF cell, so each gets its ratio.
+    compare: str | None = None  # None or "hf"
+    hf_prefill_sizes: tuple[int, ...] = (2048,)
+    hf_decode_batches: tuple[int, ...] = (1, 8)
+    hf_decode_steps: int = 8
 
 
 def run_bench(opts: BenchOptions, on_progress: Callable[[str], None]) -> BenchReport:
@@ -52,6 +67,10 @@ def run_bench(opts: BenchOptions, on_progress: Callable[[str], None]) -> BenchRe
     config = synthetic_config(opts.synthetic)  # fails fast on an unknown name
     if opts.weights not in ("bf16", "fp8"):
         raise BenchError(f"--weights must be bf16 or fp8, got {opts.weights!r}")
+    check_compare(opts)
+    if opts.compare == "hf":
+        require_hf(config.is_moe)  # fail now, not after the ninfer matrix
+    prefill_sizes, decode_batches = widened_matrix(opts)
     report = BenchReport(
         model=opts.synthetic,
         num_params=num_parameters(opts.synthetic),
@@ -87,16 +106,16 @@ def run_bench(opts: BenchOptions, on_progress: Callable[[str], None]) -> BenchRe
     small_ctx = opts.decode_contexts[0]
     bench = ModelBench(
         model,
-        max_batch=max(opts.decode_batches),
-        max_seq_tokens=max(max(opts.decode_contexts) + extra, max(opts.prefill_sizes, default=1)),
-        max_total_tokens=max(opts.decode_batches) * (small_ctx + extra),
+        max_batch=max(decode_batches),
+        max_seq_tokens=max(max(opts.decode_contexts) + extra, max(prefill_sizes, default=1)),
+        max_total_tokens=max(decode_batches) * (small_ctx + extra),
         seed=opts.seed,
     )
     report.prefill, report.decode = run_matrix(
         bench,
-        prefill_sizes=opts.prefill_sizes,
+        prefill_sizes=prefill_sizes,
         prefill_chunk=opts.prefill_chunk,
-        decode_batches=opts.decode_batches,
+        decode_batches=decode_batches,
         decode_contexts=opts.decode_contexts,
         decode_steps=opts.decode_steps,
         eager_baseline=opts.eager_baseline,
@@ -110,12 +129,50 @@ def run_bench(opts: BenchOptions, on_progress: Callable[[str], None]) -> BenchRe
             report.profile = bench.profile_decode(1, small_ctx)
         except Exception as e:  # NOTE: diagnostics only; the timings above still stand
             report.notes.append(f"profile failed: {type(e).__name__}: {e}")
-        if opts.prefill_sizes:
-            num_tokens = min(2048, max(opts.prefill_sizes))
+        if prefill_sizes:
+            num_tokens = min(2048, max(prefill_sizes))
             on_progress(f"profiling an eager prefill of {num_tokens} tokens")
             try:
                 report.prefill_profile = bench.profile_prefill(num_tokens)
             except Exception as e:  # NOTE: diagnostics only, as above
                 report.notes.append(f"prefill profile failed: {type(e).__name__}: {e}")
     report.peak_memory_gib = torch.cuda.max_memory_allocated(device) / 2**30
+    if opts.compare == "hf":
+        del bench  # its cache and captured graphs; the model (the shared weights) stays
+        gc.collect()
+        torch.cuda.empty_cache()
+        report.hf = run_hf_compare(
+            model,
+            synthetic_hf_config(opts.synthetic),
+            prefill_sizes=opts.hf_prefill_sizes,
+            decode_batches=opts.hf_decode_batches,
+            decode_context=small_ctx,
+            decode_steps=opts.hf_decode_steps,
+            seed=opts.seed,
+            on_progress=on_progress,
+        )
     return report
+
+
+def check_compare(opts: BenchOptions) -> None:
+    """The `--compare` options alone (no GPU needed), so the CLI can refuse them up front."""
+    if opts.compare is None:
+        return
+    if opts.compare != "hf":
+        raise BenchError(f"--compare takes 'hf' (HF transformers), got {opts.compare!r}")
+    if opts.weights != "bf16":
+        raise BenchError("--compare hf shares the weights with HF, which runs bf16 only")
+    if opts.hf_decode_steps < 1 or any(n < 1 for n in opts.hf_prefill_sizes):
+        raise BenchError("--compare hf: prefill sizes and decode steps must be positive")
+    if not opts.hf_decode_batches or min(opts.hf_decode_batches) < 1:
+        raise BenchError("--compare hf: give at least one positive HF decode batch")
+
+
+def widened_matrix(opts: BenchOptions) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """ninfer's prefill sizes and decode batches, plus every HF cell's (sorted, once each)."""
+    if opts.compare != "hf":
+        return opts.prefill_sizes, opts.decode_batches
+    return (
+        tuple(sorted({*opts.prefill_sizes, *opts.hf_prefill_sizes})),
+        tuple(sorted({*opts.decode_batches, *opts.hf_decode_batches})),
+    )

@@ -40,7 +40,7 @@ _COMMON: dict[str, Any] = {
     "rope_parameters": _ROPE,
 }
 
-# Text configs of the real checkpoints (shared/FACTS.md "The model family").
+# Text configs of the real checkpoints (shared/FACTS.md "The model family"), then tiny ones.
 SYNTHETIC_CONFIGS: dict[str, dict[str, Any]] = {
     "qwen3.6-27b": _COMMON
     | {
@@ -64,6 +64,35 @@ SYNTHETIC_CONFIGS: dict[str, dict[str, Any]] = {
         "num_experts_per_tok": 8,
         "moe_intermediate_size": 512,
         "shared_expert_intermediate_size": 512,
+    },
+    # Tiny shapes with the real head sizes (256 attention, 128 DeltaNet), for tests and smoke
+    # runs: seconds on any GPU, and the CPU reference runs them too.
+    "tiny-dense": _COMMON
+    | {
+        "model_type": "qwen3_5_text",
+        "vocab_size": 4096,
+        "hidden_size": 256,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "intermediate_size": 512,
+    },
+    "tiny-moe": _COMMON
+    | {
+        "model_type": "qwen3_5_moe_text",
+        "vocab_size": 4096,
+        "hidden_size": 256,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "num_experts": 16,
+        "num_experts_per_tok": 4,
+        "moe_intermediate_size": 128,
+        "shared_expert_intermediate_size": 128,
     },
 }
 

@@ -1,7 +1,7 @@
 """`ninfer bench --synthetic MODEL`: prefill, decode, kernel and ceiling timings on one GPU.
 
-Thin: parses options, runs `ninfer.bench.run`, prints a table (or JSON). `--compare hf` is not
-built yet (the HF transformers numbers in docs/perf.md were measured separately).
+Thin: parses options, runs `ninfer.bench.run`, prints a table (or JSON). Option combinations and
+`--compare hf`'s peer (transformers with Qwen3.5) are checked before any GPU work starts.
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
 
 
 def bench(
-    synthetic: str = typer.Option(..., "--synthetic", help="qwen3.6-27b or qwen3.6-35b-a3b."),
+    synthetic: str = typer.Option(
+        ..., "--synthetic", help="qwen3.6-27b or qwen3.6-35b-a3b (tiny-dense, tiny-moe: smoke)."
+    ),
     device: int = typer.Option(0, "--device", help="CUDA device index.", min=0),
     weights: str = typer.Option("bf16", "--weights", help="bf16 or fp8 (e4m3, 128x128 blocks)."),
     prefill: str = typer.Option("512,2048,8192", "--prefill", help="Prompt lengths."),
@@ -40,11 +42,25 @@ def bench(
     profile: bool = typer.Option(False, "--profile", help="Profile an eager decode step."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
     save: Path | None = typer.Option(None, "--save", help="Also write the JSON report here."),
+    compare: str | None = typer.Option(
+        None,
+        "--compare",
+        help="hf: also run HF transformers (bf16 only) in this process over the same weight "
+        "tensors, on its own small matrix (by default a 2048-token prefill and decode at batch "
+        "1 and 8 at the first --contexts value: HF decodes the 27B at ~8 tok/s); ninfer's matrix "
+        "is widened to hold every HF cell; reports ninfer / HF per cell and a logit check.",
+    ),
+    hf_prefill: str = typer.Option("2048", "--hf-prefill", help="HF prompt lengths."),
+    hf_batches: str = typer.Option(
+        "1,8", "--hf-batches", help="HF decode batch sizes, at the first --contexts value."
+    ),
+    hf_steps: int = typer.Option(8, "--hf-steps", min=1, help="Timed HF decode steps per cell."),
 ) -> None:
     """Benchmark prefill and decode of a real-shape model with random weights (needs a GPU)."""
+    from ninfer.bench.hf_compare import HfCompareError, require_hf
     from ninfer.bench.report import print_report, to_json
-    from ninfer.bench.run import BenchError, BenchOptions, run_bench
-    from ninfer.bench.synthetic import UnknownSyntheticModel
+    from ninfer.bench.run import BenchError, BenchOptions, check_compare, run_bench
+    from ninfer.bench.synthetic import UnknownSyntheticModel, synthetic_config
 
     opts = BenchOptions(
         synthetic=synthetic,
@@ -59,12 +75,19 @@ def bench(
         profile=profile,
         weights=weights,
         command=shlex.join(["ninfer", *sys.argv[1:]]),
+        compare=compare,
+        hf_prefill_sizes=_ints(hf_prefill, "--hf-prefill"),
+        hf_decode_batches=_ints(hf_batches, "--hf-batches"),
+        hf_decode_steps=hf_steps,
     )
     err = Console(stderr=True)
     try:
+        check_compare(opts)
+        if compare == "hf":
+            require_hf(synthetic_config(synthetic).is_moe)
         with err.status("starting") as status:
             report = run_bench(opts, lambda msg: (status.update(msg), err.print(msg, style="dim")))
-    except (BenchError, UnknownSyntheticModel) as e:
+    except (BenchError, HfCompareError, UnknownSyntheticModel) as e:
         raise UserError(str(e)) from None
     if save is not None:
         save.write_text(to_json(report) + "\n")
