@@ -38,7 +38,7 @@ class BenchError(RuntimeError):
 class BenchOptions:
     synthetic: str
     device: str = "cuda:0"
-    prefill_sizes: tuple[int, ...] = (512, 2048, 8192)
+    prefill_sizes: tuple[int, ...] = (512, 2048, 8192, 32768)
     prefill_chunk: int = 8192
     decode_batches: tuple[int, ...] = (1, 2, 4, 8)
     decode_contexts: tuple[int, ...] = (1024, 32768)

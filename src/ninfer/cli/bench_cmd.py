@@ -32,7 +32,7 @@ def bench(
     ),
     device: int = typer.Option(0, "--device", help="CUDA device index.", min=0),
     weights: str = typer.Option("bf16", "--weights", help="bf16 or fp8 (e4m3, 128x128 blocks)."),
-    prefill: str = typer.Option("512,2048,8192", "--prefill", help="Prompt lengths."),
+    prefill: str = typer.Option("512,2048,8192,32768", "--prefill", help="Prompt lengths."),
     prefill_chunk: int = typer.Option(8192, "--prefill-chunk", min=1, help="Tokens per forward."),
     batches: str = typer.Option("1,2,4,8", "--batches", help="Decode batch sizes."),
     contexts: str = typer.Option("1024,32768", "--contexts", help="Decode contexts."),
