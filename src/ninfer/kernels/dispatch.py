@@ -22,6 +22,7 @@ from ninfer.kernels.expert_gemv import launch as _expert_gemv_cuda
 from ninfer.kernels.expert_gemv import reference as _expert_gemv_ref
 from ninfer.kernels.fp8_gemm import launch as _fp8_gemm_cuda
 from ninfer.kernels.fp8_gemv import launch as _fp8_gemv_cuda
+from ninfer.kernels.fp8_gemv import launch_tc as _fp8_tc_cuda
 from ninfer.kernels.fp8_gemv import reference as _fp8_gemv_ref
 from ninfer.kernels.fp8_gemv.reference import Fp8Weight
 from ninfer.kernels.gated_delta_decode import launch as _delta_cuda
@@ -309,6 +310,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torch.Tensor:
         return F.linear(x, weight)
     if use_cuda_kernels(x, "fp8_gemv") and x.dim() == 2 and x.shape[0] <= _fp8_gemv_cuda.MAX_ROWS:
         x = x.contiguous()
+        # bf16 x: tensor cores first (sm_90; bf16 is exact in f16 after the kernel's per-block
+        # power-of-two scaling). fp32 x keeps the CUDA-core GEMV's full fp32 products (the tensor
+        # cores would round it to f16: 3e-3 row errors through a tiny model on the H200).
+        # NINFER_KERNELS_OFF=fp8_tc falls back to the CUDA-core GEMV.
+        tc_ok = x.dtype == torch.bfloat16 and not _switched_off("fp8_tc")
+        if tc_ok and _fp8_tc_cuda.supports(x, weight):
+            return _fp8_tc_cuda.fp8_linear(x, weight)
         if _fp8_gemv_cuda.supports(x, weight):
             return _fp8_gemv_cuda.fp8_linear(x, weight)
     # prefill-sized x (or x the GEMV does not take): block-scaled fp8 GEMM, else dequantize+cuBLAS

@@ -1,9 +1,9 @@
-"""CUDA launcher of the weight-only fp8 GEMV (grid: row tiles; every x row in one launch).
+"""CUDA launcher of the CUDA-core fp8 GEMV (grid: row tiles; every x row in one launch).
 
 Imports torch and kernels.runtime. Same signature and results (to fp32 rounding) as
 `reference.fp8_linear` where `supports` says yes: at most MAX_ROWS x rows (a decode batch), K a
-multiple of 16, dense aligned operands, an sm_89+ GPU (the e4m3 conversion instruction); dispatch
-runs the twin otherwise (prefill: dequantize, then cuBLAS).
+multiple of 16, dense aligned operands, an sm_89+ GPU (the e4m3 conversion instruction). Dispatch
+prefers the tensor-core kernel (`launch_tc`, sm_90); this one is its fallback.
 """
 
 from __future__ import annotations

@@ -1,0 +1,107 @@
+"""CUDA launcher of the tensor-core fp8 GEMV (`fp8_tc_gemv` in fp8_gemv.cu), what decode runs.
+
+Imports torch and kernels.runtime. Same signature and results (to the f16 rounding of fp32 x) as
+`reference.fp8_linear` where `supports` says yes: 1..MAX_ROWS x rows, K a multiple of 16, dense
+16-byte-aligned operands, an sm_90+ GPU (thread-block clusters). The grid is one 128-row block
+per k split; the split count is picked so the whole grid is resident at once (3 blocks per SM)
+because a 27B projection lasts 7-50 us and a second partial wave would be its tail.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ninfer.kernels import runtime as rt
+from ninfer.kernels.fp8_gemv.reference import BLOCK, Fp8Weight
+
+OP = "fp8_gemv"  # the source file: fp8_gemv.cu holds both GEMV kernels
+THREADS = 256  # 8 warps x 16 rows: one 128-row scale block per thread block
+BLOCKS_PER_SM = 3  # __launch_bounds__(256, 3) in fp8_gemv.cu: <= 80 registers
+MAX_ROWS = 8  # x rows per launch: the mma's n = 8
+SPLITS = (1, 2, 4, 8)  # k splits per row block = cluster sizes compiled (portable limit 8)
+
+
+class Fp8TcError(rt.KernelInputError):
+    """Operands the tensor-core fp8 GEMV does not take (check `supports` first)."""
+
+
+@functools.cache
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def supports(x: torch.Tensor, weight: Fp8Weight) -> bool:
+    """Whether the kernel takes these operands (otherwise the older kernel or the twin runs)."""
+    w, s = weight.weight, weight.scale_inv
+    if x.dim() != 2 or x.dtype not in rt.CUDA_TYPES or w.dtype != torch.float8_e4m3fn:
+        return False
+    if w.dim() != 2 or not x.is_cuda:
+        return False
+    n, k = w.shape
+    return (
+        1 <= x.shape[0] <= MAX_ROWS
+        and n >= 1
+        and x.shape[1] == k
+        and k >= 16
+        and k % 16 == 0
+        and x.stride(1) == 1
+        and (x.stride(0) * x.element_size()) % 16 == 0
+        and x.data_ptr() % 16 == 0
+        and w.is_contiguous()
+        and w.data_ptr() % 16 == 0
+        and s.dtype == torch.float32
+        and s.is_contiguous()
+        and tuple(s.shape) == (-(-n // BLOCK), -(-k // BLOCK))
+        and torch.cuda.get_device_capability(x.device) >= (9, 0)
+    )
+
+
+def choose_splits(num_row_blocks: int, num_k_blocks: int, num_sms: int) -> int:
+    """The most k splits (a power of two <= 8 and <= the k blocks) whose grid fits in one wave.
+
+    More splits give more blocks (more loads in flight) but each block stages its own x slice;
+    past one resident wave the extra blocks only queue.
+    """
+    capacity = BLOCKS_PER_SM * num_sms
+    best = 1
+    for splits in SPLITS:
+        if splits <= num_k_blocks and num_row_blocks * splits <= capacity:
+            best = splits
+    return best
+
+
+def fp8_linear(x: torch.Tensor, weight: Fp8Weight, *, splits: int | None = None) -> torch.Tensor:
+    """See `reference.fp8_linear`; `splits` overrides the k split count (1, 2, 4 or 8: tests)."""
+    device = rt.check_cuda(x, weight.weight, weight.scale_inv)
+    if not supports(x, weight):
+        raise Fp8TcError(
+            f"tensor-core fp8 GEMV needs 1..{MAX_ROWS} dense 16-byte-aligned x rows, K % 16 == 0, "
+            f"contiguous e4m3 weights with f32 [ceil(N/128), ceil(K/128)] scales and an sm_90+ "
+            f"GPU; got x {tuple(x.shape)} {x.dtype}, weight {tuple(weight.shape)} "
+            f"{weight.weight.dtype}"
+        )
+    n, k = weight.shape
+    num_rows = x.shape[0]
+    num_row_blocks, num_k_blocks = weight.scale_inv.shape
+    if splits is None:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        splits = choose_splits(num_row_blocks, num_k_blocks, _num_sms(index))
+    elif splits not in SPLITS:
+        raise Fp8TcError(f"k splits must be one of {SPLITS}, got {splits}")
+    out = torch.empty((num_rows, n), dtype=x.dtype, device=device)
+    instance = f"fp8_tc_gemv<{rt.cuda_type(x, 'x')}, {num_rows}, {splits}>"
+    kernel = rt.get_kernel(OP, instance, device)
+    args = (
+        rt.ptr(out),
+        rt.ptr(x),
+        rt.i64(x.stride(0)),
+        rt.ptr(weight.weight),
+        rt.ptr(weight.scale_inv),
+        rt.i32(n),
+        rt.i32(k),
+        rt.i32(num_k_blocks),
+    )
+    rt.launch(kernel, (num_row_blocks * splits,), (THREADS,), args, device)
+    return out

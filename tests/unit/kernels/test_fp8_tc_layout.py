@@ -1,0 +1,196 @@
+"""The tensor-core fp8 GEMV's bit tricks, fragment layout and x scaling, emulated on the CPU.
+
+No GPU here, so each claim `fp8_tc_gemv` (fp8_gemv.cu) rests on is checked against an independent
+reference: the e4m3 -> f16 shift against torch's own e4m3 decoding for all 256 bytes; the packed
+prmt/shift/mask path against that per-byte rule; the lane -> fragment mapping (PTX ISA layout of
+mma.m16n8k16: A row g / g + 8, cols 2t + e / 2t + 8 + e; B row 2t + e / 2t + 8 + e, col g)
+against a plain matrix product; the per-(row, k block) power-of-two x scaling against fp64. The
+constants below mirror the .cu (selectors 0xA280 / 0xB391, mask 0xbf80bf80, s = min(141 - e, 100)).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from ninfer.artifact.quantize import quantize_fp8_block
+from ninfer.kernels.fp8_gemv import launch_tc
+from ninfer.kernels.fp8_gemv.reference import Fp8Weight, dequantize
+
+SEL_LO, SEL_HI, MASK = 0xA280, 0xB391, 0xBF80BF80
+NAN_BYTES = (0x7F, 0xFF)  # e4m3fn NaN; the quantizer clamps to +-448 and never writes them
+
+
+def _e4m3_bytes(shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    b = rng.integers(0, 256, size=shape, dtype=np.uint8)
+    return np.where(np.isin(b, NAN_BYTES), np.uint8(0x3C), b).astype(np.uint8)
+
+
+def _byte_rule(b: np.ndarray) -> np.ndarray:
+    """f16 bits of one e4m3 byte times 2^-8 (the claim under test)."""
+    b = b.astype(np.uint32)
+    return (((b & 0x7F) << 7) | ((b & 0x80) << 8)).astype(np.uint16)
+
+
+def _prmt_sign_extend(w: np.ndarray, sel: int) -> np.ndarray:
+    """PTX prmt.b32 d, w, w, sel (default mode): nibble bits 0-2 pick a byte, bit 3 sign-fills."""
+    out = np.zeros_like(w)
+    for pos in range(4):
+        nib = (sel >> (4 * pos)) & 0xF
+        byte = (w >> np.uint32(8 * (nib & 3))) & np.uint32(0xFF)
+        if nib & 8:
+            byte = np.where(byte & 0x80, np.uint32(0xFF), np.uint32(0))
+        out |= byte << np.uint32(8 * pos)
+    return out
+
+
+def _word_to_f16x2(w: np.ndarray, sel: int) -> np.ndarray:
+    return (_prmt_sign_extend(w, sel) << np.uint32(7)) & np.uint32(MASK)
+
+
+def _halves(v: np.ndarray) -> np.ndarray:
+    """uint32 f16x2 words -> float64 [..., 2] (low half first)."""
+    lo = (v & np.uint32(0xFFFF)).astype(np.uint16).view(np.float16)
+    hi = (v >> np.uint32(16)).astype(np.uint16).view(np.float16)
+    return np.stack([lo, hi], axis=-1).astype(np.float64)
+
+
+def test_e4m3_to_f16_shift_is_exact_for_every_byte() -> None:
+    b = np.array([v for v in range(256) if v not in NAN_BYTES], dtype=np.uint8)
+    want = torch.from_numpy(b).view(torch.float8_e4m3fn).double().numpy()
+    got = _byte_rule(b).view(np.float16).astype(np.float64)
+    np.testing.assert_array_equal(got * 256.0, want)  # normals, subnormals and both zeros
+    assert np.signbit(got[b == 0x80]).all()
+    assert (np.abs(want[(b & 0x78) == 0]) < 2.0**-6).all()  # the subnormals really were covered
+
+
+def test_packed_word_path_equals_the_byte_rule_for_all_byte_pairs() -> None:
+    rng = np.random.default_rng(7)
+    pair = np.arange(65536, dtype=np.uint32)
+    first, second = pair & 0xFF, pair >> 8
+    other = rng.integers(0, 256, size=(2, pair.size), dtype=np.uint32)
+    # (b0, b2) exhaustive with random b1, b3, then (b1, b3) exhaustive with random b0, b2
+    for sel, lo_pos, hi_pos in ((SEL_LO, 0, 2), (SEL_HI, 1, 3)):
+        w = np.zeros(pair.size, dtype=np.uint32)
+        rest = [p for p in range(4) if p not in (lo_pos, hi_pos)]
+        w |= first << np.uint32(8 * lo_pos)
+        w |= second << np.uint32(8 * hi_pos)
+        w |= other[0] << np.uint32(8 * rest[0])
+        w |= other[1] << np.uint32(8 * rest[1])
+        got = _word_to_f16x2(w, sel)
+        want = _byte_rule(first).astype(np.uint32) | (_byte_rule(second).astype(np.uint32) << 16)
+        np.testing.assert_array_equal(got, want)
+
+
+def test_lane_fragments_reproduce_the_tile_product() -> None:
+    """One warp, one 128-wide k block: the kernel's loads, staging order and mma operands."""
+    rng = np.random.default_rng(3)
+    w_bytes = _e4m3_bytes((16, 128), rng)
+    x = rng.standard_normal((8, 128)).astype(np.float16)
+    # x staged per group of 4 as x0 x2 x1 x3 (stage_x)
+    xs = x.view(np.uint16).reshape(8, 32, 4)[:, :, [0, 2, 1, 3]].reshape(8, 128).astype(np.uint32)
+    words = w_bytes.view("<u4").astype(np.uint32)  # [16 rows, 32 words], little endian
+    d = np.zeros((16, 8))
+    out = np.zeros((8, 16))  # red[x row][weight row]
+    for h in range(2):
+        for i in range(4):
+            a_tile, b_tile = np.zeros((16, 16)), np.zeros((16, 8))
+            for lane in range(32):
+                g, t = lane >> 2, lane & 3
+                col = (64 * h + 16 * t + 4 * i) // 4  # word of row g / g + 8 this lane holds
+                wg, wg8 = words[g, col], words[g + 8, col]
+                regs = [
+                    _word_to_f16x2(np.array([v], np.uint32), s)[0]
+                    for v, s in ((wg, SEL_LO), (wg8, SEL_LO), (wg, SEL_HI), (wg8, SEL_HI))
+                ]
+                a = _halves(np.array(regs, dtype=np.uint32))
+                base = 64 * h + 16 * t + 4 * i
+                b0 = xs[g, base] | (xs[g, base + 1] << 16)
+                b1 = xs[g, base + 2] | (xs[g, base + 3] << 16)
+                b = _halves(np.array([b0, b1], dtype=np.uint32))
+                for e in range(2):  # PTX fragment layout of m16n8k16 (f16 A row, B col)
+                    a_tile[g, 2 * t + e] = a[0, e]
+                    a_tile[g + 8, 2 * t + e] = a[1, e]
+                    a_tile[g, 2 * t + 8 + e] = a[2, e]
+                    a_tile[g + 8, 2 * t + 8 + e] = a[3, e]
+                    b_tile[2 * t + e, g] = b[0, e]
+                    b_tile[2 * t + 8 + e, g] = b[1, e]
+            d += a_tile @ b_tile
+    for lane in range(32):  # accumulator c0..c3 -> red[col][row] as the epilogue writes it
+        g, t = lane >> 2, lane & 3
+        out[2 * t, g], out[2 * t + 1, g] = d[g, 2 * t], d[g, 2 * t + 1]
+        out[2 * t, g + 8], out[2 * t + 1, g + 8] = d[g + 8, 2 * t], d[g + 8, 2 * t + 1]
+    w_true = torch.from_numpy(w_bytes).view(torch.float8_e4m3fn).double().numpy()
+    want = x.astype(np.float64) @ w_true.T / 256.0
+    np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)
+
+
+def _emulate_tc(x: torch.Tensor, weight: Fp8Weight) -> torch.Tensor:
+    """The kernel's arithmetic: x scaled per (row, k block) into f16, weights as f16 * 2^-8."""
+    n, k = weight.shape
+    num_kb = weight.scale_inv.shape[1]
+    xp = torch.zeros(x.shape[0], num_kb * 128)
+    xp[:, :k] = x.float()
+    xb = xp.reshape(x.shape[0], num_kb, 128)
+    e = (xb.abs().view(torch.int32).amax(-1) >> 23).long()
+    s = torch.clamp(141 - e, max=100).float()  # [M, kb]
+    xh = (xb * torch.exp2(s)[..., None]).to(torch.float16).double()
+    wb = torch.zeros(n, num_kb * 128, dtype=torch.uint8)
+    wb[:, :k] = weight.weight.view(torch.uint8)
+    wh = torch.from_numpy(_byte_rule(wb.numpy()).view(np.float16)).double()
+    frag = torch.einsum("mbk,nbk->mnb", xh, wh.reshape(n, num_kb, 128)).float()
+    row_scale = weight.scale_inv.repeat_interleave(128, 0)[:n]  # [n, kb]
+    comb = row_scale[None] * 256.0 * torch.exp2(-s)[:, None, :]
+    return (frag * comb).sum(-1)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 1e-5), (torch.float32, 1e-3)])
+def test_block_power_of_two_scaling_keeps_extreme_x_exact(dtype: torch.dtype, tol: float) -> None:
+    g = torch.Generator().manual_seed(11)
+    n, k = 200, 400  # both off the 128 grid
+    q, s = quantize_fp8_block(torch.randn(n, k, generator=g) * 0.05)
+    weight = Fp8Weight(q, s)
+    x = torch.randn(5, k, generator=g)
+    x[1, ::37] *= 1e5  # beyond f16's 65,504
+    x[2] *= 1e-30  # below f16's smallest subnormal, and below 2^-64 (the clamp matters)
+    x[3] *= 1e30
+    x[3, ::3] *= 1e-33  # tiny and huge in one row
+    x[4] = 0.0
+    x = x.to(dtype)
+    assert torch.isinf(x[1].to(torch.float16)).any() and (x[2].to(torch.float16) == 0).all()
+    exact = x.double() @ dequantize(weight.weight, weight.scale_inv, torch.float64).T
+    got = _emulate_tc(x, weight).double()
+    for row in range(4):
+        err = (got[row] - exact[row]).norm() / exact[row].norm()
+        assert err < tol, f"row {row}: relative error {err:.2e}"
+    assert (got[4] == 0).all()
+
+
+def test_split_count_fills_one_wave_and_respects_k_blocks() -> None:
+    sms = 132
+    capacity = launch_tc.BLOCKS_PER_SM * sms
+    for n, k in [
+        (34816, 5120),
+        (5120, 17408),
+        (16480, 5120),
+        (5120, 6144),
+        (14336, 5120),
+        (1000, 272),
+        (48, 64),
+        (248320, 5120),
+    ]:
+        rb, kb = -(-n // 128), -(-k // 128)
+        splits = launch_tc.choose_splits(rb, kb, sms)
+        assert splits in launch_tc.SPLITS and splits <= max(1, kb)
+        assert splits == 1 or rb * splits <= capacity
+        bigger = [s for s in launch_tc.SPLITS if s > splits]
+        assert all(rb * s > capacity or s > kb for s in bigger), (n, k, splits)
+    assert launch_tc.choose_splits(40, 40, sms) == 8  # 27B hidden-row projections: 320 blocks
+
+
+def test_supports_declines_without_touching_cuda() -> None:
+    q, s = quantize_fp8_block(torch.randn(64, 256))
+    weight = Fp8Weight(q, s)
+    assert not launch_tc.supports(torch.randn(1, 256, dtype=torch.bfloat16), weight)  # CPU x
+    assert not launch_tc.supports(torch.randn(1, 128, dtype=torch.bfloat16), weight)  # K differs
