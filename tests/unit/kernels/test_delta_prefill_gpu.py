@@ -214,3 +214,61 @@ def test_layer_prefill_uses_the_kernels_and_matches_the_twins(dtype, gen, monkey
     assert rel(got, want) < 1e-2
     assert torch.equal(conv_state, states[0])  # the last inputs, copied exactly
     assert rel(ssm_state, states[1]) < 1e-2
+
+
+# --- edges: chunk boundaries, tiny and partial tiles, strong decays ---------------------------
+
+EDGE_SHAPES = [
+    pytest.param((1500, 7, 1, 540), 16, 48, 128, 128, id="27b-2048-mixed"),
+    pytest.param((2048,), 16, 32, 128, 128, id="35b-2048-one"),
+    pytest.param((16, 17, 15, 32, 33, 1), 2, 6, 128, 24, id="chunk-edges"),
+    pytest.param((5, 2, 19), 1, 3, 16, 17, id="tiny-dk16-dv17"),
+    pytest.param((48, 3), 2, 4, 32, 1, id="tiny-dv1"),
+    pytest.param((64, 9), 4, 4, 64, 130, id="dk64-dv130"),
+]
+
+
+@pytest.mark.parametrize("lens,hk,hv,dk,dv", EDGE_SHAPES)
+@pytest.mark.parametrize("decay", ["mild", "strong"])
+def test_gated_delta_prefill_edges_and_strong_decays(lens, hk, hv, dk, dv, decay, gen) -> None:
+    """Strong decays make the lazy scale fold back into the state every few tokens."""
+    inputs, state, slots, unused = _delta_case(gen, lens, hk, hv, dk, dv, torch.bfloat16)
+    if decay == "strong":  # g = -exp(A_log) softplus(a + dt): about -20 to -200 per token
+        a_log = torch.full_like(inputs[5], 3.0)
+        dt_bias = torch.full_like(inputs[6], 2.0)
+        inputs = (*inputs[:5], a_log, dt_bias)
+    scale = dk**-0.5
+    ref_state = state.to("cpu", copy=True)
+    want = delta_ref.gated_delta_prefill(*_cpu(*inputs), ref_state, slots.cpu(), lens, scale=scale)
+    got = delta_cuda.gated_delta_prefill(
+        *inputs, state, slots, lens, scale=scale, cu_seqlens=_offsets(lens, torch.int64)
+    )
+    assert got.shape == (sum(lens), hv, dv) and got.dtype == torch.float32
+    assert rel(got, want) < 1e-4
+    assert rel(state[slots], ref_state[slots.cpu()]) < 1e-4
+    assert state[unused].isnan().all()
+
+
+def test_gated_delta_prefill_matches_the_recurrent_definition_with_folds(gen) -> None:
+    """Token by token at the 27B head shape, across chunk edges, with folds (not via the twin)."""
+    lens = (40, 1, 17)
+    inputs, state, slots, _ = _delta_case(gen, lens, 16, 48, 128, 128, torch.float32)
+    q, k, v, a, b, a_log, dt_bias = inputs
+    a_log = a_log + 2.5  # decays down to ~1e-30 per token: folds happen inside chunks
+    before = state.clone()
+    got = delta_cuda.gated_delta_prefill(
+        q, k, v, a, b, a_log, dt_bias, state, slots, lens, scale=128**-0.5
+    )
+    qn = q / (q.pow(2).sum(-1, keepdim=True) + 1e-6).sqrt()
+    kn = k / (k.pow(2).sum(-1, keepdim=True) + 1e-6).sqrt()
+    g = -a_log.exp() * torch.log1p((a + dt_bias).exp())
+    beta = 1.0 / (1.0 + (-b).exp())
+    start = 0
+    for i, n in enumerate(lens):
+        span = slice(start, start + n)
+        o, final = recurrent_gated_delta_rule(
+            qn[span], kn[span], v[span], g[span], beta[span], before[slots[i]], scale=128**-0.5
+        )
+        assert rel(got[span], o) < 1e-4
+        assert rel(state[slots[i]], final) < 1e-4
+        start += n

@@ -1,6 +1,71 @@
 // SwiGLU activation over a fused gate-up projection: out[r, i] = silu(x[r, i]) * x[r, I + i].
 // Rounded as torch's `F.silu(gate) * up` in T: silu rounded to T, then the product rounded to T.
-// One thread per output element; rows of x are `x_stride` apart (a slice of a wider GEMM output).
+// Rows of x are `x_stride` elements apart (a slice of a wider GEMM output).
+//
+// silu_mul_vec (prefill and decode, whenever inter, x_stride and x are 16-byte aligned): each
+// thread owns one 16-byte vector (8 bf16 or 4 fp32) of an output row, so gate, up and out each
+// move as one 16-byte access and a warp's access is one contiguous 512-byte span. Grid x runs
+// over the vectors of a row, grid y over rows (looping by gridDim.y past 65,535 rows): no index
+// division. silu_mul: any alignment, one thread per output element (the launcher's fallback).
+// Both round as swiglu() does, so they agree bit for bit.
+
+__device__ __forceinline__ float silu(float g) { return g / (1.0f + __expf(-g)); }
+
+template <typename T>
+__device__ __forceinline__ T swiglu(T gate, T up) {
+  const float g = to_float(gate);
+  const float act = to_float(from_float<T>(silu(g)));
+  return from_float<T>(act * to_float(up));
+}
+
+// Two bf16 roundings in one sm_80+ instruction (lo in the low half); the same round-to-nearest-
+// even as from_float<bf16>, so the vector kernel matches the scalar one (NaN bits aside).
+__device__ __forceinline__ unsigned int round_bf16x2(float lo, float hi) {
+#if __CUDA_ARCH__ >= 800
+  unsigned int r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+#else
+  return from_float<bf16>(lo).bits | (static_cast<unsigned int>(from_float<bf16>(hi).bits) << 16);
+#endif
+}
+
+// swiglu() on the two bf16 packed in each of a gate word and an up word.
+__device__ __forceinline__ unsigned int swiglu_bf16x2(unsigned int gate, unsigned int up) {
+  const unsigned int act = round_bf16x2(silu(__uint_as_float(gate << 16)),
+                                        silu(__uint_as_float(gate & 0xffff0000u)));
+  return round_bf16x2(__uint_as_float(act << 16) * __uint_as_float(up << 16),
+                      __uint_as_float(act & 0xffff0000u) * __uint_as_float(up & 0xffff0000u));
+}
+
+template <typename T>
+__global__ void __launch_bounds__(256)
+    silu_mul_vec(T* __restrict__ out, const T* __restrict__ x, long long x_stride, int inter,
+                 int num_rows) {
+  constexpr int V = 16 / sizeof(T);  // elements per 16-byte vector
+  const int col = (blockIdx.x * blockDim.x + threadIdx.x) * V;
+  if (col >= inter) return;
+  for (long long row = blockIdx.y; row < num_rows; row += gridDim.y) {
+    const T* xr = x + row * x_stride + col;
+    const uint4 gu = *reinterpret_cast<const uint4*>(xr);
+    const uint4 uu = *reinterpret_cast<const uint4*>(xr + inter);
+    uint4 ou;
+    if constexpr (sizeof(T) == 2) {
+      ou.x = swiglu_bf16x2(gu.x, uu.x);
+      ou.y = swiglu_bf16x2(gu.y, uu.y);
+      ou.z = swiglu_bf16x2(gu.z, uu.z);
+      ou.w = swiglu_bf16x2(gu.w, uu.w);
+    } else {
+      const T* ge = reinterpret_cast<const T*>(&gu);
+      const T* ue = reinterpret_cast<const T*>(&uu);
+      T* oe = reinterpret_cast<T*>(&ou);
+#pragma unroll
+      for (int j = 0; j < V; ++j) oe[j] = swiglu(ge[j], ue[j]);
+    }
+    *reinterpret_cast<uint4*>(out + row * inter + col) = ou;
+  }
+}
+
 template <typename T>
 __global__ void silu_mul(T* __restrict__ out, const T* __restrict__ x, long long x_stride,
                          int inter, long long total) {
@@ -8,8 +73,5 @@ __global__ void silu_mul(T* __restrict__ out, const T* __restrict__ x, long long
   if (idx >= total) return;
   const long long row = idx / inter;
   const int i = static_cast<int>(idx - row * inter);
-  const float gate = to_float(x[row * x_stride + i]);
-  const float up = to_float(x[row * x_stride + inter + i]);
-  const float act = to_float(from_float<T>(gate / (1.0f + __expf(-gate))));
-  out[idx] = from_float<T>(act * up);
+  out[idx] = swiglu(x[row * x_stride + i], x[row * x_stride + inter + i]);
 }
