@@ -15,33 +15,11 @@ from ninfer.kernels.add_rms_norm import launch as add_norm_cuda
 from ninfer.kernels.add_rms_norm import reference as add_norm_ref
 from ninfer.kernels.paged_decode_attention import launch as paged_cuda
 from ninfer.kernels.paged_decode_attention import reference as paged_ref
+from support.gpu_checks import capture_graph, rel
 
 pytestmark = pytest.mark.gpu
 TOL = {torch.bfloat16: 1e-2, torch.float32: 1e-4}
 DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.bfloat16, id="bf16")]
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    assert not a.isnan().any(), "NaN in the kernel's result"
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
-
-
-@pytest.fixture
-def gen() -> torch.Generator:
-    return torch.Generator("cuda").manual_seed(torch.seed() % 2**31)  # fresh inputs each run
-
-
-def _capture(fn):
-    """A CUDA graph of fn() (after an eager warm-up on a side stream) and its captured result."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()  # compile and allocate outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        result = fn()
-    return graph, result
 
 
 # -- add_rms_norm ------------------------------------------------------------------------------
@@ -95,7 +73,7 @@ def test_add_rms_norm_graph_replay_equals_eager(gen) -> None:
     x = torch.randn(1, 5120, device="cuda", generator=gen, dtype=torch.bfloat16)
     r = torch.randn_like(x)
     w = (torch.randn(5120, device="cuda", generator=gen) * 0.1).to(torch.bfloat16)
-    graph, (normed, summed) = _capture(lambda: add_norm_cuda.add_rms_norm(x, r, w, 1e-6))
+    graph, (normed, summed) = capture_graph(lambda: add_norm_cuda.add_rms_norm(x, r, w, 1e-6))
     for _ in range(2):
         x.copy_(torch.randn(x.shape, device="cuda", generator=gen))  # new inputs, same buffers
         r.copy_(torch.randn(r.shape, device="cuda", generator=gen))
@@ -198,7 +176,7 @@ def test_paged_decode_graph_replay_equals_eager(gen) -> None:
     q, k_pages, v_pages, table, kv_lens = _paged_case(
         gen, dtype, (900, 17, 2048, 1), 24, 4, 256, page, extra_pages=0, strided_table=True
     )
-    graph, out = _capture(
+    graph, out = capture_graph(
         lambda: paged_cuda.paged_decode_attention(q, k_pages, v_pages, table, kv_lens, scale=0.0625)
     )
     for lens in ((1, 2048, 33, 1000), (2048, 2048, 2048, 2048), (64, 65, 1, 129)):

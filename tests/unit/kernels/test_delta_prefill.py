@@ -15,10 +15,7 @@ from ninfer.kernels import dispatch, runtime
 from ninfer.kernels.gated_delta_prefill import launch
 from ninfer.kernels.gated_delta_prefill.reference import gated_delta_prefill
 from ninfer.model.layers.gated_deltanet import recurrent_gated_delta_rule
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+from support.gpu_checks import rel
 
 
 def _case(seed, lens, hk, hv, dk, dv, dtype):

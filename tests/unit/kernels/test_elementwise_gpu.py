@@ -16,34 +16,12 @@ from ninfer.kernels.gated_rms_norm import launch as gated_cuda
 from ninfer.kernels.gated_rms_norm import reference as gated_ref
 from ninfer.kernels.silu_mul import launch as silu_cuda
 from ninfer.kernels.silu_mul import reference as silu_ref
+from support.gpu_checks import capture_graph, rel
 
 pytestmark = pytest.mark.gpu
 TOL = {torch.bfloat16: 1e-2, torch.float32: 1e-4}
 DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.bfloat16, id="bf16")]
 HEAD_DIM = 128  # DeltaNet value head dim, both models
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    assert not a.isnan().any(), "NaN in the kernel's result"
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
-
-
-@pytest.fixture
-def gen() -> torch.Generator:
-    return torch.Generator("cuda").manual_seed(torch.seed() % 2**31)  # fresh inputs each run
-
-
-def _capture(fn):
-    """A CUDA graph of fn() (after an eager warm-up on a side stream) and its captured result."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()  # compile and allocate outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        result = fn()
-    return graph, result
 
 
 def _misaligned(t: torch.Tensor) -> torch.Tensor:
@@ -112,7 +90,7 @@ def test_silu_mul_takes_leading_dims(gen) -> None:
 
 def test_silu_mul_replays_in_a_cuda_graph(gen) -> None:
     gate_up = torch.randn(4, 2 * 17408, device="cuda", generator=gen).to(torch.bfloat16)
-    graph, result = _capture(lambda: silu_cuda.silu_mul(gate_up))
+    graph, result = capture_graph(lambda: silu_cuda.silu_mul(gate_up))
     gate_up.copy_(torch.randn(gate_up.shape, device="cuda", generator=gen).to(torch.bfloat16))
     graph.replay()
     assert rel(result, silu_ref.silu_mul(gate_up)) < 1e-2
@@ -194,7 +172,7 @@ def test_gated_rms_norm_replays_in_a_cuda_graph(gen) -> None:
     z = _fused_z(8, 16, 48, gen)
     x = torch.randn(8, 48, HEAD_DIM, device="cuda", generator=gen)
     w = torch.randn(HEAD_DIM, device="cuda", generator=gen).to(torch.bfloat16)
-    graph, result = _capture(lambda: gated_cuda.gated_rms_norm(x, z, w, 1e-6, torch.bfloat16))
+    graph, result = capture_graph(lambda: gated_cuda.gated_rms_norm(x, z, w, 1e-6, torch.bfloat16))
     x.copy_(torch.randn(x.shape, device="cuda", generator=gen))
     z.copy_(torch.randn(z.shape, device="cuda", generator=gen).to(torch.bfloat16))
     graph.replay()

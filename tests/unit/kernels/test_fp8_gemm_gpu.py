@@ -20,17 +20,13 @@ from ninfer.kernels.fp8_gemm import reference as ref
 from ninfer.kernels.fp8_gemm.launch import GemmPath
 from ninfer.kernels.fp8_gemv import reference as gemv_ref
 from ninfer.kernels.fp8_gemv.reference import Fp8Weight
+from support.gpu_checks import rel
 
 pytestmark = pytest.mark.gpu
 
 # 27B projections, N x K: MLP gate+up fused, MLP down, DeltaNet in_proj qkv+z+b+a fused (N off the
 # 128 grid), attention o_proj / DeltaNet out_proj, attention q(+gate)+k+v fused
 SHAPES_27B = [(34816, 5120), (5120, 17408), (16480, 5120), (5120, 6144), (14336, 5120)]
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    assert not a.isnan().any(), "NaN in the kernel's result"
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
 def _weight(n: int, k: int, gen: torch.Generator) -> Fp8Weight:

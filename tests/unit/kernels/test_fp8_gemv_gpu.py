@@ -16,14 +16,10 @@ from ninfer.kernels import dispatch
 from ninfer.kernels.fp8_gemv import launch as fp8_cuda
 from ninfer.kernels.fp8_gemv import reference as fp8_ref
 from ninfer.kernels.fp8_gemv.reference import Fp8Weight
+from support.gpu_checks import rel
 
 pytestmark = pytest.mark.gpu
 TOL = {torch.bfloat16: 1e-2, torch.float32: 1e-4}
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    assert not a.isnan().any(), "NaN in the kernel's result"
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
 def _weight(n: int, k: int, gen: torch.Generator) -> Fp8Weight:

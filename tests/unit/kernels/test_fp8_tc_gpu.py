@@ -75,11 +75,6 @@ def _assert_rows_close(got: torch.Tensor, want: torch.Tensor, tol: float, what: 
         assert err < tol, f"x row {r}: relative error {err:.2e} against the {what}"
 
 
-@pytest.fixture
-def gen() -> torch.Generator:
-    return torch.Generator("cuda").manual_seed(torch.seed() % 2**31)  # fresh inputs each run
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows", [1, 2, 5, 8])
 @pytest.mark.parametrize("n,k", SHAPES)

@@ -27,20 +27,11 @@ from ninfer.kernels.qk_norm_rope import launch as qk_cuda
 from ninfer.kernels.qk_norm_rope import reference as qk_ref
 from ninfer.kernels.silu_mul import launch as silu_mul_cuda
 from ninfer.kernels.silu_mul import reference as silu_mul_ref
+from support.gpu_checks import rel
 
 pytestmark = pytest.mark.gpu
 TOL = {torch.bfloat16: 1e-2, torch.float32: 1e-4}
 DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.bfloat16, id="bf16")]
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    assert not a.isnan().any(), "NaN in the kernel's result"
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
-
-
-@pytest.fixture
-def gen() -> torch.Generator:
-    return torch.Generator("cuda").manual_seed(torch.seed() % 2**31)  # fresh inputs each run
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -21,17 +21,13 @@ from ninfer.kernels.moe_routing import launch as routing_cuda
 from ninfer.kernels.moe_routing import reference as routing_ref
 from ninfer.model.layers import moe
 from ninfer.model.layers.moe import ExpertPath, MoeWeights
+from support.gpu_checks import rel
 
 pytestmark = pytest.mark.gpu
 TOL = {torch.bfloat16: 1e-2, torch.float32: 1e-4}
 DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.bfloat16, id="bf16")]
 # 35B-A3B: hidden 2048, 256 experts, top-8, expert and shared-expert intermediate 512
 HIDDEN, EXPERTS, TOP_K, INTER, SHARED_INTER = 2048, 256, 8, 512, 512
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    assert not a.isnan().any(), "NaN in the result under test"
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
 def fresh_generator() -> torch.Generator:
