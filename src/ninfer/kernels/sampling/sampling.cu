@@ -144,10 +144,11 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-// Word 0 of Philox4x32-10 (rng.py): counter (c0..c3), key (k0, k1).
-__device__ __forceinline__ unsigned int philox_word0(unsigned int c0, unsigned int c1,
-                                                     unsigned int c2, unsigned int c3,
-                                                     unsigned int k0, unsigned int k1) {
+// Philox4x32-10 (rng.py): counter (c0..c3) and key (k0, k1) in, the four output words out
+// (in place). The draw kernel and the test hook `sampling_philox` both run this one function.
+__device__ __forceinline__ void philox4x32_10(unsigned int& c0, unsigned int& c1,
+                                              unsigned int& c2, unsigned int& c3,
+                                              unsigned int k0, unsigned int k1) {
 #pragma unroll
   for (int round = 0; round < 10; ++round) {
     if (round) {
@@ -163,6 +164,13 @@ __device__ __forceinline__ unsigned int philox_word0(unsigned int c0, unsigned i
     c2 = hi0 ^ c3 ^ k1;
     c3 = lo0;
   }
+}
+
+// Word 0 of Philox4x32-10: what the sampler's uniforms use.
+__device__ __forceinline__ unsigned int philox_word0(unsigned int c0, unsigned int c1,
+                                                     unsigned int c2, unsigned int c3,
+                                                     unsigned int k0, unsigned int k1) {
+  philox4x32_10(c0, c1, c2, c3, k0, k1);
   return c0;
 }
 
@@ -271,21 +279,7 @@ __global__ void sampling_philox(unsigned int* __restrict__ out,
   if (i >= n) return;
   unsigned int c0 = counters[4 * i], c1 = counters[4 * i + 1];
   unsigned int c2 = counters[4 * i + 2], c3 = counters[4 * i + 3];
-  unsigned int k0 = keys[2 * i], k1 = keys[2 * i + 1];
-  for (int round = 0; round < 10; ++round) {
-    if (round) {
-      k0 += 0x9E3779B9u;
-      k1 += 0xBB67AE85u;
-    }
-    const unsigned int hi0 = __umulhi(0xD2511F53u, c0);
-    const unsigned int lo0 = 0xD2511F53u * c0;
-    const unsigned int hi1 = __umulhi(0xCD9E8D57u, c2);
-    const unsigned int lo1 = 0xCD9E8D57u * c2;
-    c0 = hi1 ^ c1 ^ k0;
-    c1 = lo1;
-    c2 = hi0 ^ c3 ^ k1;
-    c3 = lo0;
-  }
+  philox4x32_10(c0, c1, c2, c3, keys[2 * i], keys[2 * i + 1]);
   out[4 * i] = c0;
   out[4 * i + 1] = c1;
   out[4 * i + 2] = c2;
