@@ -378,6 +378,10 @@ def _fused(w: _W) -> _W:
             return w
         fused, (gate, up) = m
         return replace(w, gate_proj=gate, up_proj=up, gate_up=fused)
+    if (m := _fuse_rows((w.router, w.shared_gate))) is not None:
+        # the router and the shared expert's gate read the same x: one GEMV for both
+        router_and_gate, (router, shared_gate) = m
+        w = replace(w, router=router, shared_gate=shared_gate, router_and_gate=router_and_gate)
     if (m := _fuse_rows((w.shared_gate_proj, w.shared_up_proj))) is None:
         return w
     fused, (gate, up) = m

@@ -295,6 +295,9 @@ def test_fused_projections_match_separate(tiny, prompt_300):
     ffn = layer.ffn
     ffn_fused = ffn.gate_up if hasattr(ffn, "gate_up") else ffn.shared_gate_up
     assert ffn_fused is not None
+    if hasattr(ffn, "router_and_gate"):  # MoE: router and shared-expert gate in one matrix
+        assert ffn.router_and_gate is not None
+        assert ffn.router.data_ptr() == ffn.router_and_gate.data_ptr()
     rows = {}
     for name, model in (("fused", fused), ("plain", plain)):
         cache = new_cache(config)
