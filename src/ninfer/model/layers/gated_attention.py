@@ -239,14 +239,7 @@ def continued_causal_attention(
     # [n_pages, P, Hk, D] -> [L, Hk, D]
     k = k_pages[pages].flatten(0, 1)[:kv_len]
     v = v_pages[pages].flatten(0, 1)[:kv_len]
-    group = q.shape[1] // k.shape[1]
-    # [T, H, D] -> [1, H, T, D]
-    qh = q.transpose(0, 1)[None]
-    kh = k.to(q.dtype).repeat_interleave(group, dim=1).transpose(0, 1)[None]
-    vh = v.to(q.dtype).repeat_interleave(group, dim=1).transpose(0, 1)[None]
-    bias = causal_lower_right(q.shape[0], kv_len)
-    out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=bias, scale=scale)
-    return out[0].transpose(0, 1)
+    return _sdpa_expanded(q, k, v, scale=scale, attn_mask=causal_lower_right(q.shape[0], kv_len))
 
 
 def fresh_causal_attention(
@@ -254,18 +247,39 @@ def fresh_causal_attention(
 ) -> torch.Tensor:
     """Causal GQA attention of one sequence over its own new tokens, with no mask tensor.
 
-    `is_causal` without `attn_mask` lets SDPA pick its flash or memory-efficient backend; the KV
-    heads are expanded first because the fused backends do not all take grouped heads.
+    `is_causal` without `attn_mask` lets SDPA pick its flash or memory-efficient backend.
 
     Args:
         q: [T, Hq, D]; k, v: [T, Hk, D].
     Returns:
         [T, Hq, D] in q's dtype.
     """
+    return _sdpa_expanded(q, k, v, scale=scale, is_causal=True)
+
+
+def _sdpa_expanded(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: float,
+    is_causal: bool = False,
+    attn_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """SDPA of one sequence with the KV heads expanded to the query heads (the fused backends do
+    not all take grouped heads); `attn_mask` may be a bias object such as `causal_lower_right`.
+
+    Args:
+        q: [n, Hq, D]; k, v: [L, Hk, D].
+    Returns:
+        [n, Hq, D] in q's dtype.
+    """
     group = q.shape[1] // k.shape[1]
     # [T, H, D] -> [1, H, T, D]
     qh = q.transpose(0, 1)[None]
     kh = k.to(q.dtype).repeat_interleave(group, dim=1).transpose(0, 1)[None]
     vh = v.to(q.dtype).repeat_interleave(group, dim=1).transpose(0, 1)[None]
-    out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale)
+    out = F.scaled_dot_product_attention(
+        qh, kh, vh, attn_mask=attn_mask, is_causal=is_causal, scale=scale
+    )
     return out[0].transpose(0, 1)
