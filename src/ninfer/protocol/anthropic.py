@@ -22,7 +22,7 @@ from ninfer.protocol.errors import (
     opt_bool,
     unsupported,
 )
-from ninfer.protocol.openai_chat import RESERVED_TEMPLATE_KWARGS
+from ninfer.protocol.openai_chat import check_bool, merge_template_option, template_kwargs
 
 MIN_BUDGET_TOKENS = 1024  # Anthropic's minimum for thinking.budget_tokens
 MAX_STOP_SEQUENCES = 4  # the engine's stop-string limit
@@ -228,21 +228,10 @@ def _parse_template_kwargs(
     body: Mapping[str, Any], thinking: str | None, effort: str | None
 ) -> tuple[dict[str, Any], bool | None, str | None]:
     """Extra template kwargs, preserve_thinking, and the thinking type (kwargs may set it)."""
-    raw = body.get("chat_template_kwargs")
-    if raw is not None and not isinstance(raw, dict):
-        raise invalid_type("chat_template_kwargs", "an object", raw)
-    kwargs = dict(raw or {})
-    for name in kwargs:
-        if name in RESERVED_TEMPLATE_KWARGS:
-            raise invalid(
-                f"chat_template_kwargs.{name}",
-                "is set by the server (messages, tools, generation mode and special tokens "
-                "cannot be overridden)",
-            )
+    kwargs = template_kwargs(body)
     enable = kwargs.pop("enable_thinking", None)
     if enable is not None:
-        if not isinstance(enable, bool):
-            raise invalid_type("chat_template_kwargs.enable_thinking", "a boolean", enable)
+        check_bool("chat_template_kwargs.enable_thinking", enable)
         if thinking is not None and enable != (thinking != "disabled"):
             raise conflicting_template_option(
                 f"enable_thinking is {enable} but thinking.type is {thinking!r}"
@@ -256,18 +245,8 @@ def _parse_template_kwargs(
         )
     if inner_effort is not None and effort is None:
         kwargs["reasoning_effort"] = inner_effort
-    top, inner = body.get("preserve_thinking"), kwargs.pop("preserve_thinking", None)
-    for param, value in (
-        ("preserve_thinking", top),
-        ("chat_template_kwargs.preserve_thinking", inner),
-    ):
-        if value is not None and not isinstance(value, bool):
-            raise invalid_type(param, "a boolean", value)
-    if top is not None and inner is not None and top != inner:
-        raise conflicting_template_option(
-            "preserve_thinking and chat_template_kwargs.preserve_thinking disagree"
-        )
-    return kwargs, top if top is not None else inner, thinking
+    preserve = merge_template_option(body, kwargs, "preserve_thinking", check_bool)
+    return kwargs, preserve, thinking
 
 
 def _parse_sampling(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -254,9 +254,8 @@ def _parse_stop(stop: Any) -> tuple[str, ...]:
     return tuple(items)
 
 
-def parse_template_options(
-    body: Mapping[str, Any],
-) -> tuple[bool | None, bool | None, str | None, dict[str, Any]]:
+def template_kwargs(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of the request's chat_template_kwargs, refusing the names the server sets."""
     raw = body.get("chat_template_kwargs")
     if raw is not None and not isinstance(raw, dict):
         raise invalid_type("chat_template_kwargs", "an object", raw)
@@ -268,27 +267,43 @@ def parse_template_options(
                 "is set by the server (messages, tools, generation mode and special tokens "
                 "cannot be overridden)",
             )
+    return kwargs
 
-    def merged(name: str, check: Any) -> Any:
-        top, inner = body.get(name), kwargs.pop(name, None)
-        for param, value in ((name, top), (f"chat_template_kwargs.{name}", inner)):
-            if value is not None:
-                check(param, value)
-        if top is not None and inner is not None and top != inner:
-            raise conflicting_template_option(f"{name} and chat_template_kwargs.{name} disagree")
-        return top if top is not None else inner
 
-    def is_bool(param: str, value: Any) -> None:
-        if not isinstance(value, bool):
-            raise invalid_type(param, "a boolean", value)
+def merge_template_option(
+    body: Mapping[str, Any],
+    kwargs: dict[str, Any],
+    name: str,
+    check: Callable[[str, Any], None],
+) -> Any:
+    """A template option given at the top level, inside chat_template_kwargs (popped from
+    `kwargs`), or in both with the same value; each given value is checked first."""
+    top, inner = body.get(name), kwargs.pop(name, None)
+    for param, value in ((name, top), (f"chat_template_kwargs.{name}", inner)):
+        if value is not None:
+            check(param, value)
+    if top is not None and inner is not None and top != inner:
+        raise conflicting_template_option(f"{name} and chat_template_kwargs.{name} disagree")
+    return top if top is not None else inner
+
+
+def check_bool(param: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise invalid_type(param, "a boolean", value)
+
+
+def parse_template_options(
+    body: Mapping[str, Any],
+) -> tuple[bool | None, bool | None, str | None, dict[str, Any]]:
+    kwargs = template_kwargs(body)
 
     def is_effort(param: str, value: Any) -> None:
         if value not in REASONING_EFFORTS:
             raise invalid(param, f"must be one of {', '.join(REASONING_EFFORTS)}, got {value!r}")
 
-    enable = merged("enable_thinking", is_bool)
-    preserve = merged("preserve_thinking", is_bool)
-    effort = merged("reasoning_effort", is_effort)
+    enable = merge_template_option(body, kwargs, "enable_thinking", check_bool)
+    preserve = merge_template_option(body, kwargs, "preserve_thinking", check_bool)
+    effort = merge_template_option(body, kwargs, "reasoning_effort", is_effort)
     if enable is True and effort == "none":
         raise conflicting_template_option("enable_thinking is true but reasoning_effort is 'none'")
     if enable is False and effort not in (None, "none"):
