@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ninfer.artifact.convert import convert
-from ninfer.testing import TinySpec, make_tiny_checkpoint
+from ninfer.testing import TinySpec
+from support.tiny_artifacts import convert_tiny
 
 VOCAB = 8192
 
@@ -28,16 +28,8 @@ def _no_tf32() -> Iterator[None]:
 
 
 def make_artifact(tmp: Path, kind: str) -> Path:
-    ckpt = make_tiny_checkpoint(
-        tmp / f"hf-{kind}",
-        TinySpec(kind=kind, vocab_size=VOCAB, with_vision=False),
-        seed=7,
-        dtype=torch.bfloat16,
-        layout="flat",
-    )
-    out = tmp / f"{kind}.ninfer"
-    convert(ckpt, out, name=f"tiny-{kind}")
-    return out
+    spec = TinySpec(kind=kind, vocab_size=VOCAB, with_vision=False)
+    return convert_tiny(tmp, spec, seed=7, name=f"tiny-{kind}")[1]
 
 
 @pytest.fixture(scope="session")

@@ -11,12 +11,12 @@ from pathlib import Path
 import torch
 
 from ninfer import Engine
-from ninfer.artifact.convert import convert
 from ninfer.artifact.quantize import dequantize_fp8_block
 from ninfer.artifact.reader import Artifact
 from ninfer.engine.request import EventKind, FinishReason
 from ninfer.model import ForwardBatch, ModelCache, Qwen3_5Model, TextConfig
-from ninfer.testing import TinySpec, make_tiny_checkpoint
+from ninfer.testing import TinySpec
+from support.tiny_artifacts import convert_tiny
 
 VOCAB = 8192
 STEPS = 8
@@ -49,15 +49,8 @@ def _reference_greedy(path: Path, prompt: list[int]) -> list[int]:
 
 
 def test_engine_serves_an_fp8_artifact(tmp_path: Path) -> None:
-    ckpt = make_tiny_checkpoint(
-        tmp_path / "hf",
-        TinySpec(kind="dense", vocab_size=VOCAB, with_vision=False),
-        seed=11,
-        dtype=torch.bfloat16,
-        layout="flat",
-    )
-    path = tmp_path / "fp8.ninfer"
-    convert(ckpt, path, name="tiny-fp8", weights="fp8")
+    spec = TinySpec(kind="dense", vocab_size=VOCAB, with_vision=False)
+    _, path = convert_tiny(tmp_path, spec, seed=11, name="tiny-fp8", weights="fp8")
     prompt = torch.randint(0, VOCAB, (21,), generator=torch.Generator().manual_seed(4)).tolist()
     with Engine.load(path, dtype="fp32", page_size=16, max_context=64, prefill_chunk=8) as engine:
         events = list(

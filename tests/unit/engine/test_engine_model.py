@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from ninfer import Engine
-from ninfer.artifact.convert import convert
 from ninfer.engine.request import EventKind, FinishReason
-from ninfer.testing import TinySpec, make_tiny_checkpoint
+from ninfer.testing import TinySpec
+from support.tiny_artifacts import convert_tiny
 
 transformers = pytest.importorskip("transformers")
 VOCAB = 8192
@@ -20,16 +20,7 @@ GREEDY = {"greedy": True, "presence_penalty": 0.0}
 
 def _artifact(tmp: Path, kind: str) -> tuple[Path, Path]:
     # bf16 values: the artifact (bf16) and transformers (fp32 upcast) then hold identical weights
-    ckpt = make_tiny_checkpoint(
-        tmp / f"hf-{kind}",
-        TinySpec(kind=kind, vocab_size=VOCAB),
-        seed=3,
-        dtype=torch.bfloat16,
-        layout="flat",
-    )
-    out = tmp / f"{kind}.ninfer"
-    convert(ckpt, out, name=f"tiny-{kind}")
-    return ckpt, out
+    return convert_tiny(tmp, TinySpec(kind=kind, vocab_size=VOCAB), seed=3, name=f"tiny-{kind}")
 
 
 @pytest.fixture(scope="module", params=["dense", "moe"])

@@ -12,36 +12,22 @@ from pathlib import Path
 import pytest
 import torch
 
-from ninfer.artifact.convert import convert
 from ninfer.artifact.quantize import dequantize_fp8_block, quantize_fp8_block
 from ninfer.artifact.reader import Artifact
 from ninfer.kernels.fp8_gemv.reference import Fp8Weight, dequantize
 from ninfer.model import ForwardBatch, ModelCache, Qwen3_5Model, TextConfig
 from ninfer.model.errors import WeightError
 from ninfer.model.qwen3_5 import _fuse_rows
-from ninfer.testing import TinySpec, make_tiny_checkpoint
+from support.tiny_artifacts import FP8_VARIANTS, convert_tiny, variant_spec
 
 VOCAB = 512
 
 
-# "aligned": DeltaNet qkv (256 rows) and z (128) on the 128-row grid, so they merge in fp8
-ALIGNED = {"num_linear_value_heads": 4, "linear_key_head_dim": 32, "linear_value_head_dim": 32}
-
-
-@pytest.fixture(scope="module", params=["dense", "moe", "aligned"])
+@pytest.fixture(scope="module", params=FP8_VARIANTS)
 def fp8_artifact(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp(f"fp8-{request.param}")
-    kind, extra = ("dense", ALIGNED) if request.param == "aligned" else (request.param, {})
-    ckpt = make_tiny_checkpoint(
-        tmp / "hf",
-        TinySpec(kind=kind, vocab_size=VOCAB, with_vision=False, **extra),
-        seed=5,
-        dtype=torch.bfloat16,
-        layout="flat",
-    )
-    out = tmp / "tiny.ninfer"
-    convert(ckpt, out, name="tiny-fp8", weights="fp8")
-    return out
+    spec = variant_spec(request.param, VOCAB)
+    return convert_tiny(tmp, spec, seed=5, name="tiny-fp8", weights="fp8")[1]
 
 
 def _dequantized(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
