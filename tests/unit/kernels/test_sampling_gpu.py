@@ -64,11 +64,12 @@ def _logits(num_rows: int, num_columns: int, style: str, gen: torch.Generator) -
     return x
 
 
-def _explained(logits_row, counts_row, reals, ints, num_sampleable, a: int, b: int) -> bool:
-    """True when tokens a and b differ only through a float64 near-tie of the twin's own math."""
-    temperature, top_p, min_p, presence, frequency = reals
-    top_k = ints[0]
-    z = logits_row[None, :num_sampleable].double().cpu().float()
+def _twin_candidates(
+    logits_row, counts_row, num_sampleable, temperature, presence, frequency, top_k
+):
+    """The twin's math for one row, restated in float64 on the CPU: its top-20 candidate ids, their
+    log-ratios to the best (-inf past top_k), weights e^ratio and the mass before each."""
+    z = logits_row[None, :num_sampleable].cpu().float()
     if counts_row is not None:
         c = counts_row[None, :num_sampleable].cpu().float()
         z = z - torch.tensor(presence, dtype=torch.float32) * (c > 0)
@@ -78,7 +79,16 @@ def _explained(logits_row, counts_row, reals, ints, num_sampleable, a: int, b: i
     ratio = scaled.double() - scaled[:, :1].double()
     ratio[:, top_k:] = -math.inf
     weights = torch.exp(ratio)
-    before = torch.cumsum(weights, -1) - weights
+    return ids, ratio, weights, torch.cumsum(weights, -1) - weights
+
+
+def _explained(logits_row, counts_row, reals, ints, num_sampleable, a: int, b: int) -> bool:
+    """True when tokens a and b differ only through a float64 near-tie of the twin's own math."""
+    temperature, top_p, min_p, presence, frequency = reals
+    top_k = ints[0]
+    ids, ratio, weights, before = _twin_candidates(
+        logits_row, counts_row, num_sampleable, temperature, presence, frequency, top_k
+    )
     total = float(weights.sum())
     near = (before[0, :top_k] - top_p * total).abs().min().item() <= NEAR_TIE * total
     if min_p > 0:
@@ -206,17 +216,15 @@ def test_empirical_distribution_matches_twin_probabilities(
     observed = torch.bincount(tokens.cpu(), minlength=num_columns).double() / num_draws
 
     # the twin's probabilities for this row: survivors' weights, renormalised (float64)
-    z = row[:, :num_sampleable].cpu()
-    if counts is not None:
-        c = counts[:, :num_sampleable].cpu().float()
-        z = z - torch.tensor(presence, dtype=torch.float32) * (c > 0)
-        z = z - torch.tensor(frequency, dtype=torch.float32) * c
-    ids, cand_z = top_candidates(z, min(20, num_sampleable))
-    scaled = cand_z / torch.tensor(temperature, dtype=torch.float32)
-    ratio = scaled.double() - scaled[:, :1].double()
-    ratio[:, top_k:] = -math.inf
-    weights = torch.exp(ratio)
-    before = torch.cumsum(weights, -1) - weights
+    ids, ratio, weights, before = _twin_candidates(
+        row[0],
+        None if counts is None else counts[0],
+        num_sampleable,
+        temperature,
+        presence,
+        frequency,
+        top_k,
+    )
     keep = (before < top_p * weights.sum()) | (top_p >= 1.0)
     if min_p > 0:
         keep &= ratio >= math.log(min_p)
