@@ -40,6 +40,16 @@ _COMMON: dict[str, Any] = {
     "rope_parameters": _ROPE,
 }
 
+_TINY: dict[str, Any] = _COMMON | {
+    "vocab_size": 4096,
+    "hidden_size": 256,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+}
+
 # Text configs of the real checkpoints (shared/FACTS.md "The model family"), then tiny ones.
 SYNTHETIC_CONFIGS: dict[str, dict[str, Any]] = {
     "qwen3.6-27b": _COMMON
@@ -67,28 +77,10 @@ SYNTHETIC_CONFIGS: dict[str, dict[str, Any]] = {
     },
     # Tiny shapes with the real head sizes (256 attention, 128 DeltaNet), for tests and smoke
     # runs: seconds on any GPU, and the CPU reference runs them too.
-    "tiny-dense": _COMMON
-    | {
-        "model_type": "qwen3_5_text",
-        "vocab_size": 4096,
-        "hidden_size": 256,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "linear_num_key_heads": 2,
-        "linear_num_value_heads": 4,
-        "intermediate_size": 512,
-    },
-    "tiny-moe": _COMMON
+    "tiny-dense": _TINY | {"model_type": "qwen3_5_text", "intermediate_size": 512},
+    "tiny-moe": _TINY
     | {
         "model_type": "qwen3_5_moe_text",
-        "vocab_size": 4096,
-        "hidden_size": 256,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "linear_num_key_heads": 2,
-        "linear_num_value_heads": 4,
         "num_experts": 16,
         "num_experts_per_tok": 4,
         "moe_intermediate_size": 128,
