@@ -310,12 +310,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torch.Tensor:
         return F.linear(x, weight)
     if use_cuda_kernels(x, "fp8_gemv") and x.dim() == 2 and x.shape[0] <= _fp8_gemv_cuda.MAX_ROWS:
         x = x.contiguous()
-        # bf16 x: tensor cores first (sm_90; bf16 is exact in f16 after the kernel's per-block
-        # power-of-two scaling). fp32 x keeps the CUDA-core GEMV's full fp32 products (the tensor
-        # cores would round it to f16: 3e-3 row errors through a tiny model on the H200).
-        # NINFER_KERNELS_OFF=fp8_tc falls back to the CUDA-core GEMV.
-        tc_ok = x.dtype == torch.bfloat16 and not _switched_off("fp8_tc")
-        if tc_ok and _fp8_tc_cuda.supports(x, weight):
+        # tensor cores first (sm_90, bf16 x); NINFER_KERNELS_OFF=fp8_tc falls back to the
+        # CUDA-core GEMV, which also takes fp32 x (full fp32 products)
+        if not _switched_off("fp8_tc") and _fp8_tc_cuda.supports(x, weight):
             return _fp8_tc_cuda.fp8_linear(x, weight)
         if _fp8_gemv_cuda.supports(x, weight):
             return _fp8_gemv_cuda.fp8_linear(x, weight)

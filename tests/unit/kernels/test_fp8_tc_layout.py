@@ -145,7 +145,7 @@ def _emulate_tc(x: torch.Tensor, weight: Fp8Weight) -> torch.Tensor:
     return (frag * comb).sum(-1)
 
 
-@pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 1e-5), (torch.float32, 1e-3)])
+@pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 1e-5)])
 def test_block_power_of_two_scaling_keeps_extreme_x_exact(dtype: torch.dtype, tol: float) -> None:
     g = torch.Generator().manual_seed(11)
     n, k = 200, 400  # both off the 128 grid

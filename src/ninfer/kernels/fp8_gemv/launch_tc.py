@@ -1,10 +1,13 @@
 """CUDA launcher of the tensor-core fp8 GEMV (`fp8_tc_gemv` in fp8_gemv.cu), what decode runs.
 
-Imports torch and kernels.runtime. Same signature and results (to the f16 rounding of fp32 x) as
-`reference.fp8_linear` where `supports` says yes: 1..MAX_ROWS x rows, K a multiple of 16, dense
-16-byte-aligned operands, an sm_90+ GPU (thread-block clusters). The grid is one 128-row block
-per k split; the split count is picked so the whole grid is resident at once (3 blocks per SM)
-because a 27B projection lasts 7-50 us and a second partial wave would be its tail.
+Imports torch and kernels.runtime. Same signature and results as `reference.fp8_linear` where
+`supports` says yes: 1..MAX_ROWS bf16 x rows, K a multiple of 16, dense 16-byte-aligned operands,
+an sm_90+ GPU (thread-block clusters). x is bf16 only: the tensor cores multiply f16, which holds
+bf16 exactly after the kernel's per-block power-of-two scaling but would round fp32 x (a tiny
+fp32 model drifted to 3e-3 row errors on the H200), so fp32 x runs the CUDA-core GEMV. The grid
+is one 128-row block per k split; the split count is picked so the whole grid is resident at
+once (3 blocks per SM) because a 27B projection lasts 7-50 us and a second partial wave would be
+its tail.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ def _num_sms(index: int) -> int:
 def supports(x: torch.Tensor, weight: Fp8Weight) -> bool:
     """Whether the kernel takes these operands (otherwise the older kernel or the twin runs)."""
     w, s = weight.weight, weight.scale_inv
-    if x.dim() != 2 or x.dtype not in rt.CUDA_TYPES or w.dtype != torch.float8_e4m3fn:
+    if x.dim() != 2 or x.dtype != torch.bfloat16 or w.dtype != torch.float8_e4m3fn:
         return False
     if w.dim() != 2 or not x.is_cuda:
         return False
@@ -77,7 +80,8 @@ def fp8_linear(x: torch.Tensor, weight: Fp8Weight, *, splits: int | None = None)
     device = rt.check_cuda(x, weight.weight, weight.scale_inv)
     if not supports(x, weight):
         raise Fp8TcError(
-            f"tensor-core fp8 GEMV needs 1..{MAX_ROWS} dense 16-byte-aligned x rows, K % 16 == 0, "
+            f"tensor-core fp8 GEMV needs 1..{MAX_ROWS} dense 16-byte-aligned bf16 x rows, "
+            f"K % 16 == 0, "
             f"contiguous e4m3 weights with f32 [ceil(N/128), ceil(K/128)] scales and an sm_90+ "
             f"GPU; got x {tuple(x.shape)} {x.dtype}, weight {tuple(weight.shape)} "
             f"{weight.weight.dtype}"
