@@ -13,36 +13,18 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ninfer.artifact.reader import Artifact
 from ninfer.chat.output_decoder import DeltaKind, OutputDecoder, ToolCall, ToolCallParseStats
-from ninfer.chat.template import ChatTemplate
-from ninfer.engine.core import EngineCore
-from ninfer.engine.graphs import DecodeGraphs, unsupported_reason
+from ninfer.chat.template import ChatTemplate, load_default_template
+from ninfer.engine.build import EngineParts, assemble, build
 from ninfer.engine.handles import AsyncRequestHandle, RequestHandle
-from ninfer.engine.kv_pool import PagePool
-from ninfer.engine.options import EngineOptions, resolve_device
+from ninfer.engine.options import EngineOptions
 from ninfer.engine.request import EngineEvent, EventKind, FinishReason, GenerationRequest, Timings
-from ninfer.engine.runner import ModelRunner
-from ninfer.engine.sampling import (
-    NON_THINKING,
-    THINKING,
-    Sampler,
-    SamplingParams,
-    SamplingPreset,
-    presets_for,
-    resolve_sampling,
-)
-from ninfer.engine.scheduler import Scheduler, SchedulerConfig
-from ninfer.engine.state_slots import SlotPool
-from ninfer.model.cache import ModelCache
-from ninfer.model.config import TextConfig
+from ninfer.engine.sampling import SamplingParams, presets_for
 from ninfer.model.qwen3_5 import Qwen3_5Model
 from ninfer.tokenizer import Tokenizer
 
 SAMPLING_FIELDS = tuple(f.name for f in fields(SamplingParams))
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 @dataclass(frozen=True)
@@ -74,72 +56,31 @@ class ChatEvent:
 class Engine:
     """A loaded model serving generations from one worker thread."""
 
-    def __init__(self, artifact: Artifact, options: EngineOptions) -> None:
-        options.validate()
+    def __init__(
+        self,
+        parts: EngineParts,
+        options: EngineOptions,
+        template: ChatTemplate,
+        model_id: str,
+        artifact: Artifact | None = None,
+    ) -> None:
+        """Prefer `Engine.load` (an artifact) or `Engine.from_model` (a bound model)."""
         self.options = options
         self.artifact = artifact
-        self.model_id = artifact.name
+        self.model_id = model_id
         # Thinking-token cap for chat requests that start in thinking mode and pass no budget
         # of their own (`ninfer serve --default-thinking-budget`); None: uncapped.
         self.default_thinking_budget: int | None = None
-        self.tokenizer = Tokenizer.from_json(artifact.tokenizer_json)
-        self.template = ChatTemplate(artifact.chat_template())
-        gen = artifact.header.generation
-        self.eos_token_ids = frozenset(int(x) for x in gen.get("eos_token_ids", []))
-        self.presets = _presets(gen, str(artifact.metadata.get("architecture")))
-        self.config = TextConfig.from_hf(artifact.config["text"])
-        dtype, device = DTYPES[options.dtype], torch.device(resolve_device(options.device))
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device {options.device!r}: no CUDA device is available")
-        self.model = Qwen3_5Model(
-            self.config, artifact.load("text"), dtype=dtype, device=device, strict=True
-        )
-        kv_tokens = options.kv_capacity or options.max_context
-        num_pages = -(-kv_tokens // options.page_size)
-        extra = options.device_state_slots
-        num_slots = options.max_concurrency + (options.max_concurrency if extra is None else extra)
-        # [cuda-graphs] one spare state slot and KV page, never handed out, for graph capture
-        use_graphs = device.type == "cuda" and not options.no_cuda_graph
-        self.graph_status = _graph_status(self.model, use_graphs, options.max_concurrency)
-        spare = 1 if self.graph_status == "on" else 0
-        self.cache = ModelCache.allocate(
-            self.config,
-            num_pages=num_pages + spare,
-            num_slots=num_slots + spare,
-            page_size=options.page_size,
-            dtype=dtype,
-            device=device,
-        )
-        scheduler = Scheduler(
-            SchedulerConfig(
-                max_concurrency=options.max_concurrency,
-                max_pending=options.max_pending_requests,
-                pending_timeout_s=options.pending_timeout_ms / 1000.0,
-                prefill_chunk=options.prefill_chunk,
-                max_context=options.max_context,
-            ),
-            PagePool(num_pages, options.page_size),
-            SlotPool(num_slots),
-        )
-        sampler = Sampler(num_sampleable=min(self.tokenizer.vocab_size, self.config.vocab_size))
-        graphs = None
-        if spare:
-            graphs = DecodeGraphs(
-                self.model,
-                self.cache,
-                max_batch=options.max_concurrency,
-                max_pages=-(-options.max_context // options.page_size),
-                dummy_slot=num_slots,
-                dummy_page=num_pages,
-            )
-        runner = ModelRunner(self.model, self.cache, sampler, device, graphs=graphs)
-        self.core = EngineCore(
-            scheduler,
-            runner,
-            self.tokenizer,
-            eos_token_ids=self.eos_token_ids,
-            resolve_sampling=self._resolve_sampling,
-        )
+        self.template = template
+        self.parts = parts
+        self.tokenizer = parts.tokenizer
+        self.eos_token_ids = parts.eos_token_ids
+        self.presets = parts.resolver.presets
+        self.config = parts.config
+        self.model = parts.model
+        self.cache = parts.cache
+        self.graph_status = parts.graph_status
+        self.core = parts.core
 
     @classmethod
     def load(cls, path: str | Path | None = None, **options: Any) -> Engine:
@@ -148,15 +89,37 @@ class Engine:
             from ninfer.artifact.demo import ensure_demo
 
             path = ensure_demo()
-        return cls(Artifact(path), EngineOptions.from_kwargs(**options))
+        artifact = Artifact(path)
+        try:
+            opts = EngineOptions.from_kwargs(**options)
+            parts = build(artifact, opts)
+        except BaseException:
+            artifact.close()
+            raise
+        return cls(parts, opts, ChatTemplate(artifact.chat_template()), artifact.name, artifact)
+
+    @classmethod
+    def from_model(
+        cls,
+        model: Qwen3_5Model,
+        *,
+        architecture: str,
+        model_id: str = "synthetic",
+        **options: Any,
+    ) -> Engine:
+        """An engine over an already bound model (random weights of a real shape in benches),
+        with the Qwen3.5 tokenizer and ninfer's chat template; the model stays on its device."""
+        opts = EngineOptions.from_kwargs(**options)
+        parts = assemble(
+            model,
+            Tokenizer.qwen3_5(),
+            opts,
+            presets=presets_for(architecture),
+            eos_token_ids=frozenset(),
+        )
+        return cls(parts, opts, ChatTemplate(load_default_template()), model_id)
 
     # -- token level ---------------------------------------------------------------------------
-    def _resolve_sampling(self, request: GenerationRequest) -> Any:
-        preset = self.presets[THINKING if request.thinking else NON_THINKING]
-        overrides = dict(request.sampling)
-        greedy = bool(overrides.pop("greedy", False)) or self.options.greedy
-        return resolve_sampling(preset, self.options.process_sampling, overrides, greedy=greedy)
-
     def make_request(
         self,
         prompt: str | Sequence[int],
@@ -274,7 +237,8 @@ class Engine:
 
     def close(self) -> None:
         self.core.close()
-        self.artifact.close()
+        if self.artifact is not None:
+            self.artifact.close()
 
     def __enter__(self) -> Engine:
         return self
@@ -341,18 +305,3 @@ class _ChatTracker:
                 kind = "reasoning" if d.kind == DeltaKind.REASONING else "content"
                 out.append(ChatEvent(kind, text=d.text, token_ids=token_ids, num_output=num_output))
         return out
-
-
-def _graph_status(model: Qwen3_5Model, wanted: bool, max_batch: int) -> str:
-    """`on`, `off` (not wanted: CPU or no_cuda_graph) or `off: <why the model cannot>`."""
-    if not wanted:
-        return "off"
-    reason = unsupported_reason(model, max_batch)
-    return "on" if reason is None else f"off: {reason}"
-
-
-def _presets(generation: Mapping[str, Any], architecture: str) -> dict[str, SamplingPreset]:
-    stored = generation.get("presets")
-    if isinstance(stored, Mapping) and THINKING in stored and NON_THINKING in stored:
-        return {k: SamplingPreset(**stored[k]) for k in (THINKING, NON_THINKING)}
-    return presets_for(architecture)

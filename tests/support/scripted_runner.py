@@ -14,8 +14,7 @@ import time
 from collections.abc import Callable
 from functools import lru_cache
 
-from ninfer.engine.runner import StepResult
-from ninfer.engine.scheduler import Sequence, StepPlan
+from ninfer.engine.plan import Completed, Row, StepPlan, outcome_of
 from ninfer.tokenizer import Tokenizer
 
 IM_END = "<|im_end|>"
@@ -46,18 +45,14 @@ class ScriptedRunner:
                 break
         return tuple(self.tokenizer.encode_template(text + IM_END))
 
-    def _next(self, seq: Sequence) -> int:
-        out = self._output_ids(tuple(seq.token_ids[: seq.num_prompt]))
-        return out[min(seq.num_output, len(out) - 1)]
+    def _next(self, row: Row) -> int:
+        out = self._output_ids(tuple(row.seq.token_ids[: row.seq.num_prompt]))
+        return out[min(row.sample_index, len(out) - 1)]
 
-    def execute(self, plan: StepPlan) -> StepResult:
-        sampled: dict[int, int] = {}
-        if plan.prefill is not None and plan.prefill.samples:
-            if self.first_token_delay_s:
-                time.sleep(self.first_token_delay_s)
-            sampled[id(plan.prefill.seq)] = self._next(plan.prefill.seq)
-        for seq in plan.decode:
-            sampled[id(seq)] = self._next(seq)
+    def launch(self, plan: StepPlan) -> Completed:
+        if self.first_token_delay_s and any(r.samples for r in plan.prefill):
+            time.sleep(self.first_token_delay_s)
+        tokens = [self._next(r) for r in plan.rows if r.samples]
         if self.step_delay_s:
             time.sleep(self.step_delay_s)
-        return StepResult(sampled)
+        return Completed(plan, outcome_of(plan, tokens))

@@ -1,8 +1,9 @@
 """Prefill and decode timings of a synthetic real-shape model on one GPU.
 
 Imports torch, model/, engine.graphs and bench siblings. It drives the model the way the engine's
-runner does (prefill chunks through `Qwen3_5Model.forward`, decode through `DecodeGraphs` or an
-eager forward, greedy token ids back on the host every step), without the scheduler: there is no
+runner does (prefill chunks through `Qwen3_5Model.forward`, decode through the engine's
+`DecodeStep`: forward and greedy sampling in one CUDA graph, or eagerly; the sampled ids reach the
+host every step), without the scheduler or the overlapped loop: there is no
 artifact or tokenizer. Decode contexts are set by position, over KV pages and states filled with
 random values, so a 32k-context step costs what it would after a real 32k prefill.
 """
@@ -17,7 +18,7 @@ import torch
 
 from ninfer.bench.profile import profile_steps, summarize
 from ninfer.bench.results import DecodeResult, PrefillResult, StepProfile
-from ninfer.engine.graphs import DecodeGraphs, GraphError, unsupported_reason
+from ninfer.engine.graphs import DecodeInput, DecodeStep, GraphError, unsupported_reason
 from ninfer.model.batch import ForwardBatch
 from ninfer.model.cache import ModelCache
 from ninfer.model.qwen3_5 import Qwen3_5Model
@@ -61,18 +62,25 @@ class ModelBench:
         for t in self.cache.ssm_state:
             t.normal_(0.0, 0.05, generator=gen)
         self.graphs_reason = unsupported_reason(model, max_batch)
-        self.graphs = None
+        self.graphs: DecodeStep | None = None
         if self.graphs_reason is None:
-            self.graphs = DecodeGraphs(
-                model,
-                self.cache,
-                max_batch=max_batch,
-                max_pages=pages_per_seq,
-                dummy_slot=self.dummy_slot,
-                dummy_page=self.num_pages - 1,
-            )
+            self.graphs = self._decode_step(pages_per_seq, use_graphs=True)
+        self.eager = self._decode_step(pages_per_seq, use_graphs=False)
         self._pages_per_seq = pages_per_seq
         self._gen = torch.Generator().manual_seed(seed)
+
+    def _decode_step(self, max_pages: int, *, use_graphs: bool) -> DecodeStep:
+        """The engine's decode step (forward + greedy sampling + device feed of the next id)."""
+        return DecodeStep(
+            self.model,
+            self.cache,
+            max_batch=self.max_batch,
+            max_pages=max_pages,
+            num_sampleable=self.model.config.vocab_size,
+            use_graphs=use_graphs,
+            dummy_slot=self.dummy_slot,
+            dummy_page=self.num_pages - 1,
+        )
 
     def _token_ids(self, n: int) -> list[int]:
         return torch.randint(0, self.model.config.vocab_size, (n,), generator=self._gen).tolist()
@@ -177,10 +185,7 @@ class ModelBench:
         slots: list[int],
     ) -> list[int]:
         assert self.graphs is not None
-        logits = self.graphs.decode(
-            ids, num_computed=positions, page_tables=page_tables, state_slots=slots
-        )
-        return logits.argmax(-1).tolist()
+        return _step(self.graphs, ids, positions, page_tables, slots)
 
     def _eager_step(
         self,
@@ -189,14 +194,22 @@ class ModelBench:
         page_tables: Sequence[Sequence[int]],
         slots: list[int],
     ) -> list[int]:
-        batch = ForwardBatch.decode(
-            ids,
-            num_computed=positions,
-            page_tables=page_tables,
-            state_slots=slots,
-            device=self.device,
-        )
-        return self.model.forward(batch, self.cache).argmax(-1).tolist()
+        return _step(self.eager, ids, positions, page_tables, slots)
+
+
+def _step(
+    step: DecodeStep,
+    ids: list[int],
+    positions: list[int],
+    page_tables: Sequence[Sequence[int]],
+    slots: list[int],
+) -> list[int]:
+    """One greedy decode step as the engine runs it; the sampled ids reach the host (a sync)."""
+    rows = [
+        DecodeInput(token, pos, slot, pages)
+        for token, pos, slot, pages in zip(ids, positions, slots, page_tables, strict=True)
+    ]
+    return step.run(rows).tolist()
 
 
 def run_matrix(

@@ -1,9 +1,12 @@
 """EngineCore: one worker thread owns the model; any thread submits requests and reads events.
 
 Submission checks capacity synchronously (typed errors reach the caller at once), then hands the
-request to the worker through a locked inbox. The worker loops: drain the inbox, schedule, execute,
-commit. Events go to each request's sink on the worker thread; sinks must not block (the handles
-in `handles.py` queue them for blocking iterators or an asyncio loop).
+request to the worker through a locked inbox. The worker loops plan -> launch -> land: it plans
+and launches step N+1 before it waits for step N's samples (the overlapped loop; `overlap=False`
+waits for each step before planning the next), and `Scheduler.update` commits what landed. The
+core executes plans and routes events; it never mutates scheduler state itself. Events go to each
+request's sink on the worker thread; sinks must not block (the handles in `handles.py` queue
+them for blocking iterators or an asyncio loop).
 """
 
 from __future__ import annotations
@@ -23,17 +26,10 @@ from ninfer.engine.errors import (
     ServerOverloaded,
 )
 from ninfer.engine.output import OutputState
-from ninfer.engine.request import (
-    EngineEvent,
-    EventKind,
-    FinishReason,
-    GenerationRequest,
-    Timings,
-    Usage,
-)
-from ninfer.engine.runner import ModelRunner, StepResult
+from ninfer.engine.plan import Launched, Runner
+from ninfer.engine.request import EngineEvent, GenerationRequest
 from ninfer.engine.sampling import SamplingParamError, SamplingParams
-from ninfer.engine.scheduler import Scheduler, Sequence, StepPlan
+from ninfer.engine.scheduler import Event, Scheduler, Sequence
 from ninfer.engine.stops import StopStringError
 from ninfer.engine.thinking_budget import ThinkingBudget, ThinkingControl
 from ninfer.tokenizer import Tokenizer
@@ -47,24 +43,24 @@ log = logging.getLogger("ninfer.engine")
 class _Live:
     seq: Sequence
     sink: Sink
-    output: OutputState
-    budget: ThinkingBudget | None = None
 
 
 class EngineCore:
     def __init__(
         self,
         scheduler: Scheduler,
-        runner: ModelRunner,
+        runner: Runner,
         tokenizer: Tokenizer,
         *,
         eos_token_ids: frozenset[int],
         resolve_sampling: Callable[[GenerationRequest], SamplingParams],
+        overlap: bool = True,
     ) -> None:
         self.scheduler = scheduler
         self.runner = runner
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
+        self.overlap = overlap
         self._resolve_sampling = resolve_sampling
         self.thinking_control = ThinkingControl.from_tokenizer(tokenizer)
         self._lock = threading.Condition()
@@ -97,19 +93,6 @@ class EngineCore:
         except SamplingParamError as e:
             raise InvalidRequest(str(e)) from e
         self.scheduler.check_fits(len(request.prompt_ids), request.max_tokens)
-        now = time.monotonic()
-        timeout = request.pending_timeout_s
-        request_id = request.request_id or f"req-{next(self._ids)}"
-        seq = Sequence(
-            request_id=request_id,
-            request=request,
-            sampling=sampling,
-            token_ids=list(request.prompt_ids),
-            num_prompt=len(request.prompt_ids),
-            arrival=now,
-            deadline=now
-            + (self.scheduler.config.pending_timeout_s if timeout is None else timeout),
-        )
         stop_ids = request.stop_token_ids
         if stop_ids is None:
             stop_ids = frozenset() if request.ignore_eos else self.eos_token_ids
@@ -124,6 +107,21 @@ class EngineCore:
         except StopStringError as e:
             raise InvalidRequest(str(e)) from e
         budget = self._thinking_budget(request)
+        now = time.monotonic()
+        timeout = request.pending_timeout_s
+        request_id = request.request_id or f"req-{next(self._ids)}"
+        seq = Sequence(
+            request_id=request_id,
+            request=request,
+            sampling=sampling,
+            token_ids=list(request.prompt_ids),
+            num_prompt=len(request.prompt_ids),
+            arrival=now,
+            deadline=now
+            + (self.scheduler.config.pending_timeout_s if timeout is None else timeout),
+            output=output,
+            budget=budget,
+        )
         with self._lock:
             if self._closed or self.failure is not None:
                 raise EngineClosed("the engine is not running")
@@ -135,7 +133,7 @@ class EngineCore:
             if request_id in self._live or any(x.seq.request_id == request_id for x in self._inbox):
                 raise InvalidRequest(f"request id {request_id!r} is already in use")
             self._num_live += 1
-            self._inbox.append(_Live(seq, sink, output, budget))
+            self._inbox.append(_Live(seq, sink))
             self._lock.notify()
         return request_id
 
@@ -166,28 +164,36 @@ class EngineCore:
 
     # -- worker thread -------------------------------------------------------------------------
     def _run(self) -> None:
+        inflight: Launched | None = None
         try:
-            while True:
-                if not self._intake():
-                    break
-                plan, finishes = self.scheduler.schedule()
-                for seq, why in finishes:
-                    self._terminal(seq, why)
-                self._announce_admissions()
-                if plan.is_empty:
+            while self._intake():
+                plan, events = self.scheduler.schedule()
+                self._deliver(events)
+                launched = None if plan.is_empty else self.runner.launch(plan)
+                landed = inflight is not None
+                if inflight is not None:  # step N lands while step N+1 runs on the device
+                    self._land(inflight)
+                inflight = launched
+                if inflight is not None and not self.overlap:
+                    self._land(inflight)
+                    inflight, landed = None, True
+                if inflight is None and not landed and plan.is_empty:
                     self._idle_wait()
-                    continue
-                result = self.runner.execute(plan)
-                self._commit(plan, result)
+            if inflight is not None:
+                inflight.wait()  # the device is done with every buffer before requests fail
+            self._fail_all(EngineClosed("the engine was closed"))
         except BaseException as e:  # engine-wide failure: every live request learns of it
             log.exception("engine failure")
             self.failure = e
             self._fail_all(e)
 
+    def _land(self, launched: Launched) -> None:
+        outcome = launched.wait()
+        self._deliver(self.scheduler.update(launched.plan, outcome))
+
     def _intake(self) -> bool:
         with self._lock:
             if self._closed:
-                self._fail_all(EngineClosed("the engine was closed"))
                 return False
             inbox, self._inbox = self._inbox, []
             cancels, self._cancels = self._cancels, set()
@@ -200,6 +206,17 @@ class EngineCore:
                 live.seq.cancelled = True
         return True
 
+    def _deliver(self, events: list[Event]) -> None:
+        for seq, event in events:
+            live = self._live.get(seq.request_id)
+            if live is None:
+                continue
+            if event.is_terminal:
+                del self._live[seq.request_id]
+                with self._lock:
+                    self._num_live -= 1
+            self._emit(live, event)
+
     def _emit(self, live: _Live, event: EngineEvent) -> None:
         """Deliver one event; a consumer that fails (e.g. its event loop closed) is cancelled,
         never the engine: one broken client must not cost the other requests their work."""
@@ -209,15 +226,6 @@ class EngineCore:
             log.warning("request %s: event consumer failed; cancelling it", live.seq.request_id)
             live.seq.cancelled = True
 
-    def _announce_admissions(self) -> None:
-        admitted, self.scheduler.just_admitted = self.scheduler.just_admitted, []
-        for seq in admitted:
-            live = self._live.get(seq.request_id)
-            if live is not None and seq.slot is not None:
-                self._emit(
-                    live, EngineEvent(seq.request_id, EventKind.ADMITTED, num_prompt=seq.num_prompt)
-                )
-
     def _idle_wait(self) -> None:
         with self._lock:
             if self._inbox or self._cancels or self._closed:
@@ -225,105 +233,6 @@ class EngineCore:
             deadlines = [s.deadline for s in self.scheduler.waiting]
             timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
             self._lock.wait(timeout)
-
-    def _commit(self, plan: StepPlan, result: StepResult) -> None:
-        now = time.monotonic()
-        if plan.prefill is not None:
-            unit = plan.prefill
-            seq = unit.seq
-            seq.num_computed += unit.num_tokens
-            live = self._live[seq.request_id]
-            self._emit(
-                live,
-                EngineEvent(
-                    seq.request_id,
-                    EventKind.PROGRESS,
-                    num_processed=seq.num_computed,
-                    num_prompt=seq.num_prompt,
-                ),
-            )
-            if unit.samples:
-                self._commit_token(seq, result.sampled[id(seq)], now)
-            elif not seq.is_prefilling:  # max_tokens == 0: the prompt is processed, nothing more
-                seq.t_first_token = now
-                self._terminal(seq, FinishReason.LENGTH)
-        for seq in plan.decode:
-            seq.num_computed += 1
-            if seq.num_computed < len(seq.token_ids):
-                continue  # the row fed an inserted control token: its sample is not wanted
-            self._commit_token(seq, result.sampled[id(seq)], now)
-
-    def _commit_token(self, seq: Sequence, token_id: int, now: float) -> None:
-        live = self._live[seq.request_id]
-        if seq.cancelled:  # two-phase commit: a cancelled row commits nothing
-            self._terminal(seq, FinishReason.CANCELLED)
-            return
-        seq.token_ids.append(token_id)
-        if seq.t_first_token is None:
-            seq.t_first_token = now
-        seq.t_last_token = now
-        commit = live.output.commit(token_id, seq.num_output, len(seq.token_ids))
-        self._emit(
-            live,
-            EngineEvent(
-                seq.request_id,
-                EventKind.TOKENS,
-                [token_id],
-                commit.text,
-                num_prompt=seq.num_prompt,
-                num_output=seq.num_output,
-            ),
-        )
-        if commit.finish is not None:
-            self._terminal(seq, commit.finish, flush=False)
-        elif live.budget is not None:
-            self._insert_control(live, live.budget.after_commit(token_id, seq.num_output))
-
-    def _insert_control(self, live: _Live, control_ids: tuple[int, ...]) -> None:
-        """Commit control tokens without sampling. They join `token_ids` uncomputed; the next
-        decode steps feed them one per step (discarding those samples) before sampling again."""
-        if not control_ids:
-            return
-        seq = live.seq
-        seq.token_ids.extend(control_ids)
-        self._emit(
-            live,
-            EngineEvent(
-                seq.request_id,
-                EventKind.TOKENS,
-                list(control_ids),
-                live.output.commit_control(control_ids),
-                num_prompt=seq.num_prompt,
-                num_output=seq.num_output,
-                num_control=len(control_ids),
-            ),
-        )
-
-    def _terminal(
-        self, seq: Sequence, why: FinishReason | BaseException, flush: bool = True
-    ) -> None:
-        live = self._live.pop(seq.request_id, None)
-        self.scheduler.finish(seq)
-        if live is None:
-            return
-        with self._lock:
-            self._num_live -= 1
-        if isinstance(why, BaseException):
-            self._emit(live, EngineEvent(seq.request_id, EventKind.ERROR, error=why))
-            return
-        text = live.output.finish() if flush else ""
-        self._emit(
-            live,
-            EngineEvent(
-                seq.request_id,
-                EventKind.FINISHED,
-                text=text,
-                finish_reason=why,
-                usage=Usage(seq.num_prompt, seq.num_output),
-                timings=_timings(seq),
-                stop_string=live.output.stop_string,
-            ),
-        )
 
     def _fail_all(self, error: BaseException) -> None:
         wrapped = error if isinstance(error, EngineClosed) else EngineFailed(str(error))
@@ -333,22 +242,7 @@ class EngineCore:
             self._live[live.seq.request_id] = live
             self.scheduler.enqueue(live.seq)
         for live in list(self._live.values()):
-            self._terminal(live.seq, wrapped)
-
-
-def _timings(seq: Sequence) -> Timings:
-    start = seq.t_admitted or seq.arrival
-    first = seq.t_first_token
-    prompt_ms = (first - start) * 1000.0 if first is not None else 0.0
-    last = seq.t_last_token
-    predicted_ms = (last - first) * 1000.0 if first is not None and last is not None else 0.0
-    return Timings(
-        cache_n=0,
-        prompt_n=seq.num_prompt,
-        prompt_ms=prompt_ms,
-        predicted_n=seq.num_output,
-        predicted_ms=predicted_ms,
-    )
+            self._deliver(self.scheduler.fail(live.seq, wrapped))
 
 
 __all__ = ["EngineCore", "QueueTimeout"]

@@ -1,11 +1,14 @@
-"""CUDA graphs of the decode step: one per (batch size, page-table width) over static buffers.
+"""The decode step: forward, sampling and the feed of the next step, over static buffers.
 
-Imports torch and model/ only. A graph bakes in every tensor address and host-side shape, so the
-step's inputs live in one preallocated device buffer (token, position, slot and page table per
-row), refreshed by a single host-to-device copy before each replay. Batch sizes are exact (no
-padding rows); page tables are padded to a power-of-two width bucket, because the attention work
-of the reference path grows with the width, not with the real context. Capture and warm-up run
-on a reserved dummy state slot and KV page, so they never touch a live sequence's state.
+Imports torch, model/ and kernels/ only. One step of B decode rows reads its inputs from static
+device buffers (token override, position, state slot, penalty mask, sampler fields, page table),
+filled by one host-to-device copy per step; the token a row feeds is either given by the host or
+taken on the device from `last_token[slot]`, the sample the previous step wrote there, so the
+host never waits for a sample before launching the next step. Sampling (penalties from the
+per-slot `counts`, temperature, top-k/p, min-p, seeded Philox race) runs inside the step, which
+then updates `last_token` and `counts`. On CUDA the whole step is replayed as a CUDA graph per
+(batch bucket, page-table width bucket); padded rows use a reserved dummy slot and page, so they
+read and write no live state. Elsewhere the same body runs eagerly at the exact batch size.
 """
 
 from __future__ import annotations
@@ -16,41 +19,77 @@ from dataclasses import dataclass
 
 import torch
 
+from ninfer.kernels import dispatch
+from ninfer.kernels.sampling.reference import RowParams
 from ninfer.model.batch import ForwardBatch
 from ninfer.model.cache import ModelCache
-from ninfer.model.layers.moe import GATHER_MAX_ASSIGNMENTS
+from ninfer.model.layers.moe import ExpertPath, MoeWeights, decode_path
 from ninfer.model.qwen3_5 import Qwen3_5Model
 
 log = logging.getLogger("ninfer.engine.graphs")
 
-# Columns of the staging buffer before the page table.
-_IDS, _POS, _SLOT, _PAGES = 0, 1, 2, 3
+# Batch buckets: a step of B rows replays the graph of the smallest bucket >= B.
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
+
+# Integer columns of the staging buffer, before the page table.
+_TOKEN, _POS, _SLOT, _COUNT, _TOPK, _GREEDY, _SEED, _STEP, _PAGES = range(9)
+_NUM_REALS = 5  # temperature, top_p, min_p, presence, frequency
 
 
 class GraphError(RuntimeError):
     """CUDA graphs cannot serve this model or this batch."""
 
 
+@dataclass(frozen=True)
+class DecodeInput:
+    """One decode row: `token` < 0 means "the sample last written for this slot"."""
+
+    token: int
+    position: int
+    slot: int
+    pages: Sequence[int]
+    reals: tuple[float, float, float, float, float] = (1.0, 1.0, 0.0, 0.0, 0.0)
+    ints: tuple[int, int, int, int] = (1, 1, 0, 0)  # top_k, greedy, seed, step
+    count: bool = True  # add the sample to the slot's penalty counts
+
+
 @dataclass
 class _Captured:
     graph: torch.cuda.CUDAGraph
-    logits: torch.Tensor  # [b, V] fp32, overwritten by every replay
+    sampled: torch.Tensor  # [bucket] int64, overwritten by every replay
+    logits: torch.Tensor  # [bucket, V] fp32
+
+
+def bucket_for(num_rows: int, max_batch: int) -> int:
+    """The graph batch size serving `num_rows` rows (max_batch is always a bucket)."""
+    return next(b for b in buckets_up_to(max_batch) if b >= num_rows)
+
+
+def buckets_up_to(max_batch: int) -> tuple[int, ...]:
+    """Every batch size a graph is captured for, with max_batch itself as the last bucket."""
+    return tuple(sorted({b for b in BATCH_BUCKETS if b < max_batch} | {max_batch}))
 
 
 def unsupported_reason(model: Qwen3_5Model, max_batch: int = 1) -> str | None:
     """Why decode steps of up to `max_batch` rows cannot be captured, or None when they can."""
     if model.device.type != "cuda":
         return f"the model is on {model.device}, not a CUDA device"
-    num_assignments = model.config.num_experts_per_tok * max_batch
-    if model.config.is_moe and num_assignments > GATHER_MAX_ASSIGNMENTS:
-        # NOTE: above this the MoE layer groups tokens by expert with host-side counts, a
-        # device-to-host sync that stream capture forbids (model/layers/moe.py).
-        return f"{num_assignments} MoE expert assignments per step take a host-synced path"
+    moe = next((layer.ffn for layer in model.layers if isinstance(layer.ffn, MoeWeights)), None)
+    if moe is not None:
+        num = model.config.num_experts_per_tok * max_batch
+        if decode_path(moe, model.dtype, num) is ExpertPath.LOOP:
+            # NOTE: the loop path sizes its GEMMs from host-side counts, a device-to-host sync
+            # that stream capture forbids (model/layers/moe.py).
+            return f"{num} MoE expert assignments per step take a host-synced path"
     return None
 
 
-class DecodeGraphs:
-    """Captured decode steps of one model and cache, replayed for batches of 1..max_batch rows."""
+class DecodeStep:
+    """Decode steps of one model and cache: B rows in, B sampled ids out (on the device).
+
+    `last_token[s]` holds the latest sample of state slot s and `counts[s, id]` the penalty
+    counts of s's generated tokens; both have one row per cache slot.
+    """
 
     def __init__(
         self,
@@ -59,28 +98,48 @@ class DecodeGraphs:
         *,
         max_batch: int,
         max_pages: int,
-        dummy_slot: int,
-        dummy_page: int,
+        num_sampleable: int,
+        use_graphs: bool,
+        dummy_slot: int | None = None,
+        dummy_page: int | None = None,
     ) -> None:
-        reason = unsupported_reason(model, max_batch)
-        if reason is not None:
-            raise GraphError(f"CUDA graphs are unavailable: {reason}")
-        if not 0 <= dummy_slot < cache.num_slots or not 0 <= dummy_page < max(cache.num_pages, 1):
-            raise GraphError(f"dummy slot {dummy_slot} / page {dummy_page} outside the cache")
         self.model = model
         self.cache = cache
+        self.device = model.device
         self.max_batch = max_batch
         self.max_pages = max(1, max_pages)
+        self.num_sampleable = num_sampleable
+        if use_graphs:
+            reason = unsupported_reason(model, max_batch)
+            if reason is not None:
+                raise GraphError(f"CUDA graphs are unavailable: {reason}")
+            if dummy_slot is None or dummy_page is None:
+                raise GraphError("CUDA graphs need a reserved dummy slot and page")
+            if not 0 <= dummy_slot < cache.num_slots or not 0 <= dummy_page < cache.num_pages:
+                raise GraphError(f"dummy slot {dummy_slot} / page {dummy_page} outside the cache")
+        self.use_graphs = use_graphs
         self.dummy_slot = dummy_slot
         self.dummy_page = dummy_page
-        self.device = model.device
         width = _PAGES + self.max_pages
-        # [max_batch, 3 + max_pages] int64: id, position (= tokens already computed), slot, pages
-        self._host = torch.zeros((max_batch, width), dtype=torch.int64, pin_memory=True)
-        self._static = torch.zeros((max_batch, width), dtype=torch.int64, device=self.device)
+        pin = self.device.type == "cuda"
+        # two host staging buffers, alternated: one may still be copying while the next fills
+        self._host_ints = [
+            torch.zeros((max_batch, width), dtype=torch.int64, pin_memory=pin) for _ in range(2)
+        ]
+        self._host_reals = [
+            torch.zeros((max_batch, _NUM_REALS), dtype=torch.float64, pin_memory=pin)
+            for _ in range(2)
+        ]
+        self._turn = 0
+        self._ints = torch.zeros((max_batch, width), dtype=torch.int64, device=self.device)
+        self._reals = torch.zeros((max_batch, _NUM_REALS), dtype=torch.float64, device=self.device)
         self._cu_seqlens = torch.arange(max_batch + 1, dtype=torch.int32, device=self.device)
+        self.last_token = torch.zeros(cache.num_slots, dtype=torch.int64, device=self.device)
+        self.counts = torch.zeros(
+            (cache.num_slots, num_sampleable), dtype=torch.int32, device=self.device
+        )
         self._graphs: dict[tuple[int, int], _Captured] = {}
-        self._pool = torch.cuda.graph_pool_handle()
+        self._pool = torch.cuda.graph_pool_handle() if use_graphs else None
 
     @property
     def num_captured(self) -> int:
@@ -95,88 +154,149 @@ class DecodeGraphs:
             width *= 2
         return min(width, self.max_pages)
 
-    def fits(self, num_seqs: int, num_pages: int) -> bool:
-        return 0 < num_seqs <= self.max_batch and 0 < num_pages <= self.max_pages
-
-    def capture(self, num_seqs: int, num_pages: int) -> None:
+    def capture(self, num_rows: int, num_pages: int) -> None:
         """Capture the graph that would serve this batch now (warm-up before timing or serving)."""
-        self._get(num_seqs, self.width_for(num_pages))
+        if self.use_graphs:
+            self._get(bucket_for(num_rows, self.max_batch), self.width_for(num_pages))
 
-    def decode(
-        self,
-        input_ids: Sequence[int],
-        *,
-        num_computed: Sequence[int],
-        page_tables: Sequence[Sequence[int]],
-        state_slots: Sequence[int],
-    ) -> torch.Tensor:
-        """Run one decode step by graph replay; same inputs and result as ForwardBatch.decode.
+    # -- per-slot state the host adjusts ---------------------------------------------------------
+    def reset_counts(self, slot: int) -> None:
+        self.counts[slot].zero_()
 
-        Returns:
-            [B, vocab] fp32 logits in a static buffer that the next replay overwrites: consume
-            (sample) them before the next call.
-        """
-        num_seqs = len(input_ids)
-        if not len(num_computed) == len(page_tables) == len(state_slots) == num_seqs:
-            raise GraphError("decode needs one position, page table and state slot per token")
-        need = max(len(p) for p in page_tables)
-        if not self.fits(num_seqs, need):
-            raise GraphError(f"batch of {num_seqs} rows x {need} pages does not fit the graphs")
-        captured = self._get(num_seqs, self.width_for(need))
-        host = self._host[:num_seqs]
-        for row, (token, pos, slot, pages) in enumerate(
-            zip(input_ids, num_computed, state_slots, page_tables, strict=True)
-        ):
-            host[row, _IDS] = int(token)
-            host[row, _POS] = int(pos)
-            host[row, _SLOT] = int(slot)
-            host[row, _PAGES : _PAGES + len(pages)] = torch.as_tensor(pages, dtype=torch.int64)
-            host[row, _PAGES + len(pages) :] = pages[0]  # padding columns: masked by kv_lens
-        # NOTE: non_blocking from pinned memory; the host rows are rewritten only after the caller
-        # has read the logits of this step, which waits for this copy.
-        self._static[:num_seqs].copy_(host, non_blocking=True)
-        captured.graph.replay()
-        return captured.logits
+    def adjust_counts(self, uncount_slots: Sequence[int], add: Sequence[tuple[int, int]]) -> None:
+        """Remove each slot's latest sample from its counts; add the given (slot, id) pairs."""
+        if uncount_slots:
+            slots = torch.tensor(list(uncount_slots), dtype=torch.int64).to(self.device)
+            ones = torch.full((len(uncount_slots),), -1, dtype=torch.int32, device=self.device)
+            self.counts.index_put_((slots, self.last_token[slots]), ones, accumulate=True)
+        if add:
+            index = torch.tensor(list(zip(*add, strict=True)), dtype=torch.int64).to(self.device)
+            ones = torch.ones(index.shape[1], dtype=torch.int32, device=self.device)
+            self.counts.index_put_((index[0], index[1]), ones, accumulate=True)
 
-    # -- capture -------------------------------------------------------------------------------
-    def _batch(self, num_seqs: int, width: int) -> ForwardBatch:
-        rows = self._static[:num_seqs]
-        return ForwardBatch(
-            input_ids=rows[:, _IDS],
+    def record_samples(
+        self, slots: torch.Tensor, sampled: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> None:
+        """Make `sampled[i]` the next feed of `slots[i]` and add it to that slot's counts
+        (where `mask[i]` is 1; all when None). Used inside the step and for prefill samples."""
+        self.last_token.index_copy_(0, slots, sampled)
+        if mask is None:
+            mask = torch.ones(slots.shape[0], dtype=torch.int32, device=self.device)
+        self.counts.index_put_((slots, sampled), mask, accumulate=True)
+
+    # -- the step --------------------------------------------------------------------------------
+    def run(self, rows: Sequence[DecodeInput]) -> torch.Tensor:
+        """Launch one decode step; returns [B] int64 samples on the device (a view of a static
+        buffer on the graph path: read or copy it before the next call)."""
+        num_rows = len(rows)
+        if not 0 < num_rows <= self.max_batch:
+            raise GraphError(f"{num_rows} rows do not fit max_batch {self.max_batch}")
+        need = max(len(r.pages) for r in rows)
+        width = self.width_for(need)
+        size = bucket_for(num_rows, self.max_batch) if self.use_graphs else num_rows
+        self._stage(rows, size, width)
+        if self.use_graphs:
+            captured = self._get(size, width)
+            captured.graph.replay()
+            return captured.sampled[:num_rows]
+        sampled, _ = self._body(size, width)
+        return sampled
+
+    def logits_of_last_step(self, num_rows: int, num_pages: int) -> torch.Tensor:
+        """The graph path's logits of the latest step (tests compare them with eager forwards)."""
+        size = bucket_for(num_rows, self.max_batch)
+        return self._graphs[(size, self.width_for(num_pages))].logits[:num_rows]
+
+    def _stage(self, rows: Sequence[DecodeInput], size: int, width: int) -> None:
+        ints = self._host_ints[self._turn]
+        reals = self._host_reals[self._turn]
+        self._turn ^= 1
+        num_rows, cols = len(rows), _PAGES + width
+        # one tensor built from Python lists: far cheaper than per-element tensor writes
+        table = [
+            [r.token, r.position, r.slot, int(r.count), *r.ints, *r.pages]
+            + [r.pages[0]] * (width - len(r.pages))  # padding columns: masked by kv_lens
+            for r in rows
+        ]
+        ints[:num_rows, :cols] = torch.tensor(table, dtype=torch.int64)
+        reals[:num_rows] = torch.tensor([r.reals for r in rows], dtype=torch.float64)
+        if size > len(rows):  # padding rows: the dummy slot and page, greedy, uncounted
+            pad = ints[len(rows) : size]
+            pad.zero_()
+            pad[:, _SLOT] = self.dummy_slot
+            pad[:, _PAGES : _PAGES + width] = self.dummy_page
+            pad[:, _TOPK] = 1
+            pad[:, _GREEDY] = 1
+            reals[len(rows) : size] = torch.tensor([1.0, 1.0, 0.0, 0.0, 0.0], dtype=torch.float64)
+        # NOTE: non_blocking from pinned memory; this host buffer is refilled two steps later,
+        # after the engine has waited for the step that copied it.
+        self._ints[:size, : _PAGES + width].copy_(ints[:size, : _PAGES + width], non_blocking=True)
+        self._reals[:size].copy_(reals[:size], non_blocking=True)
+
+    def _body(self, size: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward + sample + feed bookkeeping for the first `size` staged rows."""
+        rows = self._ints[:size]
+        slots = rows[:, _SLOT]
+        override = rows[:, _TOKEN]
+        ids = torch.where(override >= 0, override, self.last_token.index_select(0, slots))
+        batch = ForwardBatch(
+            input_ids=ids,
             positions=rows[:, _POS],
-            cu_seqlens=self._cu_seqlens[: num_seqs + 1],
+            cu_seqlens=self._cu_seqlens[: size + 1],
             num_computed=rows[:, _POS],
             page_table=rows[:, _PAGES : _PAGES + width],
-            state_slots=rows[:, _SLOT],
-            query_lens=(1,) * num_seqs,
+            state_slots=slots,
+            query_lens=(1,) * size,
             max_kv_len=width * self.cache.page_size,
         )
+        logits = self.model.forward(batch, self.cache)  # [size, V] fp32
+        params = RowParams(self._reals[:size], rows[:, _TOPK : _STEP + 1])
+        sampled = dispatch.sample_tokens(
+            logits,
+            params,
+            num_sampleable=self.num_sampleable,
+            counts=self.counts,
+            count_rows=slots,
+        )
+        self.record_samples(slots, sampled, rows[:, _COUNT].to(torch.int32))
+        return sampled, logits
 
-    def _get(self, num_seqs: int, width: int) -> _Captured:
-        key = (num_seqs, width)
+    # -- capture ---------------------------------------------------------------------------------
+    def _get(self, size: int, width: int) -> _Captured:
+        key = (size, width)
         captured = self._graphs.get(key)
         if captured is None:
-            captured = self._capture(num_seqs, width)
+            captured = self._capture(size, width)
             self._graphs[key] = captured
         return captured
 
-    def _capture(self, num_seqs: int, width: int) -> _Captured:
-        rows = self._static[:num_seqs]
+    def _capture(self, size: int, width: int) -> _Captured:
+        # Capture on padding-only inputs: the dummy slot and page, no counting. The live rows
+        # staged for this step (if any) are restored afterwards from the host buffer.
+        saved_ints = self._ints[:size].clone()
+        saved_reals = self._reals[:size].clone()
+        saved_token = self.last_token[self.dummy_slot].clone()
+        rows = self._ints[:size]
         rows.zero_()
         rows[:, _SLOT] = self.dummy_slot
         rows[:, _PAGES:] = self.dummy_page
-        batch = self._batch(num_seqs, width)
+        rows[:, _TOPK] = 1
+        rows[:, _GREEDY] = 1
+        self._reals[:size] = torch.tensor([1.0, 1.0, 0.0, 0.0, 0.0], dtype=torch.float64)
         current = torch.cuda.current_stream(self.device)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(current)
         with torch.cuda.stream(side):  # warm-up: handles, kernel compilation, allocator pools
-            self.model.forward(batch, self.cache)
+            self._body(size, width)
         current.wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(graph, pool=self._pool):
-                logits = self.model.forward(batch, self.cache)
+                sampled, logits = self._body(size, width)
         except RuntimeError as e:  # e.g. an op that syncs with the host during capture
-            raise GraphError(f"capturing batch {num_seqs} x {width} pages failed: {e}") from e
-        log.debug("captured decode graph: batch %d, %d pages wide", num_seqs, width)
-        return _Captured(graph, logits)
+            raise GraphError(f"capturing batch {size} x {width} pages failed: {e}") from e
+        self._ints[:size].copy_(saved_ints)
+        self._reals[:size].copy_(saved_reals)
+        self.last_token[self.dummy_slot] = saved_token
+        log.debug("captured decode graph: batch %d, %d pages wide", size, width)
+        return _Captured(graph, sampled, logits)

@@ -7,12 +7,16 @@ from typing import Any
 
 from ninfer.engine.sampling import SamplingParams
 
+KV_AUTO = "auto"  # --kv-capacity auto: size the KV pool from free device memory
+MAX_CONCURRENCY = 64  # an extension of the spec's 1..8 (issue: up to 64 lanes)
+
 
 @dataclass(frozen=True)
 class EngineOptions:
     max_context: int = 8192
-    kv_capacity: int | None = None  # tokens; None follows max_context
-    max_concurrency: int = 1
+    kv_capacity: int | str | None = None  # tokens, "auto", or None (follows max_context)
+    max_concurrency: int = 1  # 1..64
+    max_batched_tokens: int | None = None  # per-step token budget; None: chunk + concurrency
     max_pending_requests: int = 16
     pending_timeout_ms: int = 30000
     prefill_chunk: int = 1024
@@ -21,6 +25,7 @@ class EngineOptions:
     dtype: str = "bf16"  # bf16 | fp32 (compute and KV dtype of the torch reference path)
     device: str = "cpu"  # cpu | cuda | cuda:N | auto (CUDA when a GPU is present)
     no_cuda_graph: bool = False  # decode eagerly instead of replaying CUDA graphs
+    no_overlap: bool = False  # wait for each step's samples before planning the next
     # process-level sampling overrides (spec: preset < process flag < request field; greedy last)
     temperature: float | None = None
     top_p: float | None = None
@@ -44,9 +49,20 @@ class EngineOptions:
             if not cond:
                 raise ValueError(msg)
 
-        need(1 <= self.max_concurrency <= 8, "max_concurrency must be in 1..8")
+        need(
+            isinstance(self.max_concurrency, int) and 1 <= self.max_concurrency <= MAX_CONCURRENCY,
+            f"max_concurrency must be in 1..{MAX_CONCURRENCY}",
+        )
         need(self.max_context >= 2, "max_context must be at least 2")
-        need(self.kv_capacity is None or self.kv_capacity >= 1, "kv_capacity must be positive")
+        kv = self.kv_capacity
+        need(
+            kv is None or kv == KV_AUTO or (isinstance(kv, int) and kv >= 1),
+            f"kv_capacity must be a positive number of tokens or 'auto', got {kv!r}",
+        )
+        need(
+            self.max_batched_tokens is None or self.max_batched_tokens > self.max_concurrency,
+            "max_batched_tokens must exceed max_concurrency (every decode row plus prefill)",
+        )
         need(self.max_pending_requests >= 0, "max_pending_requests must be >= 0")
         need(self.pending_timeout_ms >= 1, "pending_timeout_ms must be positive")
         need(self.prefill_chunk >= 1, "prefill_chunk must be positive")

@@ -1,120 +1,116 @@
-"""The model runner: executes a StepPlan on the model and returns pending sampled tokens.
+"""The model runner: launches a StepPlan on the device and hands back its samples later.
 
-It turns plain scheduler data into ForwardBatches, runs the model (a prefill chunk, then the
-compact decode batch) and samples. Its result is *pending*: the engine's output side decides what
-to commit. The runner owns the device-side cache; it never decides policy.
+It turns plan rows into the decode step's inputs (`engine/graphs.py`: forward, sampling and the
+next step's feed inside one CUDA graph) and into prefill forwards, one per chunk (each chunk keeps
+the fast single-sequence attention path; a mixed step therefore computes exactly what separate
+steps compute). `launch` only enqueues device work: the sampled ids travel to pinned host memory
+behind an event, and `wait()` on the returned handle reads them. The runner owns the device-side
+cache and never decides policy.
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import torch
 
-from ninfer.engine.graphs import DecodeGraphs, GraphError
-from ninfer.engine.penalty_counts import PenaltyCounts
-from ninfer.engine.sampling import Sampler
-from ninfer.engine.scheduler import Sequence, StepPlan
+from ninfer.engine.graphs import DecodeInput, DecodeStep
+from ninfer.engine.plan import FROM_DEVICE, Row, StepOutcome, StepPlan, outcome_of
+from ninfer.engine.sampling import row_fields
+from ninfer.kernels import dispatch
+from ninfer.kernels.sampling.reference import RowParams
 from ninfer.model.batch import ForwardBatch
 from ninfer.model.cache import ModelCache
 from ninfer.model.qwen3_5 import Qwen3_5Model
 
-log = logging.getLogger("ninfer.engine")
 
+@dataclass
+class _InFlight:
+    """A launched step: its samples land in `host` once `event` has completed."""
 
-@dataclass(frozen=True)
-class StepResult:
-    """Sampled token per sequence that produced one this step (prefill final chunk or decode)."""
+    plan: StepPlan
+    host: torch.Tensor  # [>= n] int64, pinned on CUDA
+    num_samples: int
+    event: torch.cuda.Event | None
 
-    sampled: dict[int, int]  # id(Sequence) -> token id
+    def wait(self) -> StepOutcome:
+        if self.event is not None:
+            self.event.synchronize()
+        return outcome_of(self.plan, self.host[: self.num_samples].tolist())
 
 
 class ModelRunner:
-    def __init__(
-        self,
-        model: Qwen3_5Model,
-        cache: ModelCache,
-        sampler: Sampler,
-        device: torch.device | str = "cpu",
-        graphs: DecodeGraphs | None = None,
-    ) -> None:
+    def __init__(self, model: Qwen3_5Model, cache: ModelCache, decode: DecodeStep) -> None:
         self.model = model
         self.cache = cache
-        self.sampler = sampler
-        self.device = torch.device(device)
-        self.graphs = graphs  # CUDA-graph decode (engine/graphs.py); None: eager
-        self.penalty_counts: PenaltyCounts | None = None  # made at the first penalised step
+        self.decode = decode
+        self.device = model.device
+        cuda = self.device.type == "cuda"
+        size = decode.max_batch
+        # two pinned result buffers, alternated like the decode step's staging buffers
+        self._host = [torch.zeros(size, dtype=torch.int64, pin_memory=cuda) for _ in range(2)]
+        self._turn = 0
 
-    def execute(self, plan: StepPlan) -> StepResult:
-        sampled: dict[int, int] = {}
-        rows: list[tuple[Sequence, torch.Tensor]] = []
-        if plan.prefill is not None:
-            unit = plan.prefill
-            seq = unit.seq
-            assert seq.slot is not None
-            if unit.start == 0:
-                self.cache.reset_slot(seq.slot)
-            batch = ForwardBatch.prefill(
-                seq.token_ids[unit.start : unit.start + unit.num_tokens],
-                num_computed=unit.start,
-                page_ids=seq.pages,
-                state_slot=seq.slot,
-                device=self.device,
-            )
-            logits = self.model.forward(batch, self.cache)  # [1, V]
-            if unit.samples:
-                rows.append((seq, logits[0]))
+    def launch(self, plan: StepPlan) -> _InFlight:
+        """Enqueue the step; nothing here waits for the device."""
+        self.decode.adjust_counts(plan.uncount_slots, plan.count_tokens)
+        samples: list[torch.Tensor] = []
         if plan.decode:
-            seqs = plan.decode
-            ids = [s.token_ids[s.num_computed] for s in seqs]
-            num_computed = [s.num_computed for s in seqs]
-            page_tables = [s.pages for s in seqs]
-            slots: list[int] = [s.slot for s in seqs]  # type: ignore[misc]
-            logits = None
-            if self.graphs is not None and self.graphs.fits(
-                len(seqs), max(len(p) for p in page_tables)
-            ):
-                try:
-                    logits = self.graphs.decode(
-                        ids, num_computed=num_computed, page_tables=page_tables, state_slots=slots
-                    )  # [B, V], static: sampled below before the next replay
-                except GraphError as e:  # capture touched only the dummy slot: go eager
-                    log.warning("CUDA graphs disabled, decoding eagerly: %s", e)
-                    self.graphs = None
-            if logits is None:
-                batch = ForwardBatch.decode(
-                    ids,
-                    num_computed=num_computed,
-                    page_tables=page_tables,
-                    state_slots=slots,
-                    device=self.device,
-                )
-                logits = self.model.forward(batch, self.cache)  # [B, V]
-            rows.extend((s, logits[i]) for i, s in enumerate(seqs))
-        if rows:
-            seqs = [s for s, _ in rows]
-            if plan.decode and len(rows) == len(plan.decode):
-                stacked = logits  # decode rows only: sample the [B, V] logits in place
-            else:
-                stacked = torch.stack([row for _, row in rows])
-            params = [s.sampling for s in seqs]
-            counts = count_rows = None
-            if any(p.presence_penalty or p.frequency_penalty for p in params):
-                counts, count_rows = self._output_counts(seqs, stacked)
-            steps = [s.num_output for s in seqs]
-            tokens = self.sampler.sample(stacked, params, steps, counts, count_rows)
-            for s, t in zip(seqs, tokens.tolist(), strict=True):
-                sampled[id(s)] = int(t)
-        return StepResult(sampled)
+            samples.append(self.decode.run([_decode_input(r) for r in plan.decode]))
+        for row in plan.prefill:
+            sample = self._prefill(row)
+            if sample is not None:
+                samples.append(sample)
+        host = self._host[self._turn]
+        self._turn ^= 1
+        num = 0
+        event = None
+        if samples:
+            flat = samples[0] if len(samples) == 1 else torch.cat(samples)
+            num = flat.shape[0]
+            host[:num].copy_(flat, non_blocking=True)
+            if self.device.type == "cuda":
+                event = torch.cuda.Event()
+                event.record()
+        return _InFlight(plan, host, num, event)
 
-    def _output_counts(
-        self, seqs: list[Sequence], logits: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Generated-token counts of each row: the per-slot buffer, updated in place, and the
-        row -> slot map the sampler reads it through."""
-        if self.penalty_counts is None:
-            self.penalty_counts = PenaltyCounts(
-                self.cache.num_slots, logits.shape[1], logits.device
-            )
-        return self.penalty_counts.counts, self.penalty_counts.rows_for(seqs)
+    def _prefill(self, row: Row) -> torch.Tensor | None:
+        if row.fresh:
+            self.cache.reset_slot(row.slot)
+            self.decode.reset_counts(row.slot)
+        batch = ForwardBatch.prefill(
+            row.token_ids,
+            num_computed=row.start,
+            page_ids=row.pages,
+            state_slot=row.slot,
+            device=self.device,
+        )
+        if not row.samples:
+            self.model.forward_hidden(batch, self.cache)
+            return None
+        logits = self.model.forward(batch, self.cache)  # [1, V]
+        reals, ints = row_fields(row.seq.sampling, row.sample_index)
+        slots = torch.tensor([row.slot], dtype=torch.int64).to(self.device)
+        token = dispatch.sample_tokens(
+            logits,
+            RowParams.pack([reals], [ints], self.device),
+            num_sampleable=self.decode.num_sampleable,
+            counts=self.decode.counts,
+            count_rows=slots,
+        )  # [1]
+        self.decode.record_samples(slots, token)
+        return token
+
+
+def _decode_input(row: Row) -> DecodeInput:
+    reals, ints = row_fields(row.seq.sampling, row.sample_index)
+    token = row.token_ids[0]
+    return DecodeInput(
+        token=token if token != FROM_DEVICE else -1,
+        position=row.start,
+        slot=row.slot,
+        pages=row.pages,
+        reals=reals,
+        ints=ints,
+        count=row.count_sample,
+    )

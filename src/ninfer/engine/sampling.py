@@ -36,12 +36,14 @@ __all__ = [  # RngPurpose, counter_uniforms and philox4x32_10 are re-exported fr
     "SamplingParamError",
     "SamplingParams",
     "SamplingPreset",
+    "SamplingResolver",
     "UnknownArchitectureError",
     "count_output_ids",
     "counter_uniforms",
     "philox4x32_10",
     "presets_for",
     "resolve_sampling",
+    "row_fields",
 ]
 
 MAX_PENALTY = 2.0  # OpenAI's range for presence / frequency penalties is [-2, 2]
@@ -219,6 +221,30 @@ def resolve_sampling(
     return params
 
 
+class SamplingResolver:
+    """The one place a request's sampler is resolved and validated: the artifact's preset for
+    the request's thinking mode < the process flags < the request's fields; greedy (process or
+    request) last."""
+
+    def __init__(
+        self,
+        presets: Mapping[str, SamplingPreset],
+        process_overrides: Mapping[str, Any],
+        *,
+        greedy: bool = False,
+    ) -> None:
+        self.presets = dict(presets)
+        self.process_overrides = dict(process_overrides)
+        self.greedy = greedy
+
+    def resolve(self, request: Any) -> SamplingParams:
+        """`request` is an engine GenerationRequest (its `thinking` and `sampling` fields)."""
+        preset = self.presets[THINKING if request.thinking else NON_THINKING]
+        overrides = dict(request.sampling)
+        greedy = bool(overrides.pop("greedy", False)) or self.greedy
+        return resolve_sampling(preset, self.process_overrides, overrides, greedy=greedy)
+
+
 def _fresh_seed() -> int:
     return secrets.randbits(64) + SEED_MIN
 
@@ -233,8 +259,9 @@ MAX_SAMPLEABLE = (1 << 31) - 2  # token ids are int32 inside the kernel
 def count_output_ids(
     output_ids: Sequence[Sequence[int]], num_columns: int, device: torch.device | str = "cpu"
 ) -> torch.Tensor:
-    """Per-row occurrence counts of generated ids, from scratch (engine.penalty_counts keeps the
-    same numbers incrementally; this is its definition and its tests' reference).
+    """Per-row occurrence counts of generated ids, from scratch (the decode step's per-slot
+    `counts` keep the same numbers incrementally; this is their definition and their tests'
+    reference).
 
     Returns:
         [B, num_columns] int32.
@@ -297,7 +324,7 @@ class Sampler:
             steps: B output indices of the tokens being drawn (0 for a request's first output
                 token); with the seed they fully determine the row's randomness.
             output_counts: [N, >= num_sampleable] int32 counts of each id among a sequence's
-                generated tokens (see count_output_ids, engine.penalty_counts); required when
+                generated tokens (see count_output_ids, engine.graphs.DecodeStep); required when
                 any row has a nonzero penalty.
             count_rows: B row indices into output_counts (a per-slot buffer is read in place);
                 None means logits row i uses counts row i.
@@ -333,14 +360,18 @@ def _row_params(
     for step in steps:
         if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= SEED_MAX:
             raise ValueError(f"steps must be non-negative 64-bit integers, got {step!r}")
-    reals = [
-        (p.temperature, p.top_p, p.min_p, p.presence_penalty, p.frequency_penalty) for p in params
-    ]
-    ints = [
-        (p.effective_top_k, int(p.is_greedy), _fresh_seed() if p.seed is None else p.seed, step)
-        for p, step in zip(params, steps, strict=True)
-    ]
-    return RowParams.pack(reals, ints, device)
+    fields_ = [row_fields(p, step) for p, step in zip(params, steps, strict=True)]
+    return RowParams.pack([f[0] for f in fields_], [f[1] for f in fields_], device)
+
+
+def row_fields(
+    p: SamplingParams, step: int
+) -> tuple[tuple[float, float, float, float, float], tuple[int, int, int, int]]:
+    """The kernel's per-row fields: (temperature, top_p, min_p, presence, frequency) and
+    (top_k, greedy, seed, step). A missing seed draws fresh entropy for this row."""
+    reals = (p.temperature, p.top_p, p.min_p, p.presence_penalty, p.frequency_penalty)
+    seed = _fresh_seed() if p.seed is None else p.seed
+    return reals, (p.effective_top_k, int(p.is_greedy), seed, step)
 
 
 def _check_counts(

@@ -1,11 +1,13 @@
-"""The scheduler: admission, resource reservation and the step plan. No tensors, no model.
+"""The scheduler: admission, resource reservation, step plans and the commit of their outcomes.
 
-Each step is `plan = schedule()`, `result = runner.execute(plan)`, `update(plan, result)`. A plan
-holds at most one prefill chunk (the oldest request still prefilling) and one compact decode batch
-(every decode-ready request, rebuilt each step, never with empty rows). Pages are reserved before a
-unit is planned; a decode row that cannot get its page finishes with reason `context`. Admission is
-FIFO; when the head cannot fit, up to `max_bypass` younger requests may pass it, then none until
-the head is admitted. All bookkeeping runs on the engine's worker thread.
+No tensors, no model. Each step is `plan = schedule()`, `launched = runner.launch(plan)`, and
+later `update(plan, launched.wait())`; with the overlapped loop the next `schedule()` runs while
+a step is still in flight, so a sequence has two frontiers: `num_scheduled` (tokens handed to the
+device) and `num_computed` (tokens whose step has landed). Only `update()` advances computed and
+committed tokens and decides finishes. A step fills a token budget: every decode row first (one
+token each, admission order), then prefill chunks of one or more requests (vLLM v1 style). Pages
+are reserved before a row is planned. Admission is FIFO; when the head cannot fit, up to
+`max_bypass` younger requests may pass it, then none until the head is admitted.
 """
 
 from __future__ import annotations
@@ -18,9 +20,21 @@ from dataclasses import dataclass, field
 
 from ninfer.engine.errors import ContextLengthExceeded, QueueTimeout
 from ninfer.engine.kv_pool import PagePool
-from ninfer.engine.request import FinishReason, GenerationRequest
+from ninfer.engine.output import OutputState
+from ninfer.engine.plan import FROM_DEVICE, Row, StepOutcome, StepPlan
+from ninfer.engine.request import (
+    EngineEvent,
+    EventKind,
+    FinishReason,
+    GenerationRequest,
+    Timings,
+    Usage,
+)
 from ninfer.engine.sampling import SamplingParams
 from ninfer.engine.state_slots import SlotPool
+from ninfer.engine.thinking_budget import ThinkingBudget
+
+MAX_CONCURRENCY = 64
 
 
 class SeqStatus(enum.Enum):
@@ -31,7 +45,12 @@ class SeqStatus(enum.Enum):
 
 @dataclass(eq=False)
 class Sequence:
-    """One request inside the engine. `token_ids` = prompt + committed output."""
+    """One request inside the engine. `token_ids` = prompt + committed output (+ control ids).
+
+    Frontiers: `num_computed` <= `num_scheduled` <= len(token_ids) + 1. Tokens below
+    `num_computed` are in the cache; rows up to `num_scheduled` were launched; `sampled_until`
+    is one past the furthest position a launched row will sample.
+    """
 
     request_id: str
     request: GenerationRequest
@@ -40,8 +59,12 @@ class Sequence:
     num_prompt: int
     arrival: float
     deadline: float
+    output: OutputState | None = None
+    budget: ThinkingBudget | None = None
     status: SeqStatus = SeqStatus.WAITING
-    num_computed: int = 0  # tokens whose KV and state are in the cache
+    num_computed: int = 0
+    num_scheduled: int = 0
+    sampled_until: int = 0
     pages: list[int] = field(default_factory=list)
     slot: int | None = None
     cancelled: bool = False
@@ -61,23 +84,9 @@ class Sequence:
     def is_prefilling(self) -> bool:
         return self.num_computed < self.num_prompt
 
-
-@dataclass(frozen=True)
-class PrefillUnit:
-    seq: Sequence
-    start: int
-    num_tokens: int
-    samples: bool  # the chunk ends the prompt and a first output token is wanted
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    prefill: PrefillUnit | None
-    decode: tuple[Sequence, ...]
-
     @property
-    def is_empty(self) -> bool:
-        return self.prefill is None and not self.decode
+    def num_inflight(self) -> int:
+        return self.num_scheduled - self.num_computed
 
 
 @dataclass(frozen=True)
@@ -88,9 +97,16 @@ class SchedulerConfig:
     prefill_chunk: int = 1024
     max_context: int = 8192
     max_bypass: int = 8
+    max_batched_tokens: int | None = None  # per-step token budget; None: chunk + concurrency
+
+    @property
+    def token_budget(self) -> int:
+        if self.max_batched_tokens is not None:
+            return self.max_batched_tokens
+        return self.prefill_chunk + self.max_concurrency
 
 
-Finish = tuple[Sequence, FinishReason | Exception]
+Event = tuple[Sequence, EngineEvent]
 
 
 class Scheduler:
@@ -101,10 +117,15 @@ class Scheduler:
         slots: SlotPool,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if not 1 <= config.max_concurrency <= 8:
-            raise ValueError("max_concurrency must be in 1..8")
+        if not 1 <= config.max_concurrency <= MAX_CONCURRENCY:
+            raise ValueError(f"max_concurrency must be in 1..{MAX_CONCURRENCY}")
         if slots.num_slots < config.max_concurrency:
             raise ValueError("need at least one state slot per lane")
+        if config.token_budget < config.max_concurrency + 1:
+            raise ValueError(
+                f"max_batched_tokens {config.token_budget} must exceed max_concurrency "
+                f"{config.max_concurrency}: a step holds every decode row plus prefill"
+            )
         self.config = config
         self.pages = pages
         self.slots = slots
@@ -112,7 +133,9 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order
         self._bypassed = 0
-        self.just_admitted: list[Sequence] = []  # drained by the engine core after schedule()
+        # penalty-count corrections for the next plan (see StepPlan)
+        self._uncount: list[int] = []
+        self._count: list[tuple[int, int]] = []
 
     # -- intake --------------------------------------------------------------------------------
     def check_fits(self, num_prompt: int, max_tokens: int) -> None:
@@ -127,45 +150,56 @@ class Scheduler:
         """Queue a request already checked by `check_fits` (the engine counts capacity)."""
         self.waiting.append(seq)
 
-    # -- planning ------------------------------------------------------------------------------
-    def schedule(self) -> tuple[StepPlan, list[Finish]]:
-        finishes = self._reap()
-        self._admit()
-        # Decode rows (older requests) reserve first; a row that cannot get its page finishes
-        # with reason `context` and frees its pages before the prefill chunk reserves.
-        decode, starved = self._plan_decode()
-        for seq in starved:
-            finishes.append((seq, FinishReason.CONTEXT))
-            self.finish(seq)
-        prefill = self._plan_prefill()
-        return StepPlan(prefill, tuple(decode)), finishes
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
 
-    def _reap(self) -> list[Finish]:
+    # -- planning ------------------------------------------------------------------------------
+    def schedule(self) -> tuple[StepPlan, list[Event]]:
+        """Plan one step; also returns the events decided while planning (admissions, reaped
+        and starved requests). Rows of a step still in flight are accounted for."""
+        events = self._reap()
+        events += self._admit()
+        budget = self.config.token_budget
+        decode, starved = self._plan_decode(budget)
+        for seq in starved:
+            events += self._finish(seq, FinishReason.CONTEXT)
+        prefill = self._plan_prefill(budget - len(decode))
+        plan = StepPlan(decode, prefill, tuple(self._uncount), tuple(self._count))
+        if not plan.is_empty:
+            self._uncount, self._count = [], []
+        return plan, events
+
+    def _reap(self) -> list[Event]:
         """Cancelled requests and waiting requests past their deadline leave now."""
-        out: list[Finish] = []
+        out: list[Event] = []
         now = self.clock()
         for seq in list(self.waiting):
             if seq.cancelled:
-                out.append((seq, FinishReason.CANCELLED))
-                self.finish(seq)
+                out += self._finish(seq, FinishReason.CANCELLED)
             elif now >= seq.deadline:
-                out.append((seq, QueueTimeout("the request was not admitted before its deadline")))
-                self.finish(seq)
+                error = QueueTimeout("the request was not admitted before its deadline")
+                out += self._finish(seq, error)
         for seq in list(self.running):
             if seq.cancelled:
-                out.append((seq, FinishReason.CANCELLED))
-                self.finish(seq)
+                out += self._finish(seq, FinishReason.CANCELLED)
         return out
 
-    def _admit(self) -> None:
-        while len(self.running) < self.config.max_concurrency and self._admit_one():
-            pass
+    def _admit(self) -> list[Event]:
+        out: list[Event] = []
+        while len(self.running) < self.config.max_concurrency:
+            seq = self._admit_one()
+            if seq is None:
+                break
+            admitted = EngineEvent(seq.request_id, EventKind.ADMITTED, num_prompt=seq.num_prompt)
+            out.append((seq, admitted))
+        return out
 
-    def _admit_one(self) -> bool:
+    def _admit_one(self) -> Sequence | None:
         """Admit the first waiting request that fits; the head may be passed max_bypass times."""
         for i, seq in enumerate(self.waiting):
             if i > 0 and self._bypassed >= self.config.max_bypass:
-                return False  # the head has been passed often enough: it goes next
+                return None  # the head has been passed often enough: it goes next
             first_chunk = min(seq.num_prompt, self.config.prefill_chunk)
             if not self.slots.num_free or self.pages.num_free < self.pages.pages_for(first_chunk):
                 continue
@@ -174,10 +208,9 @@ class Scheduler:
             seq.t_admitted = self.clock()
             del self.waiting[i]
             self.running.append(seq)
-            self.just_admitted.append(seq)
             self._bypassed = self._bypassed + 1 if i > 0 else 0
-            return True
-        return False
+            return seq
+        return None
 
     def _reserve(self, seq: Sequence, num_tokens: int) -> bool:
         """Make seq's pages cover its first `num_tokens` tokens; False (no change) if impossible."""
@@ -190,30 +223,198 @@ class Scheduler:
         seq.pages.extend(got)
         return True
 
-    def _plan_prefill(self) -> PrefillUnit | None:
-        for seq in self.running:
-            if not seq.is_prefilling:
-                continue
-            start = seq.num_computed
-            n = min(self.config.prefill_chunk, seq.num_prompt - start)
-            if not self._reserve(seq, start + n):
-                return None  # wait for pages; decodes may finish and free some
-            last = start + n == seq.num_prompt
-            return PrefillUnit(seq, start, n, samples=last and seq.request.max_tokens > 0)
-        return None
+    def _decode_position(self, seq: Sequence) -> int | None:
+        """The position seq's next decode row feeds, or None when it has none to run now."""
+        if seq.num_scheduled < seq.num_prompt:
+            return None
+        q = seq.num_scheduled
+        if q < len(seq.token_ids):
+            return q  # a known token (the last committed one, or an inserted control token)
+        if q >= seq.sampled_until:
+            return None  # nothing in flight will produce it
+        # The step in flight samples position q. If committing it must end the request (token
+        # or context limit), a row feeding it would only be discarded.
+        if q + 1 - seq.num_prompt >= seq.request.max_tokens or q + 1 >= self.config.max_context:
+            return None
+        return q
 
-    def _plan_decode(self) -> tuple[list[Sequence], list[Sequence]]:
-        rows, starved = [], []
+    def _plan_decode(self, budget: int) -> tuple[tuple[Row, ...], list[Sequence]]:
+        rows: list[Row] = []
+        starved: list[Sequence] = []
         for seq in self.running:
-            if seq.is_prefilling:
+            q = self._decode_position(seq)
+            if q is None or len(rows) >= budget:
                 continue
-            if self._reserve(seq, seq.num_computed + 1):
-                rows.append(seq)
-            else:
-                starved.append(seq)
-        return rows, starved
+            if not self._reserve(seq, q + 1):
+                if seq.num_inflight == 0:
+                    starved.append(seq)  # KV pool exhausted: finish with reason `context`
+                continue  # its step in flight lands first; the next plan decides
+            known = q < len(seq.token_ids)
+            assert seq.slot is not None
+            rows.append(
+                Row(
+                    seq,
+                    start=q,
+                    token_ids=(seq.token_ids[q] if known else FROM_DEVICE,),
+                    pages=tuple(seq.pages),
+                    slot=seq.slot,
+                    samples=True,
+                    sample_index=q + 1 - seq.num_prompt,
+                    # the next token is already known (a control token): the sample is discarded
+                    count_sample=q + 1 >= len(seq.token_ids),
+                )
+            )
+            seq.num_scheduled = q + 1
+            seq.sampled_until = max(seq.sampled_until, q + 2)
+        return tuple(rows), starved
+
+    def _plan_prefill(self, budget: int) -> tuple[Row, ...]:
+        rows: list[Row] = []
+        for seq in self.running:
+            if budget <= 0:
+                break
+            start = seq.num_scheduled
+            if start >= seq.num_prompt:
+                continue
+            n = min(self.config.prefill_chunk, seq.num_prompt - start, budget)
+            if not self._reserve(seq, start + n):
+                break  # wait for pages (FIFO): decodes may finish and free some
+            last = start + n == seq.num_prompt
+            samples = last and seq.request.max_tokens > 0
+            assert seq.slot is not None
+            rows.append(
+                Row(
+                    seq,
+                    start=start,
+                    token_ids=tuple(seq.token_ids[start : start + n]),
+                    pages=tuple(seq.pages),
+                    slot=seq.slot,
+                    samples=samples,
+                    sample_index=0,
+                    logits="last" if samples else "none",
+                )
+            )
+            seq.num_scheduled = start + n
+            if samples:
+                seq.sampled_until = start + n + 1
+            budget -= n
+        return tuple(rows)
+
+    # -- commit --------------------------------------------------------------------------------
+    def update(self, plan: StepPlan, outcome: StepOutcome) -> list[Event]:
+        """Commit a landed step: advance frontiers, commit kept samples, decide finishes."""
+        now = self.clock()
+        events: list[Event] = []
+        for row, token in zip(plan.rows, outcome.sampled, strict=True):
+            seq = row.seq
+            if seq.status != SeqStatus.RUNNING:
+                continue  # finished while this step was in flight: nothing of it is kept
+            end = row.start + row.num_new_tokens
+            seq.num_computed = max(seq.num_computed, end)
+            if row.start < seq.num_prompt:
+                events.append(
+                    (
+                        seq,
+                        EngineEvent(
+                            seq.request_id,
+                            EventKind.PROGRESS,
+                            num_processed=min(end, seq.num_prompt),
+                            num_prompt=seq.num_prompt,
+                        ),
+                    )
+                )
+                if end == seq.num_prompt and seq.request.max_tokens == 0:
+                    seq.t_first_token = now
+                    events += self._finish(seq, FinishReason.LENGTH)
+                    continue
+            if not row.samples or end != len(seq.token_ids):
+                continue  # no sample, or its position already holds a known (control) token
+            assert token is not None
+            events += self._commit_token(seq, token, now)
+        return events
+
+    def _commit_token(self, seq: Sequence, token_id: int, now: float) -> list[Event]:
+        if seq.cancelled:  # two-phase commit: a cancelled row commits nothing
+            return self._finish(seq, FinishReason.CANCELLED)
+        assert seq.output is not None
+        seq.token_ids.append(token_id)
+        if seq.t_first_token is None:
+            seq.t_first_token = now
+        seq.t_last_token = now
+        commit = seq.output.commit(token_id, seq.num_output, len(seq.token_ids))
+        events: list[Event] = [
+            (
+                seq,
+                EngineEvent(
+                    seq.request_id,
+                    EventKind.TOKENS,
+                    [token_id],
+                    commit.text,
+                    num_prompt=seq.num_prompt,
+                    num_output=seq.num_output,
+                ),
+            )
+        ]
+        if commit.finish is not None:
+            return events + self._finish(seq, commit.finish, flush=False)
+        if seq.budget is not None:
+            events += self._insert_control(seq, seq.budget.after_commit(token_id, seq.num_output))
+        return events
+
+    def _insert_control(self, seq: Sequence, control_ids: tuple[int, ...]) -> list[Event]:
+        """Commit control tokens without sampling. They join `token_ids` uncomputed; decode rows
+        feed them one per step (their samples discarded) before sampling again."""
+        if not control_ids:
+            return []
+        assert seq.output is not None and seq.slot is not None
+        position = len(seq.token_ids)
+        seq.token_ids.extend(control_ids)
+        if seq.sampled_until > position:  # a row in flight samples `position`: discarded now
+            self._uncount.append(seq.slot)
+            seq.sampled_until = position
+        self._count.extend((seq.slot, t) for t in control_ids)
+        text = seq.output.commit_control(control_ids)
+        return [
+            (
+                seq,
+                EngineEvent(
+                    seq.request_id,
+                    EventKind.TOKENS,
+                    list(control_ids),
+                    text,
+                    num_prompt=seq.num_prompt,
+                    num_output=seq.num_output,
+                    num_control=len(control_ids),
+                ),
+            )
+        ]
 
     # -- completion ----------------------------------------------------------------------------
+    def _finish(
+        self, seq: Sequence, why: FinishReason | BaseException, *, flush: bool = True
+    ) -> list[Event]:
+        """Release seq and return its terminal event (none if it had already finished)."""
+        if seq.status == SeqStatus.FINISHED:
+            return []
+        self.finish(seq)
+        if isinstance(why, BaseException):
+            return [(seq, EngineEvent(seq.request_id, EventKind.ERROR, error=why))]  # type: ignore[arg-type]
+        text = seq.output.finish() if (flush and seq.output is not None) else ""
+        event = EngineEvent(
+            seq.request_id,
+            EventKind.FINISHED,
+            text=text,
+            finish_reason=why,
+            usage=Usage(seq.num_prompt, seq.num_output),
+            timings=timings_of(seq),
+            stop_string=seq.output.stop_string if seq.output is not None else None,
+        )
+        return [(seq, event)]
+
+    def fail(self, seq: Sequence, error: BaseException) -> list[Event]:
+        """End one request with an error (engine-wide failure or shutdown)."""
+        return self._finish(seq, error)
+
     def finish(self, seq: Sequence) -> None:
         """Remove seq and return every page and its slot (idempotent)."""
         if seq.status == SeqStatus.FINISHED:
@@ -237,3 +438,20 @@ class Scheduler:
         assert held + self.pages.num_free == self.pages.num_pages, "pages leaked"
         slots = sum(1 for s in self.running if s.slot is not None)
         assert slots + self.slots.num_free == self.slots.num_slots, "slots leaked"
+        for s in self.running:
+            assert s.num_computed <= s.num_scheduled, f"{s.request_id}: computed past scheduled"
+
+
+def timings_of(seq: Sequence) -> Timings:
+    start = seq.t_admitted or seq.arrival
+    first = seq.t_first_token
+    prompt_ms = (first - start) * 1000.0 if first is not None else 0.0
+    last = seq.t_last_token
+    predicted_ms = (last - first) * 1000.0 if first is not None and last is not None else 0.0
+    return Timings(
+        cache_n=0,
+        prompt_n=seq.num_prompt,
+        prompt_ms=prompt_ms,
+        predicted_n=seq.num_output,
+        predicted_ms=predicted_ms,
+    )

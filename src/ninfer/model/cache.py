@@ -67,6 +67,22 @@ class ModelCache:
             layer_index=layer_index,
         )
 
+    @staticmethod
+    def bytes_per_page(config: TextConfig, page_size: int, dtype: torch.dtype) -> int:
+        """K and V of one page over every full-attention layer."""
+        item = torch.empty((), dtype=dtype).element_size()
+        per_token = 2 * config.num_key_value_heads * config.head_dim * item
+        return len(config.full_attention_layers) * page_size * per_token
+
+    @staticmethod
+    def bytes_per_slot(config: TextConfig, dtype: torch.dtype) -> int:
+        """One sequence's conv state (model dtype) and fp32 delta-rule state, every linear layer."""
+        item = torch.empty((), dtype=dtype).element_size()
+        conv = config.conv_dim * (config.linear_conv_kernel_dim - 1) * item
+        ssm = config.linear_num_value_heads * config.linear_key_head_dim
+        ssm *= config.linear_value_head_dim * 4
+        return len(config.linear_attention_layers) * (conv + ssm)
+
     @property
     def num_pages(self) -> int:
         return self.k_pages[0].shape[0] if self.k_pages else 0

@@ -17,9 +17,9 @@ from ninfer.engine.errors import ContextLengthExceeded, QueueTimeout, ServerOver
 from ninfer.engine.handles import RequestHandle
 from ninfer.engine.kv_pool import PagePool
 from ninfer.engine.request import EngineEvent, EventKind, FinishReason, GenerationRequest
-from ninfer.engine.runner import StepResult
+from ninfer.engine.plan import Completed, StepPlan, outcome_of
 from ninfer.engine.sampling import SamplingParams
-from ninfer.engine.scheduler import Scheduler, SchedulerConfig, StepPlan
+from ninfer.engine.scheduler import Scheduler, SchedulerConfig
 from ninfer.engine.state_slots import SlotPool
 from ninfer.tokenizer import Tokenizer
 
@@ -32,7 +32,7 @@ def tokenizer() -> Tokenizer:
 
 
 class FakeRunner:
-    """Token = f(prompt, step); emits EOS when the request's `eos_at` step is reached."""
+    """Token = f(prompt, output index); emits EOS when the request's `eos_at` index is drawn."""
 
     def __init__(self, delay: float = 0.0, gate: threading.Event | None = None) -> None:
         self.delay = delay
@@ -40,29 +40,24 @@ class FakeRunner:
         self.max_batch = 0
         self.prefill_chunks: list[int] = []
 
-    def token(self, seq) -> int:
+    @staticmethod
+    def token(seq, index: int) -> int:
         eos_at = seq.request.sampling.get("eos_at")
-        if eos_at is not None and seq.num_output == eos_at:
+        if eos_at is not None and index == eos_at:
             return EOS
-        return 1000 + (sum(seq.token_ids[: seq.num_prompt]) * 31 + seq.num_output) % 5000
+        return 1000 + (sum(seq.token_ids[: seq.num_prompt]) * 31 + index) % 5000
 
-    def execute(self, plan: StepPlan) -> StepResult:
+    def launch(self, plan: StepPlan) -> Completed:
         if self.gate is not None:
             self.gate.wait()
         if self.delay:
             time.sleep(self.delay)
-        sampled = {}
-        if plan.prefill is not None:
-            self.prefill_chunks.append(plan.prefill.num_tokens)
-            if plan.prefill.samples:
-                sampled[id(plan.prefill.seq)] = self.token(plan.prefill.seq)
+        self.prefill_chunks += [r.num_new_tokens for r in plan.prefill]
         self.max_batch = max(self.max_batch, len(plan.decode))
-        for seq in plan.decode:
-            # the decode input is the last committed token, not yet in the cache
-            assert seq.num_computed == len(seq.token_ids) - 1
-            assert len(seq.pages) * 4 >= seq.num_computed + 1
-            sampled[id(seq)] = self.token(seq)
-        return StepResult(sampled)
+        for row in plan.rows:  # a row's pages cover every position it writes
+            assert len(row.pages) * 4 >= row.start + row.num_new_tokens
+        tokens = [self.token(r.seq, r.sample_index) for r in plan.rows if r.samples]
+        return Completed(plan, outcome_of(plan, tokens))
 
 
 def make_core(

@@ -1,11 +1,13 @@
-"""The engine with penalties on the incremental per-slot counts: every sampler call sees exactly
-count_output_ids of its rows, and whole request streams equal those of a runner that rebuilds the
-counts from scratch. A fake model keeps it fast; the real scheduler, core, runner and sampler run,
-with slot reuse, cancellations and thinking-budget control suffixes in the mix."""
+"""The engine with penalties on the per-slot counts the decode step keeps on the device: every
+sampler call sees exactly count_output_ids of its rows, and whole request streams, with the
+overlapped loop on, equal those of a runner that rebuilds the counts from scratch before each
+step (overlap off). A fake model keeps it fast; the real scheduler, core, runner, decode step and
+sampler run, with slot reuse, cancellations and thinking-budget control suffixes in the mix."""
 
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import pytest
 import torch
@@ -13,9 +15,11 @@ import torch
 from ninfer.engine.core import EngineCore
 from ninfer.engine.kv_pool import PagePool
 from ninfer.engine.request import EngineEvent, EventKind, GenerationRequest
+from ninfer.engine.graphs import DecodeStep
+from ninfer.engine.plan import StepPlan
 from ninfer.engine.runner import ModelRunner
-from ninfer.engine.sampling import Sampler, SamplingParams, count_output_ids
-from ninfer.engine.scheduler import Scheduler, SchedulerConfig, Sequence
+from ninfer.engine.sampling import SamplingParams, count_output_ids
+from ninfer.engine.scheduler import Scheduler, SchedulerConfig
 from ninfer.engine.state_slots import SlotPool
 from ninfer.model.batch import ForwardBatch
 from ninfer.tokenizer import Tokenizer
@@ -38,6 +42,8 @@ def table() -> torch.Tensor:
 class FakeModel:
     """Logits depend only on each sequence's last input token and its position."""
 
+    device = torch.device("cpu")
+
     def __init__(self, table: torch.Tensor) -> None:
         self.table = table
 
@@ -46,8 +52,14 @@ class FakeModel:
         keys = (batch.input_ids[last] * 31 + batch.positions[last]) % NUM_TABLE_ROWS
         return self.table[keys]  # [B, V]
 
+    def forward_hidden(self, batch: ForwardBatch, cache: object) -> None:
+        return None
+
 
 class FakeCache:
+    page_size = 4
+    num_pages = 256
+
     def __init__(self, num_slots: int) -> None:
         self.num_slots = num_slots
 
@@ -56,27 +68,31 @@ class FakeCache:
 
 
 class CheckingRunner(ModelRunner):
-    """Records, per penalised sampler call, whether the counts it reads equal the definition."""
+    """Records, per decode row, whether the counts it samples with equal the definition (valid
+    with the overlap off: every earlier sample of the row's sequence has been committed)."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.checks: list[bool] = []
 
-    def _output_counts(self, seqs: list[Sequence], logits: torch.Tensor):
-        counts, rows = super()._output_counts(seqs, logits)
-        want = count_output_ids([s.output_ids for s in seqs], logits.shape[1])
-        self.checks.append(torch.equal(counts.index_select(0, rows), want))
-        return counts, rows
+    def launch(self, plan: StepPlan):
+        self.decode.adjust_counts(plan.uncount_slots, plan.count_tokens)
+        for row in plan.decode:
+            want = count_output_ids([row.seq.output_ids], VOCAB)[0]
+            self.checks.append(torch.equal(self.decode.counts[row.slot], want))
+        return super().launch(replace(plan, uncount_slots=(), count_tokens=()))
 
 
 class FromScratchRunner(ModelRunner):
-    """The previous behaviour: rebuild [B, V] counts from every output list at every step."""
+    """The reference: rebuild each decode row's counts from its committed outputs every step."""
 
-    def _output_counts(self, seqs: list[Sequence], logits: torch.Tensor):
-        return count_output_ids([s.output_ids for s in seqs], logits.shape[1]), None
+    def launch(self, plan: StepPlan):
+        for row in plan.decode:
+            self.decode.counts[row.slot] = count_output_ids([row.seq.output_ids], VOCAB)[0]
+        return super().launch(replace(plan, uncount_slots=(), count_tokens=()))
 
 
-def _run(runner_cls: type[ModelRunner], tokenizer, table, penalties: bool):
+def _run(runner_cls: type[ModelRunner], tokenizer, table, penalties: bool, overlap: bool):
     lanes = 3
     slots = SlotPool(lanes + 1)
     sched = Scheduler(
@@ -84,7 +100,11 @@ def _run(runner_cls: type[ModelRunner], tokenizer, table, penalties: bool):
         PagePool(256, 4),
         slots,
     )
-    runner = runner_cls(FakeModel(table), FakeCache(slots.num_slots), Sampler(VOCAB))
+    model, cache = FakeModel(table), FakeCache(slots.num_slots)
+    decode = DecodeStep(
+        model, cache, max_batch=lanes, max_pages=64, num_sampleable=VOCAB, use_graphs=False
+    )
+    runner = runner_cls(model, cache, decode)
 
     def resolve(req: GenerationRequest) -> SamplingParams:
         return SamplingParams(
@@ -96,7 +116,12 @@ def _run(runner_cls: type[ModelRunner], tokenizer, table, penalties: bool):
         )
 
     core = EngineCore(
-        sched, runner, tokenizer, eos_token_ids=frozenset({EOS}), resolve_sampling=resolve
+        sched,
+        runner,
+        tokenizer,
+        eos_token_ids=frozenset({EOS}),
+        resolve_sampling=resolve,
+        overlap=overlap,
     )
     events: dict[str, list[EngineEvent]] = {}
     done = threading.Semaphore(0)
@@ -146,13 +171,15 @@ def _run(runner_cls: type[ModelRunner], tokenizer, table, penalties: bool):
     return streams, runner
 
 
-def test_incremental_counts_equal_rebuilt_counts_in_a_running_engine(tokenizer, table) -> None:
-    streams, runner = _run(CheckingRunner, tokenizer, table, penalties=True)
+def test_device_counts_equal_rebuilt_counts_in_a_running_engine(tokenizer, table) -> None:
+    streams, runner = _run(CheckingRunner, tokenizer, table, penalties=True, overlap=False)
     assert len(runner.checks) > 50 and all(runner.checks)
-    assert runner.penalty_counts is not None
     assert sum(len(s) for s in streams.values()) > 300
-    reference, _ = _run(FromScratchRunner, tokenizer, table, penalties=True)
+    reference, _ = _run(FromScratchRunner, tokenizer, table, penalties=True, overlap=False)
     assert streams == reference
+    # the overlapped loop (samples fed on the device, counts corrected one step late) agrees
+    overlapped, _ = _run(ModelRunner, tokenizer, table, penalties=True, overlap=True)
+    assert overlapped == reference
     # power: the penalties really steer these streams, so equal streams mean equal counts
-    unpenalised, _ = _run(FromScratchRunner, tokenizer, table, penalties=False)
+    unpenalised, _ = _run(FromScratchRunner, tokenizer, table, penalties=False, overlap=False)
     assert sum(streams[r] != unpenalised[r] for r in streams) >= len(streams) // 2

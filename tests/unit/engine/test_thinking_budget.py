@@ -14,9 +14,9 @@ from ninfer.engine.errors import ThinkingBudgetCapacityInsufficient
 from ninfer.engine.handles import RequestHandle
 from ninfer.engine.kv_pool import PagePool
 from ninfer.engine.request import EventKind, FinishReason, GenerationRequest
-from ninfer.engine.runner import StepResult
+from ninfer.engine.plan import FROM_DEVICE, Completed, StepPlan, outcome_of
 from ninfer.engine.sampling import SamplingParams
-from ninfer.engine.scheduler import Scheduler, SchedulerConfig, StepPlan
+from ninfer.engine.scheduler import Scheduler, SchedulerConfig
 from ninfer.engine.state_slots import SlotPool
 from ninfer.engine.thinking_budget import (
     CLOSE_MARKER,
@@ -44,24 +44,27 @@ def control(tokenizer: Tokenizer) -> ThinkingControl:
 
 
 class ScriptRunner:
-    """Samples script[num_output] (then 7) and records the token each decode row was fed."""
+    """Samples script[output index] (then 7) and records the token each decode row was fed
+    (a row fed FROM_DEVICE gets the runner's own last sample for that sequence, as on a GPU)."""
 
     def __init__(self, script: list[int]) -> None:
         self.script = script
         self.fed: list[int] = []
+        self._last: dict[int, int] = {}
 
-    def _sample(self, seq) -> int:
-        n = seq.num_output
-        return self.script[n] if n < len(self.script) else 7
+    def _sample(self, index: int) -> int:
+        return self.script[index] if index < len(self.script) else 7
 
-    def execute(self, plan: StepPlan) -> StepResult:
-        sampled = {}
-        if plan.prefill is not None and plan.prefill.samples:
-            sampled[id(plan.prefill.seq)] = self._sample(plan.prefill.seq)
-        for seq in plan.decode:
-            self.fed.append(seq.token_ids[seq.num_computed])
-            sampled[id(seq)] = self._sample(seq)
-        return StepResult(sampled)
+    def launch(self, plan: StepPlan) -> Completed:
+        tokens = []
+        for row in plan.rows:
+            if row.is_decode:
+                token = row.token_ids[0]
+                self.fed.append(self._last[id(row.seq)] if token == FROM_DEVICE else token)
+            if row.samples:
+                tokens.append(self._sample(row.sample_index))
+                self._last[id(row.seq)] = tokens[-1]
+        return Completed(plan, outcome_of(plan, tokens))
 
 
 def _core(tokenizer: Tokenizer, runner, max_context: int = 256) -> EngineCore:

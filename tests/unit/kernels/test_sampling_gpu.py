@@ -16,7 +16,6 @@ import random
 import pytest
 import torch
 
-from ninfer.engine.penalty_counts import PenaltyCounts
 from ninfer.engine.sampling import Sampler, SamplingParams, count_output_ids
 from ninfer.kernels.sampling import launch, reference
 from ninfer.kernels.sampling.reference import RowParams, top_candidates
@@ -266,16 +265,12 @@ def test_sampler_with_slot_counts_on_cuda_matches_cpu(seed) -> None:
     logits = (3 * torch.randn(num_rows, num_columns, generator=gen)).bfloat16().float()
     outputs = [torch.randint(0, 300, (n,), generator=gen).tolist() for n in (0, 5, 40, 1, 9, 77)]
 
-    class Seq:
-        def __init__(self, slot: int, ids: list[int]) -> None:
-            self.slot, self.num_prompt, self.token_ids = slot, 1, [7, *ids]
-
-    seqs = [Seq(slot, ids) for slot, ids in zip((4, 0, 7, 2, 5, 1), outputs, strict=True)]
-    buffer = PenaltyCounts(8, num_columns, "cuda")
-    buffer.rows_for(seqs[:3])  # a partial earlier sync, then the rest catches up
-    slots = buffer.rows_for(seqs)
+    # per-slot counts read in place through a row -> slot map, as the decode step does
+    slot_of_row = (4, 0, 7, 2, 5, 1)
     expected = count_output_ids(outputs, num_columns)
-    assert torch.equal(buffer.counts.index_select(0, slots).cpu(), expected)
+    counts = torch.zeros((8, num_columns), dtype=torch.int32, device="cuda")
+    counts[list(slot_of_row)] = expected.cuda()
+    slots = torch.tensor(slot_of_row, dtype=torch.int64, device="cuda")
     params = [
         SamplingParams(
             temperature=0.7,
@@ -288,6 +283,6 @@ def test_sampler_with_slot_counts_on_cuda_matches_cpu(seed) -> None:
     ]
     steps = [len(o) for o in outputs]
     sampler = Sampler(num_sampleable=248_077)
-    on_cuda = sampler.sample(logits.cuda(), params, steps, buffer.counts, slots)
+    on_cuda = sampler.sample(logits.cuda(), params, steps, counts, slots)
     on_cpu = sampler.sample(logits, params, steps, expected)
     assert torch.equal(on_cuda.cpu(), on_cpu)

@@ -24,6 +24,7 @@ __all__ = [
     "GATHER_MAX_ASSIGNMENTS",
     "ExpertPath",
     "MoeWeights",
+    "decode_path",
     "expert_path",
     "moe_experts",
     "route_topk",
@@ -68,6 +69,13 @@ def expert_path(
     if _grouped_mm_fits(x, gate_up, down):
         return ExpertPath.GROUPED_MM
     return ExpertPath.LOOP
+
+
+def decode_path(w: MoeWeights, dtype: torch.dtype, num_assignments: int) -> ExpertPath:
+    """The path a step with `num_assignments` assignments takes over these experts, decided
+    before any activation exists (CUDA-graph planning: LOOP cannot be captured)."""
+    probe = torch.empty((1, w.experts_gate_up.shape[-1]), dtype=dtype, device=w.router.device)
+    return expert_path(probe, w.experts_gate_up, w.experts_down, num_assignments)
 
 
 def _grouped_mm_fits(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> bool:

@@ -1,0 +1,200 @@
+"""Composition: engine options + an artifact -> model -> pools -> decode step -> EngineCore.
+
+Imports engine/, model/, artifact/ and tokenizer/ (never api.py, chat/ or anything above). The
+public `ninfer.Engine` (api.py) keeps only the user-facing surface; everything that turns options
+into running parts lives here, so benches and tests build engines the same way. Sizing rules
+(KV pages, state slots, the `auto` KV capacity) are written once, here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ninfer.artifact.reader import Artifact
+from ninfer.engine.core import EngineCore
+from ninfer.engine.graphs import DecodeStep, unsupported_reason
+from ninfer.engine.kv_pool import PagePool
+from ninfer.engine.options import KV_AUTO, EngineOptions, resolve_device
+from ninfer.engine.runner import ModelRunner
+from ninfer.engine.sampling import (
+    NON_THINKING,
+    THINKING,
+    SamplingPreset,
+    SamplingResolver,
+    presets_for,
+)
+from ninfer.engine.scheduler import Scheduler, SchedulerConfig
+from ninfer.engine.state_slots import SlotPool
+from ninfer.model.cache import ModelCache
+from ninfer.model.config import TextConfig
+from ninfer.model.qwen3_5 import Qwen3_5Model
+from ninfer.tokenizer import Tokenizer
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+GIB = 1 << 30
+log = logging.getLogger("ninfer.engine")
+
+
+@dataclass
+class EngineParts:
+    """What `build` made; the public Engine holds these."""
+
+    config: TextConfig
+    model: Qwen3_5Model
+    cache: ModelCache
+    core: EngineCore
+    tokenizer: Tokenizer
+    resolver: SamplingResolver
+    eos_token_ids: frozenset[int]
+    graph_status: str  # "on", "off" or "off: <why the model cannot>"
+    num_pages: int  # KV pages the scheduler hands out
+    num_slots: int  # state slots the scheduler hands out
+
+
+def build(artifact: Artifact, options: EngineOptions) -> EngineParts:
+    """Bind the artifact's text model on the options' device and assemble an engine over it."""
+    options.validate()
+    gen = artifact.header.generation
+    presets = presets_of(gen, str(artifact.metadata.get("architecture")))
+    config = TextConfig.from_hf(artifact.config["text"])
+    dtype, device = DTYPES[options.dtype], torch.device(resolve_device(options.device))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {options.device!r}: no CUDA device is available")
+    model = Qwen3_5Model(config, artifact.load("text"), dtype=dtype, device=device, strict=True)
+    return assemble(
+        model,
+        Tokenizer.from_json(artifact.tokenizer_json),
+        options,
+        presets=presets,
+        eos_token_ids=frozenset(int(x) for x in gen.get("eos_token_ids", [])),
+    )
+
+
+def assemble(
+    model: Qwen3_5Model,
+    tokenizer: Tokenizer,
+    options: EngineOptions,
+    *,
+    presets: Mapping[str, SamplingPreset],
+    eos_token_ids: frozenset[int],
+) -> EngineParts:
+    """Pools, decode step, runner and worker over a bound model (benches pass random weights)."""
+    options.validate()
+    config, device, dtype = model.config, model.device, model.dtype
+    resolver = SamplingResolver(presets, options.process_sampling, greedy=options.greedy)
+    lanes = options.max_concurrency
+    extra = options.device_state_slots
+    num_slots = lanes + (lanes if extra is None else extra)
+    graph_status = _graph_status(model, device.type == "cuda" and not options.no_cuda_graph, lanes)
+    use_graphs = graph_status == "on"
+    spare = 1 if use_graphs else 0  # one state slot and KV page, never handed out, for padding
+    num_pages = _num_pages(options, config, model, num_slots + spare, dtype)
+    cache = ModelCache.allocate(
+        config,
+        num_pages=num_pages + spare,
+        num_slots=num_slots + spare,
+        page_size=options.page_size,
+        dtype=dtype,
+        device=device,
+    )
+    scheduler = Scheduler(
+        SchedulerConfig(
+            max_concurrency=lanes,
+            max_pending=options.max_pending_requests,
+            pending_timeout_s=options.pending_timeout_ms / 1000.0,
+            prefill_chunk=options.prefill_chunk,
+            max_context=options.max_context,
+            max_batched_tokens=options.max_batched_tokens,
+        ),
+        PagePool(num_pages, options.page_size),
+        SlotPool(num_slots),
+    )
+    decode = DecodeStep(
+        model,
+        cache,
+        max_batch=lanes,
+        max_pages=-(-options.max_context // options.page_size),
+        num_sampleable=min(tokenizer.vocab_size, config.vocab_size),
+        use_graphs=use_graphs,
+        dummy_slot=num_slots if use_graphs else None,
+        dummy_page=num_pages if use_graphs else None,
+    )
+    core = EngineCore(
+        scheduler,
+        ModelRunner(model, cache, decode),
+        tokenizer,
+        eos_token_ids=eos_token_ids,
+        resolve_sampling=resolver.resolve,
+        overlap=not options.no_overlap,
+    )
+    return EngineParts(
+        config,
+        model,
+        cache,
+        core,
+        tokenizer,
+        resolver,
+        eos_token_ids,
+        graph_status,
+        num_pages,
+        num_slots,
+    )
+
+
+def _num_pages(
+    options: EngineOptions,
+    config: TextConfig,
+    model: Qwen3_5Model,
+    num_slots: int,
+    dtype: torch.dtype,
+) -> int:
+    """KV pages for `--kv-capacity`: explicit tokens, `auto`, or (None) follow max_context."""
+    if options.kv_capacity != KV_AUTO:
+        tokens = options.kv_capacity or options.max_context
+        return -(-int(tokens) // options.page_size)
+    floor = -(-options.max_context // options.page_size)
+    if model.device.type != "cuda":
+        # NOTE: no device memory to measure: every lane may hold a full-length sequence.
+        return floor * options.max_concurrency
+    free, _ = torch.cuda.mem_get_info(model.device)
+    state = ModelCache.bytes_per_slot(config, dtype) * num_slots
+    budget = free - state - workspace_bytes(config, options) - GIB
+    pages = budget // ModelCache.bytes_per_page(config, options.page_size, dtype)
+    if pages < floor:
+        raise ValueError(
+            f"--kv-capacity auto: {max(budget, 0) / GIB:.1f} GiB left for KV after weights, "
+            f"{num_slots} state slots and workspace; one {options.max_context}-token sequence "
+            f"needs {floor} pages. Lower --max-concurrency, --device-state-slots or --max-context."
+        )
+    log.info("kv-capacity auto: %d pages (%d tokens)", pages, pages * options.page_size)
+    return int(pages)
+
+
+def workspace_bytes(config: TextConfig, options: EngineOptions) -> int:
+    """Activation memory beside weights, state and KV: a prefill chunk's largest intermediates
+    (fp32 upper bound), decode logits for every lane, and graph pools (512 MiB)."""
+    width = max(config.intermediate_size, config.moe_intermediate_size * config.num_experts_per_tok)
+    per_token = (8 * width + 8 * config.hidden_size) * 4
+    logits = options.max_concurrency * config.vocab_size * 16
+    return options.prefill_chunk * per_token + logits + 512 * (1 << 20)
+
+
+def _graph_status(model: Qwen3_5Model, wanted: bool, max_batch: int) -> str:
+    """`on`, `off` (not wanted: CPU or no_cuda_graph) or `off: <why the model cannot>`."""
+    if not wanted:
+        return "off"
+    reason = unsupported_reason(model, max_batch)
+    return "on" if reason is None else f"off: {reason}"
+
+
+def presets_of(generation: Mapping[str, Any], architecture: str) -> dict[str, SamplingPreset]:
+    """The artifact's stored sampling presets, else the registered ones of its architecture."""
+    stored = generation.get("presets")
+    if isinstance(stored, Mapping) and THINKING in stored and NON_THINKING in stored:
+        return {k: SamplingPreset(**stored[k]) for k in (THINKING, NON_THINKING)}
+    return presets_for(architecture)

@@ -1,0 +1,124 @@
+"""Step plans: what one engine step computes, as plain data, and what it produced.
+
+No torch and no policy. `Scheduler.schedule()` writes a `StepPlan`, a runner executes it (and may
+still be executing it while the next plan is written: the overlapped loop), `Scheduler.update()`
+reads the `StepOutcome` and is the only code that advances a sequence's computed and committed
+tokens. Prefill chunks, decode rows, and later verify and replay rows are one shape: a row feeds
+`num_new_tokens` tokens of one sequence starting at `start` and may sample the next token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+# A token id not known on the host when the plan is written: the sample of the step in flight,
+# which the runner reads on the device (per state slot) instead.
+FROM_DEVICE = -1
+
+
+@dataclass(frozen=True)
+class Row:
+    """One sequence's part of a step.
+
+    `token_ids[i]` is the token at position `start + i`, or FROM_DEVICE for the one token (always
+    the last, of a decode row) that the step in flight is still sampling. `pages` is the page
+    table covering `start + num_new_tokens` tokens; `slot` the sequence's state slot.
+    `logits` is "last" (the row's last column) or "all" (every column: a verify row) or "none".
+    A sampling row draws output token number `sample_index` (0 = the request's first) from its
+    last column. `checkpoint_at` lists token offsets (relative to `start`) after which the
+    recurrent state is to be captured.
+    """
+
+    seq: Any  # the scheduler's Sequence (plain data; typed Any to keep this module a leaf)
+    start: int
+    token_ids: tuple[int, ...]
+    pages: tuple[int, ...]
+    slot: int
+    samples: bool
+    sample_index: int = 0
+    logits: str = "last"
+    count_sample: bool = True  # the sample may be kept: penalty counts include it
+    checkpoint_at: tuple[int, ...] = ()
+
+    @property
+    def num_new_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def positions(self) -> range:
+        return range(self.start, self.start + self.num_new_tokens)
+
+    @property
+    def is_decode(self) -> bool:
+        return self.num_new_tokens == 1 and self.start >= self.seq.num_prompt
+
+    @property
+    def fresh(self) -> bool:
+        """The row starts the sequence: its state slot must be reset first."""
+        return self.start == 0
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """Decode rows first (one token each), then prefill chunks, in scheduling order.
+
+    `uncount_slots`: state slots whose most recent sample (made by the step in flight) turned out
+    to be discarded; the runner removes it from the penalty counts before this step samples.
+    `count_tokens`: (slot, token id) pairs committed without sampling (inserted control tokens)
+    that the penalty counts must add.
+    """
+
+    decode: tuple[Row, ...] = ()
+    prefill: tuple[Row, ...] = ()
+    uncount_slots: tuple[int, ...] = ()
+    count_tokens: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def rows(self) -> tuple[Row, ...]:
+        return self.decode + self.prefill
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.decode and not self.prefill
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(r.num_new_tokens for r in self.rows)
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """`sampled[i]` is the token drawn by `plan.rows[i]`, or None for a row that does not sample."""
+
+    sampled: tuple[int | None, ...]
+
+
+class Launched(Protocol):
+    """A step handed to the device; `wait()` blocks until its sampled ids are on the host."""
+
+    plan: StepPlan
+
+    def wait(self) -> StepOutcome: ...
+
+
+@dataclass(frozen=True)
+class Completed:
+    """A step that ran synchronously (fake runners in tests): its outcome is already known."""
+
+    plan: StepPlan
+    outcome: StepOutcome
+
+    def wait(self) -> StepOutcome:
+        return self.outcome
+
+
+class Runner(Protocol):
+    def launch(self, plan: StepPlan) -> Launched: ...
+
+
+def outcome_of(plan: StepPlan, tokens: Seq[int]) -> StepOutcome:
+    """Spread `tokens` (one per sampling row, in row order) over the plan's rows."""
+    it = iter(tokens)
+    return StepOutcome(tuple(next(it) if r.samples else None for r in plan.rows))
