@@ -15,7 +15,7 @@ import torch
 
 from ninfer import Engine
 from ninfer.artifact.reader import Artifact
-from ninfer.engine.graphs import DecodeGraphs, GraphError
+from ninfer.engine.graphs import DecodeInput, DecodeStep, GraphError
 from ninfer.engine.handles import RequestHandle
 from ninfer.engine.request import EventKind
 from ninfer.model.batch import ForwardBatch
@@ -71,8 +71,8 @@ def test_cuda_graphs_change_no_token(dense_artifact: Path, dtype: str) -> None:
     with _engine(dense_artifact, dtype=dtype, device="cuda:0") as graphed:
         got = _run(graphed, PROMPTS, 32)
         got_solo = _run(graphed, PROMPTS[:1], 32)
-        graphs = graphed.core.runner.graphs
-        assert graphs is not None and graphs.num_captured >= 2  # batch 3 and batch 1 at least
+        decode = graphed.core.runner.decode
+        assert decode.use_graphs and decode.num_captured >= 2  # buckets 4 and 1 at least
     assert got == want
     assert got_solo == want_solo
 
@@ -99,8 +99,8 @@ def test_moe_on_cuda_matches_cpu_with_graphs(moe_artifact: Path) -> None:
     with _engine(moe_artifact, dtype="fp32", device="cuda:0") as gpu:
         assert gpu.graph_status == "on"
         got = _run(gpu, PROMPTS[:2], 16)
-        graphs = gpu.core.runner.graphs
-        assert graphs is not None and graphs.num_captured >= 1  # a failed capture sets None
+        decode = gpu.core.runner.decode
+        assert decode.use_graphs and decode.num_captured >= 1  # a failed capture goes eager
     assert got == want
 
 
@@ -169,7 +169,16 @@ def test_graph_replay_equals_eager_forward(dense_artifact: Path) -> None:
         [t.clone() for t in cache.ssm_state],
         dict(cache.layer_index),
     )
-    graphs = DecodeGraphs(model, cache, max_batch=3, max_pages=8, dummy_slot=3, dummy_page=15)
+    step = DecodeStep(
+        model,
+        cache,
+        max_batch=3,
+        max_pages=8,
+        num_sampleable=VOCAB,
+        use_graphs=True,
+        dummy_slot=3,
+        dummy_page=15,
+    )
     rows = {
         "input_ids": [11, 4000, 77],
         "num_computed": [17, 3, 40],
@@ -177,17 +186,57 @@ def test_graph_replay_equals_eager_forward(dense_artifact: Path) -> None:
         "state_slots": [2, 0, 1],
     }
     for _ in range(2):  # the second replay reuses the captured graph
-        got = graphs.decode(
-            rows["input_ids"],
-            num_computed=rows["num_computed"],
-            page_tables=rows["page_tables"],
-            state_slots=rows["state_slots"],
-        ).clone()
+        inputs = [
+            DecodeInput(t, n, s, p)
+            for t, n, s, p in zip(
+                rows["input_ids"],
+                rows["num_computed"],
+                rows["state_slots"],
+                rows["page_tables"],
+                strict=True,
+            )
+        ]
+        sampled = step.run(inputs).clone()
+        got = step.logits_of_last_step(3, 3).clone()
         want = model.forward(ForwardBatch.decode(**rows, device="cuda:0"), twin)
         assert _median_row_err(got, want) < 1e-4
+        assert sampled.tolist() == got.argmax(-1).tolist()  # greedy rows: the argmax
         for a, b in zip(cache.ssm_state, twin.ssm_state, strict=True):
             torch.testing.assert_close(a[:3], b[:3], rtol=1e-4, atol=1e-4)
         rows["num_computed"] = [n + 1 for n in rows["num_computed"]]
-    assert graphs.num_captured == 1
+    assert step.num_captured == 1
     with pytest.raises(GraphError, match="do not fit"):
-        graphs.width_for(9)
+        step.width_for(9)
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_sixteen_lanes_graphs_and_overlap_change_no_token(
+    dense_artifact: Path, moe_artifact: Path, kind: str
+) -> None:
+    """16 concurrent requests of different lengths (buckets 16, 8, 4, ... as they finish):
+    graphed + overlapped equals eager + step-by-step, greedy and seeded-sampled alike."""
+    path = dense_artifact if kind == "dense" else moe_artifact
+    prompts = [_prompt(40 + i, 5 + 3 * i) for i in range(16)]
+
+    def run(engine: Engine) -> list[list[int]]:
+        handles = [
+            RequestHandle(
+                engine.core,
+                engine.make_request(
+                    p, max_tokens=6 + i, ignore_eos=True, seed=i, temperature=0.8, top_k=5
+                )
+                if i % 2
+                else engine.make_request(p, max_tokens=6 + i, ignore_eos=True, **GREEDY),
+            )
+            for i, p in enumerate(prompts)
+        ]
+        return [[t for e in h for t in e.token_ids if e.kind == EventKind.TOKENS] for h in handles]
+
+    opts = {"dtype": "fp32", "device": "cuda:0", "max_concurrency": 16}
+    with _engine(path, no_cuda_graph=True, no_overlap=True, **opts) as eager:
+        want = run(eager)
+    with _engine(path, **opts) as graphed:
+        assert graphed.graph_status == "on"
+        got = run(graphed)
+        assert graphed.core.runner.decode.num_captured >= 2
+    assert got == want

@@ -68,6 +68,8 @@ def print_report(report: BenchReport, console: Console) -> None:
     for profile in (report.profile, report.prefill_profile):
         if profile is not None:
             _print_profile(profile, console)
+    if report.e2e:
+        _print_e2e(report, console)
     if report.hf is not None:
         _print_hf(report, report.hf, console)
     for note in report.notes:
@@ -93,6 +95,43 @@ def _print_profile(p: StepProfile, console: Console) -> None:
     for k in p.top:
         table.add_row(k.name, f"{k.calls_per_step:.0f}", f"{k.us_per_step:,.0f}", f"{k.share:.0%}")
     console.print(table)
+
+
+def _print_e2e(report: BenchReport, console: Console) -> None:
+    table = Table(title="end to end through Engine.agenerate (greedy, EOS ignored)")
+    for col in (
+        "batch",
+        "prompt",
+        "out",
+        "steady tok/s",
+        "raw tok/s",
+        "e2e / raw",
+        "wall tok/s",
+        "TTFT p50 ms",
+        "TTFT max ms",
+    ):
+        table.add_column(col, justify="right")
+    for r in report.e2e:
+        table.add_row(
+            str(r.batch),
+            str(r.prompt_tokens),
+            str(r.output_tokens),
+            f"{r.steady_tok_per_s:,.1f}",
+            "-" if r.raw_tok_per_s is None else f"{r.raw_tok_per_s:,.1f}",
+            "-" if r.ratio is None else f"{100 * r.ratio:.1f} %",
+            f"{r.wall_tok_per_s:,.1f}",
+            f"{r.ttft_ms_p50:,.0f}",
+            f"{r.ttft_ms_max:,.0f}",
+        )
+    console.print(table)
+    if (i := report.interference) is not None:
+        console.print(
+            f"{i.long_prompt}-token prompt arriving while {i.batch} streams decode (chunk "
+            f"{i.prefill_chunk}, one chunk alone {i.chunk_prefill_ms:.1f} ms): inter-token "
+            f"p50 {i.itl_p50_ms_before:.1f} -> {i.itl_p50_ms_during:.1f} ms, p99 "
+            f"{i.itl_p99_ms_before:.1f} -> {i.itl_p99_ms_during:.1f} ms, max during "
+            f"{i.itl_max_ms_during:.1f} ms"
+        )
 
 
 def _print_hf(report: BenchReport, hf: HfComparison, console: Console) -> None:

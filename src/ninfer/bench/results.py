@@ -101,6 +101,35 @@ class CompareRow:
     ratio: float | None  # ninfer / HF
 
 
+@dataclass(frozen=True)
+class E2eResult:
+    batch: int
+    prompt_tokens: int
+    output_tokens: int  # per request
+    steady_tok_per_s: float  # all rows decoding: committed tokens / window
+    wall_tok_per_s: float  # every output token / (submit -> last finish)
+    ttft_ms_p50: float
+    ttft_ms_max: float
+    raw_tok_per_s: float | None = None  # the raw decode step at this batch (same run)
+
+    @property
+    def ratio(self) -> float | None:
+        return self.steady_tok_per_s / self.raw_tok_per_s if self.raw_tok_per_s else None
+
+
+@dataclass(frozen=True)
+class InterferenceResult:
+    batch: int
+    long_prompt: int  # tokens of the prompt that arrives while the streams decode
+    prefill_chunk: int
+    itl_p50_ms_before: float
+    itl_p99_ms_before: float
+    itl_p50_ms_during: float
+    itl_p99_ms_during: float
+    itl_max_ms_during: float
+    chunk_prefill_ms: float  # one prefill chunk of `prefill_chunk` tokens alone
+
+
 @dataclass
 class BenchReport:
     model: str
@@ -120,9 +149,12 @@ class BenchReport:
     peak_memory_gib: float = 0.0
     notes: list[str] = field(default_factory=list)
     hf: HfComparison | None = None
+    e2e: list[E2eResult] = field(default_factory=list)  # `--e2e`: through the public Engine
+    interference: InterferenceResult | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
+        out["e2e"] = [asdict(r) | {"ratio": r.ratio} for r in self.e2e]
         if self.hf is not None:
             out["compare_hf"] = [asdict(row) for row in comparison_rows(self)]
         return out

@@ -2,7 +2,8 @@
 
 Imports torch, model/, kernels.runtime and bench siblings. Owns the default matrices and the order
 of work (cheap, informative measurements first, so a session cut short still reports something).
-`--compare hf` runs last over the same weight tensors, with a small matrix of its own: HF decodes
+`--e2e` then drives the decode batches through the public Engine. `--compare hf` runs last over
+the same weight tensors, with a small matrix of its own: HF decodes
 the 27B at ~8 tok/s, so ninfer's full matrix through HF would not fit one 10-minute call.
 """
 
@@ -11,15 +12,16 @@ from __future__ import annotations
 import datetime
 import gc
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 import torch
 
 from ninfer.bench.ceilings import measure_ceilings
+from ninfer.bench.e2e import run_e2e
 from ninfer.bench.hf_compare import require_hf, run_hf_compare
 from ninfer.bench.model_bench import ModelBench, run_matrix
-from ninfer.bench.results import BenchReport
+from ninfer.bench.results import BenchReport, E2eResult, InterferenceResult
 from ninfer.bench.synthetic import (
     num_parameters,
     random_weights,
@@ -56,6 +58,11 @@ class BenchOptions:
     hf_prefill_sizes: tuple[int, ...] = (2048,)
     hf_decode_batches: tuple[int, ...] = (1, 8)
     hf_decode_steps: int = 8
+    # `--e2e`: the decode batches again through the public Engine API, beside the raw step
+    e2e: bool = False
+    e2e_prompt_tokens: int = 1000
+    e2e_output_tokens: int = 256
+    e2e_long_prompt: int = 8192
 
 
 def run_bench(opts: BenchOptions, on_progress: Callable[[str], None]) -> BenchReport:
@@ -137,6 +144,12 @@ def run_bench(opts: BenchOptions, on_progress: Callable[[str], None]) -> BenchRe
             except Exception as e:  # NOTE: diagnostics only, as above
                 report.notes.append(f"prefill profile failed: {type(e).__name__}: {e}")
     report.peak_memory_gib = torch.cuda.max_memory_allocated(device) / 2**30
+    if opts.e2e:
+        del bench  # its cache and graphs; the engines below size their own
+        gc.collect()
+        torch.cuda.empty_cache()
+        report.e2e, report.interference = _run_e2e(model, opts, decode_batches, report, on_progress)
+        bench = None
     if opts.compare == "hf":
         del bench  # its cache and captured graphs; the model (the shared weights) stays
         gc.collect()
@@ -152,6 +165,33 @@ def run_bench(opts: BenchOptions, on_progress: Callable[[str], None]) -> BenchRe
             on_progress=on_progress,
         )
     return report
+
+
+def _run_e2e(
+    model: Qwen3_5Model,
+    opts: BenchOptions,
+    batches: Sequence[int],
+    report: BenchReport,
+    on_progress: Callable[[str], None],
+) -> tuple[list[E2eResult], InterferenceResult | None]:
+    """Each decode batch through `Engine`; its ratio is to the raw graph step of the same
+    batch at the first decode context (the default 1024 matches 1000-token prompts)."""
+    raw = {
+        d.batch: d.tok_per_s
+        for d in report.decode
+        if d.graphs and d.context == opts.decode_contexts[0]
+    }
+    results, interference = run_e2e(
+        model,
+        opts.synthetic,
+        batches,
+        prompt_tokens=opts.e2e_prompt_tokens,
+        output_tokens=opts.e2e_output_tokens,
+        prefill_chunk=min(opts.prefill_chunk, 1024),
+        long_prompt=opts.e2e_long_prompt,
+        on_progress=on_progress,
+    )
+    return [replace(r, raw_tok_per_s=raw.get(r.batch)) for r in results], interference
 
 
 def check_compare(opts: BenchOptions) -> None:

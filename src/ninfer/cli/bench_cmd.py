@@ -55,6 +55,14 @@ def bench(
         "1,8", "--hf-batches", help="HF decode batch sizes, at the first --contexts value."
     ),
     hf_steps: int = typer.Option(8, "--hf-steps", min=1, help="Timed HF decode steps per cell."),
+    e2e: bool = typer.Option(
+        False, "--e2e", help="Also run the decode batches through the public Engine API."
+    ),
+    e2e_prompt: int = typer.Option(1000, "--e2e-prompt", min=1, help="--e2e prompt tokens."),
+    e2e_output: int = typer.Option(256, "--e2e-output", min=2, help="--e2e output tokens."),
+    e2e_long: int = typer.Option(
+        8192, "--e2e-long-prompt", min=0, help="--e2e: prompt arriving during decode (0: skip)."
+    ),
 ) -> None:
     """Benchmark prefill and decode of a real-shape model with random weights (needs a GPU)."""
     from ninfer.bench.hf_compare import HfCompareError, require_hf
@@ -79,6 +87,10 @@ def bench(
         hf_prefill_sizes=_ints(hf_prefill, "--hf-prefill"),
         hf_decode_batches=_ints(hf_batches, "--hf-batches"),
         hf_decode_steps=hf_steps,
+        e2e=e2e,
+        e2e_prompt_tokens=e2e_prompt,
+        e2e_output_tokens=e2e_output,
+        e2e_long_prompt=e2e_long,
     )
     err = Console(stderr=True)
     try:

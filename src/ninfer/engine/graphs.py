@@ -196,7 +196,12 @@ class DecodeStep:
         size = bucket_for(num_rows, self.max_batch) if self.use_graphs else num_rows
         self._stage(rows, size, width)
         if self.use_graphs:
-            captured = self._get(size, width)
+            try:
+                captured = self._get(size, width)
+            except GraphError as e:  # capture touched only the dummy slot: go eager for good
+                log.warning("CUDA graphs disabled, decoding eagerly: %s", e)
+                self.use_graphs = False
+                return self.run(rows)
             captured.graph.replay()
             return captured.sampled[:num_rows]
         sampled, _ = self._body(size, width)

@@ -45,7 +45,8 @@ FORBIDDEN: dict[str, set[str]] = {
     | UPPER,
     "testing": {"sanic", "ninfer.server", "ninfer.protocol", "transformers"},
     "media": {"sanic", "ninfer.engine", "ninfer.model", "ninfer.protocol"} | UPPER,
-    # `ninfer bench` drives model/engine/kernels directly; no HTTP or text layers
+    # `ninfer bench` drives model/engine/kernels directly (`--e2e`: the public Engine); no HTTP
+    # or text layers
     "bench": {"sanic", "ninfer.protocol", "ninfer.chat"} | UPPER,
 }
 # The converter assembles an artifact from a checkpoint, the tokenizer and the packaged template,
