@@ -232,7 +232,8 @@ def test_sixteen_lanes_graphs_and_overlap_change_no_token(
         ]
         return [[t for e in h for t in e.token_ids if e.kind == EventKind.TOKENS] for h in handles]
 
-    opts = {"dtype": "fp32", "device": "cuda:0", "max_concurrency": 16}
+    # a pool for every lane's whole sequence: no request is cut short by KV starvation
+    opts = {"dtype": "fp32", "device": "cuda:0", "max_concurrency": 16, "kv_capacity": 16 * 512}
     with _engine(path, no_cuda_graph=True, no_overlap=True, **opts) as eager:
         want = run(eager)
     with _engine(path, **opts) as graphed:

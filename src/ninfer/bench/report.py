@@ -65,7 +65,7 @@ def print_report(report: BenchReport, console: Console) -> None:
                 f"{k.max_rel_err:.1e}",
             )
         console.print(table)
-    for profile in (report.profile, report.prefill_profile):
+    for profile in (report.profile, report.batch_profile, report.prefill_profile):
         if profile is not None:
             _print_profile(profile, console)
     if report.e2e:

@@ -146,6 +146,7 @@ class BenchReport:
     ceilings: Ceilings | None = None
     profile: StepProfile | None = None
     prefill_profile: StepProfile | None = None
+    batch_profile: StepProfile | None = None  # the largest decode batch, when it is not 1
     peak_memory_gib: float = 0.0
     notes: list[str] = field(default_factory=list)
     hf: HfComparison | None = None

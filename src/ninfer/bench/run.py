@@ -136,6 +136,13 @@ def run_bench(opts: BenchOptions, on_progress: Callable[[str], None]) -> BenchRe
             report.profile = bench.profile_decode(1, small_ctx)
         except Exception as e:  # NOTE: diagnostics only; the timings above still stand
             report.notes.append(f"profile failed: {type(e).__name__}: {e}")
+        if max(decode_batches) > 1:
+            b = max(decode_batches)
+            on_progress(f"profiling eager decode steps, batch {b} at {small_ctx} context")
+            try:
+                report.batch_profile = bench.profile_decode(b, small_ctx)
+            except Exception as e:  # NOTE: diagnostics only, as above
+                report.notes.append(f"batch profile failed: {type(e).__name__}: {e}")
         if prefill_sizes:
             num_tokens = min(2048, max(prefill_sizes))
             on_progress(f"profiling an eager prefill of {num_tokens} tokens")

@@ -29,7 +29,16 @@ def serve(
     model_id: str | None = _opt(None, "--model-id", help="Public model id (default: artifact)."),
     max_context: int = _opt(8192, "--max-context", help="Context ceiling per sequence.", min=2),
     kv_capacity: str | None = _opt(None, "--kv-capacity", help="KV pool tokens (N|auto)."),
-    max_concurrency: int = _opt(1, "--max-concurrency", help="Execution lanes.", min=1, max=8),
+    max_concurrency: int = _opt(
+        1,
+        "--max-concurrency",
+        help="Execution lanes, 1..64 (an extension of the spec's 1..8).",
+        min=1,
+        max=64,
+    ),
+    max_batched_tokens: int | None = _opt(
+        None, "--max-batched-tokens", help="Tokens per step (default: chunk + lanes).", min=2
+    ),
     max_pending: int = _opt(16, "--max-pending-requests", help="Waiting requests.", min=0),
     pending_timeout_ms: int = _opt(30000, "--pending-timeout-ms", help="Admission wait.", min=1),
     prefill_chunk: int = _opt(1024, "--prefill-chunk", help="Prefill chunk tokens.", min=1),
@@ -91,7 +100,6 @@ def serve(
         "--media-live-mib": media_live_mib is not None,
         "--media-preprocess-threads": media_threads is not None,
         "--log-stats-interval-ms": log_stats_interval_ms not in (None, 0),
-        "--kv-capacity auto": kv_capacity == "auto",
     }
     for flag, given in not_built.items():
         if given:
@@ -100,7 +108,7 @@ def serve(
         raise UserError(f"--log-level must be one of {', '.join(LOG_LEVELS)}")
     if dtype not in ("bf16", "fp32"):
         raise UserError("--dtype must be bf16 or fp32")
-    if kv_capacity is not None and (not kv_capacity.isdigit() or int(kv_capacity) < 1):
+    if kv_capacity not in (None, "auto") and (not kv_capacity.isdigit() or int(kv_capacity) < 1):
         raise UserError("--kv-capacity must be a positive token count or auto")
     from ninfer.server.config import ServerConfig
     from ninfer.server.run import serve as run_server
@@ -130,8 +138,9 @@ def serve(
     }
     engine_options = {
         "max_context": max_context,
-        "kv_capacity": int(kv_capacity) if kv_capacity else None,
+        "kv_capacity": int(kv_capacity) if kv_capacity and kv_capacity.isdigit() else kv_capacity,
         "max_concurrency": max_concurrency,
+        "max_batched_tokens": max_batched_tokens,
         "max_pending_requests": max_pending,
         "pending_timeout_ms": pending_timeout_ms,
         "prefill_chunk": prefill_chunk,

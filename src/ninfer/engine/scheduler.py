@@ -6,7 +6,8 @@ a step is still in flight, so a sequence has two frontiers: `num_scheduled` (tok
 device) and `num_computed` (tokens whose step has landed). Only `update()` advances computed and
 committed tokens and decides finishes. A step fills a token budget: every decode row first (one
 token each, admission order), then prefill chunks of one or more requests (vLLM v1 style). Pages
-are reserved before a row is planned. Admission is FIFO; when the head cannot fit, up to
+are reserved before a row is planned: a prompt's pages all at once with its first chunk, a decode
+row's one page at a time. Admission is FIFO; when the head cannot fit, up to
 `max_bypass` younger requests may pass it, then none until the head is admitted.
 """
 
@@ -200,8 +201,9 @@ class Scheduler:
         for i, seq in enumerate(self.waiting):
             if i > 0 and self._bypassed >= self.config.max_bypass:
                 return None  # the head has been passed often enough: it goes next
-            first_chunk = min(seq.num_prompt, self.config.prefill_chunk)
-            if not self.slots.num_free or self.pages.num_free < self.pages.pages_for(first_chunk):
+            if not self.slots.num_free or self.pages.num_free < self.pages.pages_for(
+                seq.num_prompt
+            ):
                 continue
             seq.slot = self.slots.allocate()
             seq.status = SeqStatus.RUNNING
@@ -277,7 +279,10 @@ class Scheduler:
             if start >= seq.num_prompt:
                 continue
             n = min(self.config.prefill_chunk, seq.num_prompt - start, budget)
-            if not self._reserve(seq, start + n):
+            # NOTE: the whole prompt's pages are reserved with its first chunk: several prompts
+            # prefill at once, and two half-reserved prompts could otherwise wait on each other
+            # forever (until pause / replay exists to break such a wait).
+            if not self._reserve(seq, seq.num_prompt):
                 break  # wait for pages (FIFO): decodes may finish and free some
             last = start + n == seq.num_prompt
             samples = last and seq.request.max_tokens > 0

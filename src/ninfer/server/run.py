@@ -37,11 +37,12 @@ def serve(
         if chat_template is not None:
             engine.template = ChatTemplate(chat_template.read_text(encoding="utf-8"))
         opts = engine.options
+        kv_tokens = engine.parts.num_pages * opts.page_size
         log.info(
             "engine ready in %.1fs: model=%s device=%s dtype=%s max_context=%d kv_capacity=%d "
             "max_concurrency=%d max_pending=%d",
             time.monotonic() - t0, engine.model_id, opts.device, opts.dtype, opts.max_context,
-            opts.kv_capacity or opts.max_context, opts.max_concurrency, opts.max_pending_requests,
+            kv_tokens, opts.max_concurrency, opts.max_pending_requests,
         )  # fmt: skip
         if engine.artifact.metadata.get("random_weights"):
             log.warning("%s has RANDOM weights: its output is meaningless", engine.model_id)

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from ninfer.engine.core import EngineCore
-from ninfer.engine.kv_pool import PagePool
-from ninfer.engine.request import EngineEvent, EventKind, GenerationRequest
 from ninfer.engine.graphs import DecodeStep
+from ninfer.engine.kv_pool import PagePool
 from ninfer.engine.plan import StepPlan
+from ninfer.engine.request import EngineEvent, EventKind, GenerationRequest
 from ninfer.engine.runner import ModelRunner
 from ninfer.engine.sampling import SamplingParams, count_output_ids
 from ninfer.engine.scheduler import Scheduler, SchedulerConfig

@@ -13,8 +13,8 @@ from ninfer.engine.core import EngineCore
 from ninfer.engine.errors import ThinkingBudgetCapacityInsufficient
 from ninfer.engine.handles import RequestHandle
 from ninfer.engine.kv_pool import PagePool
-from ninfer.engine.request import EventKind, FinishReason, GenerationRequest
 from ninfer.engine.plan import FROM_DEVICE, Completed, StepPlan, outcome_of
+from ninfer.engine.request import EventKind, FinishReason, GenerationRequest
 from ninfer.engine.sampling import SamplingParams
 from ninfer.engine.scheduler import Scheduler, SchedulerConfig
 from ninfer.engine.state_slots import SlotPool
