@@ -16,9 +16,7 @@ import torch
 
 from ninfer.engine.graphs import DecodeInput, DecodeStep
 from ninfer.engine.plan import FROM_DEVICE, Row, StepOutcome, StepPlan, outcome_of
-from ninfer.engine.sampling import row_fields
-from ninfer.kernels import dispatch
-from ninfer.kernels.sampling.reference import RowParams
+from ninfer.engine.sampling import Sampler, row_fields
 from ninfer.model.batch import ForwardBatch
 from ninfer.model.cache import ModelCache
 from ninfer.model.qwen3_5 import Qwen3_5Model
@@ -44,6 +42,7 @@ class ModelRunner:
         self.model = model
         self.cache = cache
         self.decode = decode
+        self.sampler = Sampler(decode.num_sampleable)  # a prompt's first token, outside the step
         self.device = model.device
         cuda = self.device.type == "cuda"
         size = decode.max_batch
@@ -89,14 +88,9 @@ class ModelRunner:
             self.model.forward_hidden(batch, self.cache)
             return None
         logits = self.model.forward(batch, self.cache)  # [1, V]
-        reals, ints = row_fields(row.seq.sampling, row.sample_index)
         slots = torch.tensor([row.slot], dtype=torch.int64).to(self.device)
-        token = dispatch.sample_tokens(
-            logits,
-            RowParams.pack([reals], [ints], self.device),
-            num_sampleable=self.decode.num_sampleable,
-            counts=self.decode.counts,
-            count_rows=slots,
+        token = self.sampler.sample(
+            logits, [row.seq.sampling], [row.sample_index], self.decode.counts, slots
         )  # [1]
         self.decode.record_samples(slots, token)
         return token
