@@ -1,13 +1,19 @@
 """Each CUDA kernel against its torch twin at the real decode shapes, replayed in CUDA graphs.
 
-Imports torch, kernels/ and bench.results. Both sides are captured (20 calls per graph) so the
-comparison is of GPU time, not of Python launch cost; inputs are random (never zeros), and the
-kernel's result on those inputs is checked against the twin before its time is reported.
+Imports torch, kernels/ and bench.results (and fla-core, optionally, for the DeltaNet prefill
+sweep). Both sides are captured (20 calls per graph) so the comparison is of GPU time, not of
+Python launch cost; inputs are random (never zeros), and the kernel's result on those inputs is
+checked against the twin before its time is reported. `python -m ninfer.bench.kernel_bench`
+runs the DeltaNet prefill sweep (token-serial kernel, chunk kernel, fla-core) on its own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import argparse
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 
@@ -18,6 +24,8 @@ from ninfer.kernels.causal_conv1d import launch as conv_cuda
 from ninfer.kernels.causal_conv1d import reference as conv_ref
 from ninfer.kernels.expert_gemv import launch as expert_cuda
 from ninfer.kernels.expert_gemv import reference as expert_ref
+from ninfer.kernels.gated_delta_chunk import launch as chunk_cuda
+from ninfer.kernels.gated_delta_chunk import reference as chunk_ref
 from ninfer.kernels.gated_delta_decode import launch as delta_cuda
 from ninfer.kernels.gated_delta_decode import reference as delta_ref
 from ninfer.kernels.gated_delta_prefill import launch as prefill_cuda
@@ -208,7 +216,164 @@ def _prefill_timings(device: torch.device, num_tokens: int = 2048) -> list[Kerne
         ),
         max(_rel(got, want), _rel(state[1], ref_state[1])),
     )
-    return [conv, delta]
+    state.copy_(ref_state)  # one start for the chunk kernel (on a copy) and its twin (in place)
+    chunk_state = state.clone()
+    want = chunk_ref.gated_delta_chunk_prefill(*args, scale=dim**-0.5)
+    got = chunk_cuda.gated_delta_chunk_prefill(
+        *heads, a, b, a_log, dt_bias, chunk_state, slots, lens, scale=dim**-0.5,
+        cu_seqlens=offsets,
+    )  # fmt: skip
+    chunk = KernelTiming(
+        "gated_delta_chunk",
+        f"T={num_tokens}, 48 heads, 128x128 fp32 state",
+        _eager_us(lambda: chunk_ref.gated_delta_chunk_prefill(*args, scale=dim**-0.5)),
+        _eager_us(
+            lambda: chunk_cuda.gated_delta_chunk_prefill(*args, scale=dim**-0.5, cu_seqlens=offsets)
+        ),
+        max(_rel(got, want), _rel(chunk_state[1], state[1])),
+    )
+    return [conv, delta, chunk]
+
+
+@dataclass(frozen=True)
+class DeltaPrefillRow:
+    """One length of the DeltaNet prefill sweep: eager ms per call and output differences."""
+
+    tokens: int
+    serial_ms: float  # the token-serial kernel (gated_delta_prefill)
+    chunk_ms: float  # the chunked tensor-core kernel (gated_delta_chunk)
+    fla_ms: float | None  # fla-core's chunk_gated_delta_rule, where importable and timed
+    chunk_vs_serial: float  # ||chunk - serial|| / ||serial||, outputs and final states (max)
+    chunk_vs_fla: float | None  # same against fla's bf16 output and fp32 final state
+
+
+def _fla_chunk_rule() -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | None:
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except ImportError:
+        return None
+    return chunk_gated_delta_rule
+
+
+def delta_prefill_sweep(
+    lengths: Sequence[int],
+    device: torch.device,
+    *,
+    runs: int = 10,
+    fla_min_tokens: int = 2048,
+) -> list[DeltaPrefillRow]:
+    """The 27B DeltaNet layer (B = 1, 48 value heads, 16 key heads, 128 x 128, bf16 in, fp32
+    state) at each length: eager ms per call (CUDA events, median of `runs` after a warm-up call).
+
+    Every side starts from the raw conv output and gate projections and does its own q/k L2 norm,
+    g and beta (fla with `use_qk_l2norm_in_kernel`, `use_gate_in_kernel` and
+    `use_beta_sigmoid_in_kernel`); ninfer reads q/k/v as row-strided views as the model passes
+    them, fla gets dense [1, T, H, D] copies (made outside the timing). fla runs from
+    `fla_min_tokens` tokens up (each new length costs it Triton compilation and autotuning).
+    """
+    fla_rule = _fla_chunk_rule()
+    rows = []
+    for num_tokens in lengths:
+        use_fla = fla_rule if num_tokens >= fla_min_tokens else None
+        rows.append(_sweep_one(num_tokens, device, runs, use_fla))
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _sweep_one(
+    num_tokens: int,
+    device: torch.device,
+    runs: int,
+    fla_rule: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None,
+) -> DeltaPrefillRow:
+    hk, hv, dim = 16, 48, 128
+    scale = dim**-0.5
+    conv = torch.randn(num_tokens, 2 * hk * dim + hv * dim, device=device).to(torch.bfloat16)
+    proj = torch.randn(num_tokens, 2 * hv, device=device).to(torch.bfloat16)
+    q, k, v = conv.split((hk * dim, hk * dim, hv * dim), dim=-1)
+    q, k = q.view(num_tokens, hk, dim), k.view(num_tokens, hk, dim)
+    v = v.view(num_tokens, hv, dim)
+    b, a = proj[:, :hv], proj[:, hv:]
+    a_log = torch.rand(hv, device=device) * 2 - 1
+    dt_bias = torch.randn(hv, device=device)
+    state0 = torch.randn(2, hv, dim, dim, device=device) * 0.1
+    slots = torch.tensor([1], device=device)
+    offsets = torch.tensor([0, num_tokens], device=device)
+    inputs = (q, k, v, a, b, a_log, dt_bias)
+
+    def run(launcher: Callable[..., torch.Tensor], state: torch.Tensor) -> torch.Tensor:
+        return launcher(*inputs, state, slots, (num_tokens,), scale=scale, cu_seqlens=offsets)
+
+    serial_state, chunk_state, scratch = state0.clone(), state0.clone(), state0.clone()
+    serial_out = run(prefill_cuda.gated_delta_prefill, serial_state)
+    chunk_out = run(chunk_cuda.gated_delta_chunk_prefill, chunk_state)
+    chunk_vs_serial = max(_rel(chunk_out, serial_out), _rel(chunk_state[1], serial_state[1]))
+    serial_us = _eager_us(lambda: run(prefill_cuda.gated_delta_prefill, scratch), runs)
+    chunk_us = _eager_us(lambda: run(chunk_cuda.gated_delta_chunk_prefill, scratch), runs)
+    fla_ms = chunk_vs_fla = None
+    if fla_rule is not None:
+        dense = [t.contiguous()[None] for t in (q, k, v, a, b)]
+        kwargs = {
+            "scale": scale,
+            "output_final_state": True,
+            "use_qk_l2norm_in_kernel": True,
+            "use_gate_in_kernel": True,
+            "A_log": a_log,
+            "dt_bias": dt_bias,
+            "use_beta_sigmoid_in_kernel": True,
+        }
+        with torch.no_grad():
+            fla_out, fla_state = fla_rule(*dense, initial_state=state0[1:2].clone(), **kwargs)
+            chunk_vs_fla = max(_rel(chunk_out, fla_out[0]), _rel(chunk_state[1], fla_state[0]))
+            h0 = state0[1:2].clone()
+            fla_ms = _eager_us(lambda: fla_rule(*dense, initial_state=h0, **kwargs), runs) / 1e3
+    return DeltaPrefillRow(
+        num_tokens, serial_us / 1e3, chunk_us / 1e3, fla_ms, chunk_vs_serial, chunk_vs_fla
+    )
+
+
+def _format_sweep(rows: Sequence[DeltaPrefillRow]) -> str:
+    def num(x: float | None, spec: str) -> str:
+        return "-" if x is None else format(x, spec)
+
+    lines = [
+        "DeltaNet prefill, 27B layer (B=1, 48 v / 16 k heads, 128x128, bf16 in, fp32 state)",
+        f"{'tokens':>7} {'serial ms':>10} {'chunk ms':>9} {'fla ms':>8} {'chunk/fla':>9} "
+        f"{'vs serial':>10} {'vs fla':>9}",
+    ]
+    for r in rows:
+        ratio = None if r.fla_ms is None else r.chunk_ms / r.fla_ms
+        lines.append(
+            f"{r.tokens:>7} {r.serial_ms:>10.3f} {r.chunk_ms:>9.3f} {num(r.fla_ms, '.3f'):>8} "
+            f"{num(ratio, '.2f'):>9} {r.chunk_vs_serial:>10.2e} {num(r.chunk_vs_fla, '.2e'):>9}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`python -m ninfer.bench.kernel_bench [--tokens 2048,8192,32768] [--json PATH]`."""
+    parser = argparse.ArgumentParser(
+        prog="python -m ninfer.bench.kernel_bench",
+        description="DeltaNet prefill: token-serial kernel, chunk kernel and fla-core (GPU).",
+    )
+    parser.add_argument("--tokens", default="2048,8192,32768", help="Sequence lengths.")
+    parser.add_argument("--runs", type=int, default=10, help="Timed calls per cell (median).")
+    parser.add_argument("--fla-min-tokens", type=int, default=2048)
+    parser.add_argument("--device", type=int, default=0)
+    parser.add_argument("--json", type=Path, default=None, help="Also write the rows here.")
+    opts = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA device")
+    lengths = [int(x) for x in opts.tokens.split(",") if x.strip()]
+    rows = delta_prefill_sweep(
+        lengths,
+        torch.device("cuda", opts.device),
+        runs=opts.runs,
+        fla_min_tokens=opts.fla_min_tokens,
+    )
+    print(_format_sweep(rows))
+    if opts.json is not None:
+        opts.json.write_text(json.dumps([asdict(r) for r in rows], indent=2))
 
 
 def _front_timing(b: int, device: torch.device) -> KernelTiming:
@@ -311,3 +476,7 @@ def _paged_timing(b: int, context: int, device: torch.device) -> KernelTiming:
         _graph_us(kernel),
         err,
     )
+
+
+if __name__ == "__main__":
+    main()

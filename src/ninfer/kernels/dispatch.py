@@ -25,6 +25,7 @@ from ninfer.kernels.fp8_gemv import launch as _fp8_gemv_cuda
 from ninfer.kernels.fp8_gemv import launch_tc as _fp8_tc_cuda
 from ninfer.kernels.fp8_gemv import reference as _fp8_gemv_ref
 from ninfer.kernels.fp8_gemv.reference import Fp8Weight
+from ninfer.kernels.gated_delta_chunk import launch as _chunk_cuda
 from ninfer.kernels.gated_delta_decode import launch as _delta_cuda
 from ninfer.kernels.gated_delta_decode import reference as _delta_ref
 from ninfer.kernels.gated_delta_prefill import launch as _prefill_cuda
@@ -147,6 +148,24 @@ def causal_conv1d(
     return fn.causal_conv1d(x, weight, conv_state, state_slots, query_lens, cu_seqlens=cu_seqlens)
 
 
+def chunked_delta_prefill(
+    q: torch.Tensor, v: torch.Tensor, ssm_state: torch.Tensor, query_lens: tuple[int, ...]
+) -> bool:
+    """Whether `gated_delta_prefill` takes the chunked tensor-core kernel for these inputs.
+
+    Only bf16 inputs whose longest sequence has `CHUNK_MIN_TOKENS` tokens or more: the chunk
+    kernel rounds its operands to bf16 (fp32 models keep the exact token-serial kernel), and
+    below that length the serial kernel is as fast (docs/perf.md). `gated_delta_chunk` in
+    `NINFER_KERNELS_OFF` turns it off.
+    """
+    return (
+        q.dtype == torch.bfloat16
+        and max(query_lens, default=0) >= _chunk_cuda.CHUNK_MIN_TOKENS
+        and not _switched_off("gated_delta_chunk")
+        and _chunk_cuda.supports(q, v, ssm_state)
+    )
+
+
 def gated_delta_prefill(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -162,9 +181,18 @@ def gated_delta_prefill(
     scale: float,
     cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The prefill delta rule with its q/k norm and gates; see kernels/gated_delta_prefill/."""
-    fn = _prefill_cuda if use_cuda_kernels(q, "gated_delta_prefill") else _prefill_ref
-    return fn.gated_delta_prefill(
+    """The prefill delta rule with its q/k norm and gates; see kernels/gated_delta_prefill/.
+
+    On CUDA: the chunked kernel (kernels/gated_delta_chunk/) where `chunked_delta_prefill` says
+    so, else the token-serial kernel; elsewhere the twin.
+    """
+    if not use_cuda_kernels(q, "gated_delta_prefill"):
+        fn = _prefill_ref.gated_delta_prefill
+    elif chunked_delta_prefill(q, v, ssm_state, query_lens):
+        fn = _chunk_cuda.gated_delta_chunk_prefill
+    else:
+        fn = _prefill_cuda.gated_delta_prefill
+    return fn(
         q,
         k,
         v,

@@ -1,0 +1,1 @@
+"""Chunked (WY / UT-transform) gated delta rule for prefill on tensor cores (launcher and twin)."""
