@@ -241,3 +241,15 @@ def test_sixteen_lanes_graphs_and_overlap_change_no_token(
         got = run(graphed)
         assert graphed.core.runner.decode.num_captured >= 2
     assert got == want
+
+
+def test_kv_capacity_auto_fills_free_memory(dense_artifact: Path) -> None:
+    """auto: the pool grows far past one max_context (up to the documented page cap), fits the
+    device, and serves requests."""
+    with _engine(dense_artifact, dtype="fp32", device="cuda:0", kv_capacity="auto") as engine:
+        floor = 512 // 16
+        assert engine.parts.num_pages > 4 * floor
+        free, _ = torch.cuda.mem_get_info()
+        assert free > 0
+        got = _run(engine, PROMPTS[:2], 8)
+    assert all(len(t) == 8 for t in got)

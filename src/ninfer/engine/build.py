@@ -37,6 +37,9 @@ from ninfer.tokenizer import Tokenizer
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 GIB = 1 << 30
+# `--kv-capacity auto` stops here: 64M tokens at 64 per page, far beyond any context of the family
+# (a tiny test model on a large GPU would otherwise ask the page pool for billions of pages).
+MAX_PAGES = 1 << 20
 log = logging.getLogger("ninfer.engine")
 
 
@@ -164,7 +167,7 @@ def _num_pages(
     free, _ = torch.cuda.mem_get_info(model.device)
     state = ModelCache.bytes_per_slot(config, dtype) * num_slots
     budget = free - state - workspace_bytes(config, options) - GIB
-    pages = budget // ModelCache.bytes_per_page(config, options.page_size, dtype)
+    pages = min(budget // ModelCache.bytes_per_page(config, options.page_size, dtype), MAX_PAGES)
     if pages < floor:
         raise ValueError(
             f"--kv-capacity auto: {max(budget, 0) / GIB:.1f} GiB left for KV after weights, "

@@ -102,3 +102,13 @@ def test_seeded_sampling_is_independent_of_batch_composition(artifact: Path) -> 
     assert together == apart == shuffled
     # power: the seeds matter (different seeds, different streams)
     assert len({tuple(v) for v in together.values()}) == len(odd)
+
+
+def test_kv_capacity_auto_on_the_cpu_gives_every_lane_a_full_context(artifact: Path) -> None:
+    opts = BASE | {"kv_capacity": "auto", "max_concurrency": 3}
+    with Engine.load(artifact, **opts) as engine:
+        assert engine.parts.num_pages == 3 * (256 // 16)
+        events = list(engine.generate(_prompt(1), max_tokens=3, ignore_eos=True, **GREEDY))
+        assert events[-1].usage.completion_tokens == 3
+    with pytest.raises(ValueError, match="kv_capacity"):
+        Engine.load(artifact, **(BASE | {"kv_capacity": "lots"}))
