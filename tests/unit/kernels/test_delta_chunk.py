@@ -80,7 +80,7 @@ ALIGNMENTS = [
     pytest.param((65,), 2, 4, 64, 16, id="65"),
     pytest.param((1, 64, 65, 130, 3), 1, 3, 128, 16, id="mixed-edges"),
     pytest.param((0, 70), 2, 4, 64, 32, id="empty-sequence"),
-    pytest.param((200,), 2, 6, 128, 32, id="200"),
+    pytest.param((200,), 2, 4, 128, 16, id="200"),
 ]
 
 
@@ -108,7 +108,7 @@ def test_exact_chunked_twin_matches_the_definition(lens, hk, hv, dk, dv, start, 
     "lens,hk,hv,dk,dv",
     [
         pytest.param((1, 64, 65, 130, 3), 1, 3, 128, 16, id="mixed-edges"),
-        pytest.param((300,), 2, 4, 128, 32, id="300"),
+        pytest.param((260,), 1, 2, 128, 32, id="260"),
     ],
 )
 @pytest.mark.parametrize("decay", ["mild", "strong"])
