@@ -36,12 +36,20 @@ from ninfer.engine.sampling import (
 )
 from ninfer.engine.scheduler import Scheduler, SchedulerConfig
 from ninfer.engine.state_slots import SlotPool
+from ninfer.media.errors import MediaError
+from ninfer.media.fetch import FetchPolicy
+from ninfer.media.layout import MediaPrompt, MediaTokens, expand_prompt
+from ninfer.media.preparer import MediaLease, MediaLimits, MediaPreparer
+from ninfer.media.settings import MediaSettings
+from ninfer.media.sources import collect_media
 from ninfer.model.cache import ModelCache
 from ninfer.model.config import TextConfig
 from ninfer.model.qwen3_5 import Qwen3_5Model
+from ninfer.model.vision import VisionConfig, VisionTower
 from ninfer.tokenizer import Tokenizer
 
 SAMPLING_FIELDS = tuple(f.name for f in fields(SamplingParams))
+VISION_DISABLED = "vision_disabled"
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
@@ -94,6 +102,11 @@ class Engine:
         self.model = Qwen3_5Model(
             self.config, artifact.load("text"), dtype=dtype, device=device, strict=True
         )
+        self.vision: VisionTower | None = None  # [vision] loaded only with options.vision
+        self.media: MediaPreparer | None = None
+        self.media_tokens = MediaTokens.from_config(artifact.config.get("model") or {})
+        if options.vision:
+            self.vision, self.media = _load_vision(artifact, options, dtype, device)
         kv_tokens = options.kv_capacity or options.max_context
         num_pages = -(-kv_tokens // options.page_size)
         extra = options.device_state_slots
@@ -132,7 +145,9 @@ class Engine:
                 dummy_slot=num_slots,
                 dummy_page=num_pages,
             )
-        runner = ModelRunner(self.model, self.cache, sampler, device, graphs=graphs)
+        runner = ModelRunner(
+            self.model, self.cache, sampler, device, graphs=graphs, vision=self.vision
+        )
         self.core = EngineCore(
             scheduler,
             runner,
@@ -167,6 +182,7 @@ class Engine:
         request_id: str | None = None,
         ignore_eos: bool = False,
         thinking_budget: int | None = None,
+        media: MediaPrompt | None = None,
         **sampling: Any,
     ) -> GenerationRequest:
         unknown = sorted(set(sampling) - set(SAMPLING_FIELDS))
@@ -182,6 +198,7 @@ class Engine:
             request_id=request_id,
             ignore_eos=ignore_eos,
             thinking_budget=thinking_budget,
+            media=media,
         )
 
     def generate(self, prompt: str | Sequence[int], **kwargs: Any) -> Iterator[EngineEvent]:
@@ -217,12 +234,16 @@ class Engine:
         `thinking_budget=N` (in kwargs) caps thinking at N model tokens when the output starts
         in thinking mode; omitted, `default_thinking_budget` applies.
         """
-        request, decoder = self._chat_request(
+        request, decoder, lease = self._chat_request(
             messages, tools, enable_thinking, template_kwargs, kwargs
         )
         tracker = _ChatTracker(decoder)
-        for event in RequestHandle(self.core, request):
-            yield from tracker.on_event(event)
+        try:
+            for event in RequestHandle(self.core, request):
+                yield from tracker.on_event(event)
+        finally:
+            if lease is not None:
+                lease.release()
 
     async def achat(
         self,
@@ -235,13 +256,55 @@ class Engine:
     ) -> AsyncIterator[ChatEvent]:
         # Rendering and tokenizing a long conversation takes real CPU time: do it off the event
         # loop so one large prompt does not stall every other connection.
-        request, decoder = await asyncio.to_thread(
+        request, decoder, lease = await asyncio.to_thread(
             self._chat_request, messages, tools, enable_thinking, template_kwargs, kwargs
         )
         tracker = _ChatTracker(decoder)
-        async for event in AsyncRequestHandle(self.core, request):
-            for out in tracker.on_event(event):
-                yield out
+        try:
+            async for event in AsyncRequestHandle(self.core, request):
+                for out in tracker.on_event(event):
+                    yield out
+        finally:
+            if lease is not None:
+                lease.release()
+
+    # -- media ------------------------------------------------------------------------------------
+    def prepare_prompt(
+        self, ids: list[int], messages: list[dict[str, Any]]
+    ) -> tuple[list[int], MediaPrompt | None, MediaLease | None]:
+        """Rendered ids -> (expanded ids, media prompt, lease) for the media parts of
+        `messages`; text-only conversations pass through untouched. The caller releases the
+        lease once the request is over."""
+        sources = collect_media(messages)
+        if not sources:
+            return ids, None, None
+        if self.media is None:
+            raise MediaError(
+                f"{sources[0].param}: image and video input needs an engine started with "
+                "vision enabled (ninfer serve --vision)",
+                code=VISION_DISABLED,
+                param=sources[0].param,
+            )
+        lease = self.media.prepare(sources)
+        try:
+            prompt = expand_prompt(ids, lease.items, self.media_tokens, self.tokenizer.encode_text)
+        except BaseException:
+            lease.release()
+            raise
+        return list(prompt.token_ids), prompt, lease
+
+    def count_prompt_tokens(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        **template_kwargs: Any,
+    ) -> int:
+        """Prompt tokens after template rendering and media expansion (no generation)."""
+        ids = self.render(messages, tools, **template_kwargs)
+        ids, _, lease = self.prepare_prompt(ids, messages)
+        if lease is not None:
+            lease.release()
+        return len(ids)
 
     def _chat_request(
         self,
@@ -250,10 +313,10 @@ class Engine:
         enable_thinking: bool,
         template_kwargs: Mapping[str, Any] | None,
         kwargs: dict[str, Any],
-    ) -> tuple[GenerationRequest, OutputDecoder]:
+    ) -> tuple[GenerationRequest, OutputDecoder, MediaLease | None]:
         kw = dict(template_kwargs or {})
         kw["enable_thinking"] = enable_thinking
-        ids = self.render(messages, tools, **kw)
+        ids, media, lease = self.prepare_prompt(self.render(messages, tools, **kw), messages)
         # The template continues a final assistant message only without a generation prompt
         # (an assistant prefill); otherwise it opens a fresh assistant turn, thinking included.
         continuing = (
@@ -263,17 +326,25 @@ class Engine:
         )
         starts_in_reasoning = enable_thinking and not continuing
         budget = kwargs.pop("thinking_budget", None) or self.default_thinking_budget
-        request = self.make_request(
-            ids,
-            thinking=enable_thinking,
-            thinking_budget=budget if starts_in_reasoning else None,
-            **kwargs,
-        )
+        try:
+            request = self.make_request(
+                ids,
+                thinking=enable_thinking,
+                thinking_budget=budget if starts_in_reasoning else None,
+                media=media,
+                **kwargs,
+            )
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
         decoder = OutputDecoder(tools=tools, starts_in_reasoning=starts_in_reasoning)
-        return request, decoder
+        return request, decoder, lease
 
     def close(self) -> None:
         self.core.close()
+        if self.media is not None:
+            self.media.close()
         self.artifact.close()
 
     def __enter__(self) -> Engine:
@@ -341,6 +412,31 @@ class _ChatTracker:
                 kind = "reasoning" if d.kind == DeltaKind.REASONING else "content"
                 out.append(ChatEvent(kind, text=d.text, token_ids=token_ids, num_output=num_output))
         return out
+
+
+def _load_vision(
+    artifact: Artifact, options: EngineOptions, dtype: torch.dtype, device: torch.device
+) -> tuple[VisionTower, MediaPreparer]:
+    """[vision] The tower on the device and the media preparer, from the artifact's settings."""
+    if "vision" not in artifact.components or not artifact.config.get("media"):
+        raise ValueError(
+            "vision: the artifact has no vision tower (convert the checkpoint with its vision "
+            "component)"
+        )
+    tower = VisionTower(
+        VisionConfig.from_dict(artifact.config["vision"]),
+        artifact.load("vision"),
+        dtype=dtype,
+        device=device,
+    )
+    limits = MediaLimits(
+        cache_mib=options.media_cache_mib,
+        live_mib=options.media_live_mib,
+        threads=options.media_preprocess_threads,
+        fetch=FetchPolicy(allow_private=options.allow_private_media_urls),
+    )
+    settings = MediaSettings.from_config(artifact.config["media"])
+    return tower, MediaPreparer(settings, dtype=dtype, limits=limits)
 
 
 def _graph_status(model: Qwen3_5Model, wanted: bool, max_batch: int) -> str:

@@ -23,8 +23,9 @@ from ninfer.model.qwen3_5 import Qwen3_5Model
 
 log = logging.getLogger("ninfer.engine.graphs")
 
-# Columns of the staging buffer before the page table.
-_IDS, _POS, _SLOT, _PAGES = 0, 1, 2, 3
+# Columns of the staging buffer before the page table: token, KV index, slot, RoPE position
+# (the KV index plus a media prompt's rope delta; equal to the KV index for text).
+_IDS, _POS, _SLOT, _ROPE, _PAGES = 0, 1, 2, 3, 4
 
 
 class GraphError(RuntimeError):
@@ -75,7 +76,7 @@ class DecodeGraphs:
         self.dummy_page = dummy_page
         self.device = model.device
         width = _PAGES + self.max_pages
-        # [max_batch, 3 + max_pages] int64: id, position (= tokens already computed), slot, pages
+        # [max_batch, 4 + max_pages] int64: id, tokens already computed, slot, RoPE position, pages
         self._host = torch.zeros((max_batch, width), dtype=torch.int64, pin_memory=True)
         self._static = torch.zeros((max_batch, width), dtype=torch.int64, device=self.device)
         self._cu_seqlens = torch.arange(max_batch + 1, dtype=torch.int32, device=self.device)
@@ -109,6 +110,7 @@ class DecodeGraphs:
         num_computed: Sequence[int],
         page_tables: Sequence[Sequence[int]],
         state_slots: Sequence[int],
+        position_offsets: Sequence[int] | None = None,
     ) -> torch.Tensor:
         """Run one decode step by graph replay; same inputs and result as ForwardBatch.decode.
 
@@ -124,11 +126,13 @@ class DecodeGraphs:
             raise GraphError(f"batch of {num_seqs} rows x {need} pages does not fit the graphs")
         captured = self._get(num_seqs, self.width_for(need))
         host = self._host[:num_seqs]
-        for row, (token, pos, slot, pages) in enumerate(
-            zip(input_ids, num_computed, state_slots, page_tables, strict=True)
+        offsets = position_offsets if position_offsets is not None else [0] * num_seqs
+        for row, (token, pos, slot, pages, offset) in enumerate(
+            zip(input_ids, num_computed, state_slots, page_tables, offsets, strict=True)
         ):
             host[row, _IDS] = int(token)
             host[row, _POS] = int(pos)
+            host[row, _ROPE] = int(pos) + int(offset)
             host[row, _SLOT] = int(slot)
             host[row, _PAGES : _PAGES + len(pages)] = torch.as_tensor(pages, dtype=torch.int64)
             host[row, _PAGES + len(pages) :] = pages[0]  # padding columns: masked by kv_lens
@@ -143,7 +147,7 @@ class DecodeGraphs:
         rows = self._static[:num_seqs]
         return ForwardBatch(
             input_ids=rows[:, _IDS],
-            positions=rows[:, _POS],
+            positions=rows[:, _ROPE],
             cu_seqlens=self._cu_seqlens[: num_seqs + 1],
             num_computed=rows[:, _POS],
             page_table=rows[:, _PAGES : _PAGES + width],

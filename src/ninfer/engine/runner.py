@@ -13,12 +13,14 @@ from dataclasses import dataclass
 import torch
 
 from ninfer.engine.graphs import DecodeGraphs, GraphError
+from ninfer.engine.media_join import chunk_inputs, encode_media
 from ninfer.engine.penalty_counts import PenaltyCounts
 from ninfer.engine.sampling import Sampler
 from ninfer.engine.scheduler import Sequence, StepPlan
 from ninfer.model.batch import ForwardBatch
 from ninfer.model.cache import ModelCache
 from ninfer.model.qwen3_5 import Qwen3_5Model
+from ninfer.model.vision import VisionTower
 
 log = logging.getLogger("ninfer.engine")
 
@@ -38,6 +40,7 @@ class ModelRunner:
         sampler: Sampler,
         device: torch.device | str = "cpu",
         graphs: DecodeGraphs | None = None,
+        vision: VisionTower | None = None,
     ) -> None:
         self.model = model
         self.cache = cache
@@ -45,6 +48,7 @@ class ModelRunner:
         self.device = torch.device(device)
         self.graphs = graphs  # CUDA-graph decode (engine/graphs.py); None: eager
         self.penalty_counts: PenaltyCounts | None = None  # made at the first penalised step
+        self.vision = vision  # [vision] None: media requests are refused before submit
 
     def execute(self, plan: StepPlan) -> StepResult:
         sampled: dict[int, int] = {}
@@ -55,14 +59,20 @@ class ModelRunner:
             assert seq.slot is not None
             if unit.start == 0:
                 self.cache.reset_slot(seq.slot)
-            batch = ForwardBatch.prefill(
-                seq.token_ids[unit.start : unit.start + unit.num_tokens],
-                num_computed=unit.start,
-                page_ids=seq.pages,
-                state_slot=seq.slot,
-                device=self.device,
-            )
+            ids = seq.token_ids[unit.start : unit.start + unit.num_tokens]
+            if seq.request.media is None:
+                batch = ForwardBatch.prefill(
+                    ids,
+                    num_computed=unit.start,
+                    page_ids=seq.pages,
+                    state_slot=seq.slot,
+                    device=self.device,
+                )
+            else:
+                batch = self._media_chunk(seq, unit.start, ids)
             logits = self.model.forward(batch, self.cache)  # [1, V]
+            if seq.media is not None and unit.start + unit.num_tokens >= seq.num_prompt:
+                seq.media = None  # [vision] the last chunk read the tower output: free it
             if unit.samples:
                 rows.append((seq, logits[0]))
         if plan.decode:
@@ -71,13 +81,20 @@ class ModelRunner:
             num_computed = [s.num_computed for s in seqs]
             page_tables = [s.pages for s in seqs]
             slots: list[int] = [s.slot for s in seqs]  # type: ignore[misc]
+            # [vision] a media prompt's decode positions run at KV index + rope delta
+            offsets = [s.request.media.rope_delta if s.request.media else 0 for s in seqs]
+            position_offsets = offsets if any(offsets) else None
             logits = None
             if self.graphs is not None and self.graphs.fits(
                 len(seqs), max(len(p) for p in page_tables)
             ):
                 try:
                     logits = self.graphs.decode(
-                        ids, num_computed=num_computed, page_tables=page_tables, state_slots=slots
+                        ids,
+                        num_computed=num_computed,
+                        page_tables=page_tables,
+                        state_slots=slots,
+                        position_offsets=position_offsets,
                     )  # [B, V], static: sampled below before the next replay
                 except GraphError as e:  # capture touched only the dummy slot: go eager
                     log.warning("CUDA graphs disabled, decoding eagerly: %s", e)
@@ -89,6 +106,7 @@ class ModelRunner:
                     page_tables=page_tables,
                     state_slots=slots,
                     device=self.device,
+                    position_offsets=position_offsets,
                 )
                 logits = self.model.forward(batch, self.cache)  # [B, V]
             rows.extend((s, logits[i]) for i, s in enumerate(seqs))
@@ -107,6 +125,28 @@ class ModelRunner:
             for s, t in zip(seqs, tokens.tolist(), strict=True):
                 sampled[id(s)] = int(t)
         return StepResult(sampled)
+
+    def _media_chunk(self, seq: Sequence, start: int, ids: list[int]) -> ForwardBatch:
+        """[vision] A prefill chunk of a media prompt: the tower runs once, before the first
+        chunk (or again if the request restarts its prompt); chunks take MRoPE positions and
+        the media rows that fall inside them."""
+        media = seq.request.media
+        assert media is not None and seq.slot is not None
+        if self.vision is None:
+            raise RuntimeError("a media request reached an engine without a vision tower")
+        if seq.media is None or start == 0:
+            seq.media = encode_media(self.vision, media)
+        positions, embed_index, embed_rows = chunk_inputs(seq.media, start, len(ids))
+        return ForwardBatch.prefill(
+            ids,
+            num_computed=start,
+            page_ids=seq.pages,
+            state_slot=seq.slot,
+            device=self.device,
+            positions=positions,
+            embed_index=embed_index,
+            embed_rows=embed_rows,
+        )
 
     def _output_counts(
         self, seqs: list[Sequence], logits: torch.Tensor
