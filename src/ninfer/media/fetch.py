@@ -141,8 +141,9 @@ def _read(
         chunks: list[bytes] = []
         total = 0
         while True:
-            sock.settimeout(_remaining(deadline))  # no read may outlive the deadline
-            chunk = resp.read(_CHUNK)
+            if not resp.isclosed():  # (a complete body closes the socket)
+                sock.settimeout(_remaining(deadline))  # no read may outlive the deadline
+            chunk = resp.read1(_CHUNK)  # one socket read: the deadline check runs between
             _remaining(deadline)
             if not chunk:
                 return b"".join(chunks)

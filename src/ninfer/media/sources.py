@@ -49,10 +49,12 @@ def _url_of(value: Any) -> str | None:
 
 
 def part_source(part: Mapping[str, Any], param: str) -> MediaSource | None:
-    """The media source of one template content part, or None for a text part."""
+    """The media source of one template content part, or None for a text part. A part the
+    protocol layer made names its wire field (`source_param`); that name wins over `param`."""
     kind = _part_kind(part)
     if kind is None:
         return None
+    param = str(part.get("source_param") or param)
     keys = ("image", "image_url") if kind == "image" else ("video", "video_url")
     for key in keys:
         url = _url_of(part.get(key))
