@@ -146,8 +146,15 @@ class Engine:
                 dummy_page=num_pages,
             )
         runner = ModelRunner(
-            self.model, self.cache, sampler, device, graphs=graphs, vision=self.vision
+            self.model,
+            self.cache,
+            sampler,
+            device,
+            graphs=graphs,
+            vision=self.vision,
+            tower_cache_bytes=options.vision_cache_mib << 20,
         )
+        self._runner = runner
         self.core = EngineCore(
             scheduler,
             runner,
@@ -292,6 +299,20 @@ class Engine:
             lease.release()
             raise
         return list(prompt.token_ids), prompt, lease
+
+    def media_stats(self) -> dict[str, int]:
+        """[vision] Media counters: the prepared-payload cache (hits, misses, single-flight
+        waits, builds, evictions, budget rejections, retained / live bytes) and the tower
+        (items encoded, outputs reused). Empty without vision."""
+        if self.media is None:
+            return {}
+        tower = self._runner.tower_cache
+        return {
+            **self.media.cache.snapshot(),
+            "tower_encoded": tower.encoded if tower else 0,
+            "tower_hits": tower.hits if tower else 0,
+            "tower_cache_bytes": tower.bytes if tower else 0,
+        }
 
     def count_prompt_tokens(
         self,

@@ -26,6 +26,7 @@ class EngineOptions:
     media_live_mib: int = 2048  # every live prepared media payload
     media_preprocess_threads: int = 0  # 0: min(16, host CPUs)
     allow_private_media_urls: bool = False  # let media URLs reach loopback / private networks
+    vision_cache_mib: int = 256  # device memory for tower outputs of repeated media (0: off)
     # process-level sampling overrides (spec: preset < process flag < request field; greedy last)
     temperature: float | None = None
     top_p: float | None = None
@@ -63,6 +64,7 @@ class EngineOptions:
         need(self.media_cache_mib >= 0, "media_cache_mib must be >= 0")
         need(self.media_live_mib >= 1, "media_live_mib must be >= 1")
         need(self.media_preprocess_threads >= 0, "media_preprocess_threads must be >= 0")
+        need(self.vision_cache_mib >= 0, "vision_cache_mib must be >= 0")
         need(
             _valid_device(self.device), f"device must be cpu, cuda, cuda:N or auto: {self.device!r}"
         )

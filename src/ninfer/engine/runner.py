@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from ninfer.engine.graphs import DecodeGraphs, GraphError
-from ninfer.engine.media_join import chunk_inputs, encode_media
+from ninfer.engine.media_join import TowerCache, chunk_inputs, encode_media
 from ninfer.engine.penalty_counts import PenaltyCounts
 from ninfer.engine.sampling import Sampler
 from ninfer.engine.scheduler import Sequence, StepPlan
@@ -41,6 +41,7 @@ class ModelRunner:
         device: torch.device | str = "cpu",
         graphs: DecodeGraphs | None = None,
         vision: VisionTower | None = None,
+        tower_cache_bytes: int = 256 << 20,
     ) -> None:
         self.model = model
         self.cache = cache
@@ -49,6 +50,7 @@ class ModelRunner:
         self.graphs = graphs  # CUDA-graph decode (engine/graphs.py); None: eager
         self.penalty_counts: PenaltyCounts | None = None  # made at the first penalised step
         self.vision = vision  # [vision] None: media requests are refused before submit
+        self.tower_cache = TowerCache(tower_cache_bytes) if vision is not None else None
 
     def execute(self, plan: StepPlan) -> StepResult:
         sampled: dict[int, int] = {}
@@ -135,7 +137,7 @@ class ModelRunner:
         if self.vision is None:
             raise RuntimeError("a media request reached an engine without a vision tower")
         if seq.media is None or start == 0:
-            seq.media = encode_media(self.vision, media)
+            seq.media = encode_media(self.vision, media, self.tower_cache)
         positions, embed_index, embed_rows = chunk_inputs(seq.media, start, len(ids))
         return ForwardBatch.prefill(
             ids,

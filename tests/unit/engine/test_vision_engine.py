@@ -137,13 +137,15 @@ def test_media_and_text_requests_run_together(tiny) -> None:
 def test_repeated_image_hits_the_cache(tiny) -> None:
     engine, _, _ = tiny
     img = data_uri(encode_image(noise_image(50, 50, seed=11)), "image/png")
-    before = engine.media.cache.snapshot()
+    before = engine.media_stats()
     first, _ = _chat_tokens(engine, _messages([{"type": "image", "image": img}]), 4)
     second, _ = _chat_tokens(engine, _messages([{"type": "image", "image": img}]), 4)
-    after = engine.media.cache.snapshot()
+    after = engine.media_stats()
     assert first == second
-    assert after["builds"] - before["builds"] == 1
+    assert after["builds"] - before["builds"] == 1  # decoded and resized once
     assert after["hits"] - before["hits"] == 1
+    assert after["tower_encoded"] - before["tower_encoded"] == 1  # the tower ran once
+    assert after["tower_hits"] - before["tower_hits"] == 1
 
 
 def test_vision_disabled_engine_refuses_media(tiny, tmp_path: Path) -> None:
