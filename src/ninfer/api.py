@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ninfer.artifact.media_settings import IMAGE_DEFAULTS, VIDEO_DEFAULTS
 from ninfer.artifact.reader import Artifact
 from ninfer.chat.output_decoder import DeltaKind, OutputDecoder, ToolCall, ToolCallParseStats
 from ninfer.chat.template import ChatTemplate
@@ -439,11 +440,14 @@ def _load_vision(
     artifact: Artifact, options: EngineOptions, dtype: torch.dtype, device: torch.device
 ) -> tuple[VisionTower, MediaPreparer]:
     """[vision] The tower on the device and the media preparer, from the artifact's settings."""
-    if "vision" not in artifact.components or not artifact.config.get("media"):
+    if "vision" not in artifact.components:
         raise ValueError(
             "vision: the artifact has no vision tower (convert the checkpoint with its vision "
             "component)"
         )
+    media = artifact.config.get("media")
+    if not media:  # converted before artifacts carried settings: the Qwen3.5 defaults
+        media = {"image": IMAGE_DEFAULTS, "video": VIDEO_DEFAULTS}
     tower = VisionTower(
         VisionConfig.from_dict(artifact.config["vision"]),
         artifact.load("vision"),
@@ -456,7 +460,7 @@ def _load_vision(
         threads=options.media_preprocess_threads,
         fetch=FetchPolicy(allow_private=options.allow_private_media_urls),
     )
-    settings = MediaSettings.from_config(artifact.config["media"])
+    settings = MediaSettings.from_config(media)
     return tower, MediaPreparer(settings, dtype=dtype, limits=limits)
 
 
