@@ -13,6 +13,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from ninfer.artifact.media_settings import IMAGE_DEFAULTS, VIDEO_DEFAULTS
 from ninfer.artifact.reader import Artifact
 from ninfer.chat.output_decoder import DeltaKind, OutputDecoder, ToolCall, ToolCallParseStats
 from ninfer.chat.template import ChatTemplate, load_default_template
@@ -21,10 +24,17 @@ from ninfer.engine.handles import AsyncRequestHandle, RequestHandle
 from ninfer.engine.options import EngineOptions
 from ninfer.engine.request import EngineEvent, EventKind, FinishReason, GenerationRequest, Timings
 from ninfer.engine.sampling import SamplingParams, presets_for
+from ninfer.media.errors import MediaError
+from ninfer.media.fetch import FetchPolicy
+from ninfer.media.layout import MediaPrompt, MediaTokens, expand_prompt
+from ninfer.media.preparer import MediaLease, MediaLimits, MediaPreparer
+from ninfer.media.settings import MediaSettings
+from ninfer.media.sources import collect_media
 from ninfer.model.qwen3_5 import Qwen3_5Model
 from ninfer.tokenizer import Tokenizer
 
 SAMPLING_FIELDS = tuple(f.name for f in fields(SamplingParams))
+VISION_DISABLED = "vision_disabled"
 
 
 @dataclass(frozen=True)
@@ -81,6 +91,14 @@ class Engine:
         self.cache = parts.cache
         self.graph_status = parts.graph_status
         self.core = parts.core
+        # [vision] the media preparer (host side: fetch, decode, resize); the tower is the
+        # runner's. Both exist only when the engine was built with vision.
+        self.media: MediaPreparer | None = None
+        self.media_tokens = MediaTokens.from_config(
+            artifact.config.get("model") or {} if artifact is not None else {}
+        )
+        if options.vision and artifact is not None:
+            self.media = _media_preparer(artifact, options, parts.model.dtype)
 
     @classmethod
     def load(cls, path: str | Path | None = None, **options: Any) -> Engine:
@@ -130,6 +148,7 @@ class Engine:
         request_id: str | None = None,
         ignore_eos: bool = False,
         thinking_budget: int | None = None,
+        media: MediaPrompt | None = None,
         **sampling: Any,
     ) -> GenerationRequest:
         unknown = sorted(set(sampling) - set(SAMPLING_FIELDS))
@@ -145,6 +164,7 @@ class Engine:
             request_id=request_id,
             ignore_eos=ignore_eos,
             thinking_budget=thinking_budget,
+            media=media,
         )
 
     def generate(self, prompt: str | Sequence[int], **kwargs: Any) -> Iterator[EngineEvent]:
@@ -180,12 +200,16 @@ class Engine:
         `thinking_budget=N` (in kwargs) caps thinking at N model tokens when the output starts
         in thinking mode; omitted, `default_thinking_budget` applies.
         """
-        request, decoder = self._chat_request(
+        request, decoder, lease = self._chat_request(
             messages, tools, enable_thinking, template_kwargs, kwargs
         )
         tracker = _ChatTracker(decoder)
-        for event in RequestHandle(self.core, request):
-            yield from tracker.on_event(event)
+        try:
+            for event in RequestHandle(self.core, request):
+                yield from tracker.on_event(event)
+        finally:
+            if lease is not None:
+                lease.release()
 
     async def achat(
         self,
@@ -198,13 +222,69 @@ class Engine:
     ) -> AsyncIterator[ChatEvent]:
         # Rendering and tokenizing a long conversation takes real CPU time: do it off the event
         # loop so one large prompt does not stall every other connection.
-        request, decoder = await asyncio.to_thread(
+        request, decoder, lease = await asyncio.to_thread(
             self._chat_request, messages, tools, enable_thinking, template_kwargs, kwargs
         )
         tracker = _ChatTracker(decoder)
-        async for event in AsyncRequestHandle(self.core, request):
-            for out in tracker.on_event(event):
-                yield out
+        try:
+            async for event in AsyncRequestHandle(self.core, request):
+                for out in tracker.on_event(event):
+                    yield out
+        finally:
+            if lease is not None:
+                lease.release()
+
+    # -- media ------------------------------------------------------------------------------------
+    def prepare_prompt(
+        self, ids: list[int], messages: list[dict[str, Any]]
+    ) -> tuple[list[int], MediaPrompt | None, MediaLease | None]:
+        """Rendered ids -> (expanded ids, media prompt, lease) for the media parts of
+        `messages`; text-only conversations pass through untouched. The caller releases the
+        lease once the request is over."""
+        sources = collect_media(messages)
+        if not sources:
+            return ids, None, None
+        if self.media is None:
+            raise MediaError(
+                f"{sources[0].param}: image and video input needs an engine started with "
+                "vision enabled (ninfer serve --vision)",
+                code=VISION_DISABLED,
+                param=sources[0].param,
+            )
+        lease = self.media.prepare(sources)
+        try:
+            prompt = expand_prompt(ids, lease.items, self.media_tokens, self.tokenizer.encode_text)
+        except BaseException:
+            lease.release()
+            raise
+        return list(prompt.token_ids), prompt, lease
+
+    def media_stats(self) -> dict[str, int]:
+        """[vision] Media counters: the prepared-payload cache (hits, misses, single-flight
+        waits, builds, evictions, budget rejections, retained / live bytes) and the tower
+        (items encoded, outputs reused). Empty without vision."""
+        if self.media is None:
+            return {}
+        tower = self.parts.core.runner.tower_cache
+        return {
+            **self.media.cache.snapshot(),
+            "tower_encoded": tower.encoded if tower else 0,
+            "tower_hits": tower.hits if tower else 0,
+            "tower_cache_bytes": tower.bytes if tower else 0,
+        }
+
+    def count_prompt_tokens(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        **template_kwargs: Any,
+    ) -> int:
+        """Prompt tokens after template rendering and media expansion (no generation)."""
+        ids = self.render(messages, tools, **template_kwargs)
+        ids, _, lease = self.prepare_prompt(ids, messages)
+        if lease is not None:
+            lease.release()
+        return len(ids)
 
     def _chat_request(
         self,
@@ -213,10 +293,10 @@ class Engine:
         enable_thinking: bool,
         template_kwargs: Mapping[str, Any] | None,
         kwargs: dict[str, Any],
-    ) -> tuple[GenerationRequest, OutputDecoder]:
+    ) -> tuple[GenerationRequest, OutputDecoder, MediaLease | None]:
         kw = dict(template_kwargs or {})
         kw["enable_thinking"] = enable_thinking
-        ids = self.render(messages, tools, **kw)
+        ids, media, lease = self.prepare_prompt(self.render(messages, tools, **kw), messages)
         # The template continues a final assistant message only without a generation prompt
         # (an assistant prefill); otherwise it opens a fresh assistant turn, thinking included.
         continuing = (
@@ -226,19 +306,26 @@ class Engine:
         )
         starts_in_reasoning = enable_thinking and not continuing
         budget = kwargs.pop("thinking_budget", None) or self.default_thinking_budget
-        request = self.make_request(
-            ids,
-            thinking=enable_thinking,
-            thinking_budget=budget if starts_in_reasoning else None,
-            **kwargs,
-        )
+        try:
+            request = self.make_request(
+                ids,
+                thinking=enable_thinking,
+                thinking_budget=budget if starts_in_reasoning else None,
+                media=media,
+                **kwargs,
+            )
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
         decoder = OutputDecoder(tools=tools, starts_in_reasoning=starts_in_reasoning)
-        return request, decoder
+        return request, decoder, lease
 
     def close(self) -> None:
         self.core.close()
-        if self.artifact is not None:
-            self.artifact.close()
+        if self.media is not None:
+            self.media.close()
+        self.artifact.close()
 
     def __enter__(self) -> Engine:
         return self
@@ -305,3 +392,19 @@ class _ChatTracker:
                 kind = "reasoning" if d.kind == DeltaKind.REASONING else "content"
                 out.append(ChatEvent(kind, text=d.text, token_ids=token_ids, num_output=num_output))
         return out
+
+
+def _media_preparer(
+    artifact: Artifact, options: EngineOptions, dtype: torch.dtype
+) -> MediaPreparer:
+    """[vision] The media preparer, from the artifact's preprocessing settings."""
+    media = artifact.config.get("media")
+    if not media:  # converted before artifacts carried settings: the Qwen3.5 defaults
+        media = {"image": IMAGE_DEFAULTS, "video": VIDEO_DEFAULTS}
+    limits = MediaLimits(
+        cache_mib=options.media_cache_mib,
+        live_mib=options.media_live_mib,
+        threads=options.media_preprocess_threads,
+        fetch=FetchPolicy(allow_private=options.allow_private_media_urls),
+    )
+    return MediaPreparer(MediaSettings.from_config(media), dtype=dtype, limits=limits)

@@ -312,6 +312,9 @@ def _control(tokenizer: Tokenizer) -> ThinkingControl:
     return control
 
 
+PNG = {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}
+
+
 # -- errors --------------------------------------------------------------------------------------
 
 
@@ -322,7 +325,7 @@ def _control(tokenizer: Tokenizer) -> ThinkingControl:
         ({"thinking": {"type": "adaptive", "display": "omitted"}}, "thinking.display", None),
         ({"thinking": {"type": "enabled", "budget_tokens": 512}}, "thinking.budget_tokens", None),
         (
-            {"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
+            {"messages": [{"role": "user", "content": [{"type": "image", "source": PNG}]}]},
             "messages[0].content[0]",
             "vision_disabled",
         ),

@@ -21,6 +21,7 @@ from ninfer.artifact.errors import ConversionError
 from ninfer.artifact.format import FP8_BLOCK, Header
 from ninfer.artifact.generation import generation_defaults
 from ninfer.artifact.hf_source import HFCheckpoint, SourceTensor
+from ninfer.artifact.media_settings import media_settings
 from ninfer.artifact.quantize import quantize_fp8_block
 from ninfer.artifact.writer import ArtifactWriter, TensorPlan
 
@@ -90,9 +91,45 @@ def build_config(ckpt: HFCheckpoint, components: Sequence[str]) -> dict[str, Any
         },
         "text": text,
         "mtp": {"num_hidden_layers": mtp_layers} if "mtp" in components else None,
-        "vision": dict(ckpt.vision_config or {}) if "vision" in components else None,
+        "vision": _vision_config(ckpt) if "vision" in components else None,
+        "media": media_settings(ckpt.dir, ckpt.vision_config or {})
+        if "vision" in components
+        else None,
         "dflash": None,
     }
+
+
+# The Qwen3.5 vision tower's values for fields a config.json may leave to the class defaults.
+_VISION_DEFAULTS: dict[str, Any] = {
+    "depth": 27,
+    "hidden_size": 1152,
+    "hidden_act": "gelu_pytorch_tanh",
+    "intermediate_size": 4304,
+    "num_heads": 16,
+    "in_channels": 3,
+    "patch_size": 16,
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
+    "num_position_embeddings": 2304,
+}
+
+
+def _vision_config(ckpt: HFCheckpoint) -> dict[str, Any]:
+    """The checkpoint's vision_config with every field the tower reads made explicit."""
+    vision = dict(ckpt.vision_config or {})
+    for key, value in _VISION_DEFAULTS.items():
+        vision.setdefault(key, value)
+    if "out_hidden_size" not in vision:
+        vision["out_hidden_size"] = int(ckpt.text_config["hidden_size"])
+    rope = vision.get("rope_parameters") or {}
+    vision["rope_theta"] = float(rope.get("rope_theta", vision.get("rope_theta", 10000.0)))
+    if vision.get("deepstack_visual_indexes"):
+        raise ConversionError(
+            ckpt.dir,
+            "vision_config.deepstack_visual_indexes is not empty: Qwen3.5 towers have no "
+            "deepstack injections and ninfer does not implement them",
+        )
+    return vision
 
 
 def _select_components(ckpt: HFCheckpoint, requested: Sequence[str] | None) -> list[str]:

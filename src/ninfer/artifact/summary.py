@@ -42,6 +42,8 @@ def summarize(art: Artifact) -> dict[str, Any]:
         name: {"chars": len(src), "default": name == art.header.default_chat_template}
         for name, src in art.header.chat_templates.items()
     }
+    vision = art.config.get("vision")
+    media = art.config.get("media")
     return {
         "path": str(art.path),
         "file_bytes": art.file_size,
@@ -59,4 +61,20 @@ def summarize(art: Artifact) -> dict[str, Any]:
             "source": art.metadata.get("tokenizer_source"),
         },
         "generation": art.header.generation,
+        "vision": _vision_summary(vision) if vision else None,
+        "media": media,
+    }
+
+
+def _vision_summary(v: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "depth": v.get("depth"),
+        "hidden_size": v.get("hidden_size"),
+        "heads": v.get("num_heads"),
+        "intermediate_size": v.get("intermediate_size"),
+        "patch": f"{v.get('patch_size')} px, temporal {v.get('temporal_patch_size')}, "
+        f"merge {v.get('spatial_merge_size')}",
+        "position_table": v.get("num_position_embeddings"),
+        "out_hidden_size": v.get("out_hidden_size"),
+        "rope_theta": v.get("rope_theta"),
     }

@@ -63,8 +63,22 @@ def bench(
     e2e_long: int = typer.Option(
         8192, "--e2e-long-prompt", min=0, help="--e2e: prompt arriving during decode (0: skip)."
     ),
+    vision: bool = typer.Option(
+        False,
+        "--vision",
+        help="Instead of the text matrix: the Qwen3.5-27B vision tower (random weights) on "
+        "--vision-size images (images/s, merged tokens/s per --vision-batches) and the "
+        "image-plus-text time to first token with the --synthetic text model.",
+    ),
+    vision_size: int = typer.Option(1024, "--vision-size", min=32, help="Image side (pixels)."),
+    vision_batches: str = typer.Option("1,4,8", "--vision-batches", help="Images per call."),
+    no_ttft: bool = typer.Option(False, "--no-ttft", help="--vision: skip the TTFT run."),
 ) -> None:
     """Benchmark prefill and decode of a real-shape model with random weights (needs a GPU)."""
+    if vision:
+        _vision(synthetic, device, vision_size, _ints(vision_batches, "--vision-batches"),
+                not no_ttft, as_json, save)  # fmt: skip
+        return
     from ninfer.bench.hf_compare import HfCompareError, require_hf
     from ninfer.bench.report import print_report, to_json
     from ninfer.bench.run import BenchError, BenchOptions, check_compare, run_bench
@@ -107,3 +121,62 @@ def bench(
         print(to_json(report))
     else:
         print_report(report, Console())
+
+
+def _vision(
+    synthetic: str,
+    device: int,
+    size: int,
+    batches: tuple[int, ...],
+    ttft: bool,
+    as_json: bool,
+    save: Path | None,
+) -> None:
+    import json
+
+    import torch
+
+    from ninfer.bench.synthetic import UnknownSyntheticModel, random_weights, synthetic_config
+    from ninfer.bench.vision_bench import run_vision_bench
+    from ninfer.model.qwen3_5 import Qwen3_5Model
+
+    if not torch.cuda.is_available():
+        raise UserError("`ninfer bench --vision` needs a CUDA GPU; none is visible to torch")
+    err = Console(stderr=True)
+    cuda = f"cuda:{device}"
+    model = None
+    if ttft:
+        try:
+            config = synthetic_config(synthetic)
+        except UnknownSyntheticModel as e:
+            raise UserError(str(e)) from None
+        err.print(f"drawing random {synthetic} text weights on {cuda}", style="dim")
+        model = Qwen3_5Model(config, random_weights(synthetic, device=cuda), device=cuda,
+                             dtype=torch.bfloat16)  # fmt: skip
+    report = run_vision_bench(
+        device=cuda,
+        image_size=size,
+        batches=batches,
+        text_model=model,
+        on_progress=lambda msg: err.print(msg, style="dim"),
+    )
+    report["command"] = shlex.join(["ninfer", *sys.argv[1:]])
+    text = json.dumps(report, indent=2)
+    if save is not None:
+        save.write_text(text + "\n")
+    if as_json:
+        print(text)
+        return
+    con = Console()
+    for row in report["tower"]:
+        con.print(
+            f"tower {row['image_size']}px x{row['batch']}: {row['images_per_s']:.1f} images/s, "
+            f"{row['tokens_per_s']:.0f} merged tokens/s ({row['merged_tokens']} tokens/image)"
+        )
+    if "ttft" in report:
+        t = report["ttft"]
+        con.print(
+            f"TTFT image + text ({t['prompt_tokens']} tokens): {t['ttft_ms']:.1f} ms "
+            f"(preprocess {t['preprocess_ms']:.1f}, tower {t['tower_ms']:.1f}, "
+            f"prefill {t['prefill_ms']:.1f})"
+        )

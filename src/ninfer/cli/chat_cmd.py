@@ -28,7 +28,7 @@ MORE = "... "
 CONTINUATION = "\\"
 FENCE = '"""'
 HELP = (
-    "commands: /reset  /think on|off  /system TEXT (no TEXT clears it)  /help  /exit\n"
+    "commands: /reset  /think on|off  /system TEXT (no TEXT clears it)  /image PATH  /help  /exit\n"
     'multi-line: end a line with \\ to continue it, or wrap a block in """ ... """\n'
     "Ctrl-C stops an answer; Ctrl-C or Ctrl-D at the prompt quits"
 )
@@ -78,6 +78,7 @@ class CommandKind(enum.Enum):
     RESET = "reset"
     THINK = "think"
     SYSTEM = "system"
+    IMAGE = "image"
     HELP = "help"
     EXIT = "exit"
 
@@ -101,7 +102,23 @@ def parse_command(text: str) -> Command | None:
     arg = arg.strip()
     if kind == CommandKind.THINK and arg.lower() not in ("on", "off"):
         raise ChatCommandError("usage: /think on|off")
+    if kind == CommandKind.IMAGE and not arg:
+        raise ChatCommandError("usage: /image PATH (attaches the image to your next message)")
     return Command(kind, arg)
+
+
+def image_data_uri(path: str) -> str:
+    """A local image file as a data URI (the engine decodes the bytes; the type is a label)."""
+    import base64
+    import mimetypes
+
+    file = Path(path).expanduser()
+    try:
+        data = file.read_bytes()
+    except OSError as e:
+        raise ChatCommandError(f"cannot read {file}: {e.strerror or e}") from None
+    mime = mimetypes.guess_type(file.name)[0] or "image/png"
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
 
 
 @dataclass
@@ -111,24 +128,38 @@ class ChatSession:
     enable_thinking: bool = True
     system_prompt: str = ""
     history: list[dict[str, Any]] = field(default_factory=list)
+    images: list[str] = field(default_factory=list)  # attached to the next user message
+
+    def user_content(self, user_text: str) -> str | list[dict[str, str]]:
+        if not self.images:
+            return user_text
+        parts = [{"type": "image", "image": uri} for uri in self.images]
+        return [*parts, {"type": "text", "text": user_text}]
 
     def messages(self, user_text: str) -> list[dict[str, Any]]:
         """The messages for the next turn; the system prompt is applied fresh each turn."""
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        return [*system, *self.history, {"role": "user", "content": user_text}]
+        user = {"role": "user", "content": self.user_content(user_text)}
+        return [*system, *self.history, user]
 
     def record(self, user_text: str, content: str, reasoning: str) -> None:
         # reasoning_content lets the template decide whether earlier thinking stays in the prompt
         assistant: dict[str, Any] = {"role": "assistant", "content": content}
         if reasoning:
             assistant["reasoning_content"] = reasoning
-        self.history += [{"role": "user", "content": user_text}, assistant]
+        self.history += [{"role": "user", "content": self.user_content(user_text)}, assistant]
+        self.images.clear()
 
     def apply(self, command: Command) -> str:
         """Carry out a non-exit command; returns the line to show the user."""
         if command.kind == CommandKind.RESET:
             self.history.clear()
+            self.images.clear()
             return "history cleared"
+        if command.kind == CommandKind.IMAGE:
+            self.images.append(image_data_uri(command.arg))
+            n = len(self.images)
+            return f"image attached to your next message ({n} pending)"
         if command.kind == CommandKind.THINK:
             self.enable_thinking = command.arg.lower() == "on"
             return f"thinking {'on' if self.enable_thinking else 'off'}"
@@ -198,6 +229,7 @@ def chat(
     no_thinking: bool = typer.Option(False, "--no-thinking", help="Start with thinking off."),
     dtype: Dtype = typer.Option(Dtype.BF16, "--dtype", help="Compute and KV dtype."),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda, cuda:N or auto."),
+    vision: bool = typer.Option(False, "--vision", help="Load the vision tower (for /image)."),
 ) -> None:
     """Chat with a model in the terminal (reasoning is shown dimmed).
 
@@ -208,7 +240,12 @@ def chat(
 
     if max_tokens < 1:
         raise UserError("--max-tokens must be at least 1")
-    options: dict[str, Any] = {"dtype": dtype.value, "device": device, "greedy": greedy}
+    options: dict[str, Any] = {
+        "dtype": dtype.value,
+        "device": device,
+        "greedy": greedy,
+        "vision": vision,
+    }
     optional = {
         "max_context": max_context,
         "temperature": temperature,
@@ -256,6 +293,7 @@ def repl(
     """Read, answer, repeat until /exit, Ctrl-D or Ctrl-C at the prompt."""
     from ninfer.chat.template import TemplateError
     from ninfer.engine.errors import ContextLengthExceeded, EngineError
+    from ninfer.media.errors import MediaError
 
     if read is None:
         try:
@@ -293,8 +331,12 @@ def repl(
                 "\n[stopped; this turn is not kept in the history]", style="yellow", markup=False
             )
             continue
-        except (EngineError, TemplateError) as e:
+        except (EngineError, TemplateError, MediaError) as e:
             hint = " (/reset clears the history)" if isinstance(e, ContextLengthExceeded) else ""
+            if isinstance(e, MediaError):
+                session.images.clear()  # a bad attachment must not poison every next turn
+                if e.code == "vision_disabled":
+                    hint = " (start ninfer chat with --vision)"
             console.print(f"error: {e}{hint}", style="red", markup=False)
             continue
         session.record(text, answer.content, answer.reasoning)

@@ -66,5 +66,19 @@ def inspect_artifact(
     for name, d in info["chat_templates"].items():
         tt.add_row(name, str(d["chars"]), "yes" if d["default"] else "")
     con.print(tt)
+    if info.get("vision"):
+        vt = Table(title="vision tower", show_header=False)
+        for k, v in info["vision"].items():
+            vt.add_row(k, str(v))
+        con.print(vt)
+    if info.get("media"):
+        mt = Table(title="media preprocessing")
+        mt.add_column("setting")
+        mt.add_column("image")
+        mt.add_column("video")
+        image, video = info["media"]["image"], info["media"]["video"]
+        for k in dict.fromkeys([*image, *video]):
+            mt.add_row(k, str(image.get(k, "")), str(video.get(k, "")))
+        con.print(mt)
     gen = info["generation"]
     con.print(f"eos ids: {gen.get('eos_token_ids')}; presets: {', '.join(gen.get('presets', {}))}")

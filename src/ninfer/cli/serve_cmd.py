@@ -71,16 +71,21 @@ def serve(
     spec: str | None = _opt(None, "--spec", help="Not built."),
     draft_tokens: int | None = _opt(None, "--draft-tokens", help="Not built."),
     lm_head_draft: bool = _opt(False, "--lm-head-draft", help="Not built."),
-    vision: bool = _opt(False, "--vision", help="Not built."),
+    vision: bool = _opt(False, "--vision", help="Load the vision tower; accept images/video."),
     request_log_jsonl: Path | None = _opt(None, "--request-log-jsonl", help="Not built."),
     default_thinking_budget: int | None = _opt(
         None, "--default-thinking-budget", help="Thinking-token cap (thinking mode).", min=1
     ),
     host_context_mib: int | None = _opt(None, "--host-context-mib", help="Not built."),
     context_cost_presets: Path | None = _opt(None, "--context-cost-presets", help="Not built."),
-    media_cache_mib: int | None = _opt(None, "--media-cache-mib", help="Not built."),
-    media_live_mib: int | None = _opt(None, "--media-live-mib", help="Not built."),
-    media_threads: int | None = _opt(None, "--media-preprocess-threads", help="Not built."),
+    media_cache_mib: int = _opt(1024, "--media-cache-mib", help="Retained media MiB.", min=0),
+    media_live_mib: int = _opt(2048, "--media-live-mib", help="Live media MiB.", min=1),
+    media_threads: int = _opt(
+        0, "--media-preprocess-threads", help="Media workers (0: auto).", min=0
+    ),
+    allow_private_media_urls: bool = _opt(
+        False, "--allow-private-media-urls", help="Let media URLs reach private networks."
+    ),
     store_records: int = _opt(
         1024, "--response-store-max-records", help="Stored Responses (LRU).", min=1
     ),
@@ -91,14 +96,10 @@ def serve(
         "--spec": spec is not None,
         "--draft-tokens": draft_tokens is not None,
         "--lm-head-draft": lm_head_draft,
-        "--vision": vision,
         "--kv-dtype": kv_dtype not in (None, "bf16"),
         "--request-log-jsonl": request_log_jsonl is not None,
         "--host-context-mib": host_context_mib is not None,
         "--context-cost-presets": context_cost_presets is not None,
-        "--media-cache-mib": media_cache_mib is not None,
-        "--media-live-mib": media_live_mib is not None,
-        "--media-preprocess-threads": media_threads is not None,
         "--log-stats-interval-ms": log_stats_interval_ms not in (None, 0),
     }
     for flag, given in not_built.items():
@@ -149,6 +150,11 @@ def serve(
         "device": _device(device),
         "no_cuda_graph": no_cuda_graph,
         "greedy": greedy,
+        "vision": vision,
+        "media_cache_mib": media_cache_mib,
+        "media_live_mib": media_live_mib,
+        "media_preprocess_threads": media_threads,
+        "allow_private_media_urls": allow_private_media_urls,
         **{k: v for k, v in sampling.items() if v is not None},
     }
     from ninfer.engine.options import EngineOptions

@@ -33,6 +33,7 @@ from ninfer.engine.state_slots import SlotPool
 from ninfer.model.cache import ModelCache
 from ninfer.model.config import TextConfig
 from ninfer.model.qwen3_5 import Qwen3_5Model
+from ninfer.model.vision import VisionConfig, VisionTower
 from ninfer.tokenizer import Tokenizer
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -69,13 +70,26 @@ def build(artifact: Artifact, options: EngineOptions) -> EngineParts:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {options.device!r}: no CUDA device is available")
     model = Qwen3_5Model(config, artifact.load("text"), dtype=dtype, device=device, strict=True)
+    vision = _vision_tower(artifact, dtype, device) if options.vision else None
     return assemble(
         model,
         Tokenizer.from_json(artifact.tokenizer_json),
         options,
         presets=presets,
         eos_token_ids=frozenset(int(x) for x in gen.get("eos_token_ids", [])),
+        vision=vision,
     )
+
+
+def _vision_tower(artifact: Artifact, dtype: torch.dtype, device: torch.device) -> VisionTower:
+    """[vision] The artifact's vision tower on the device."""
+    if "vision" not in artifact.components:
+        raise ValueError(
+            "vision: the artifact has no vision tower (convert the checkpoint with its vision "
+            "component)"
+        )
+    config = VisionConfig.from_dict(artifact.config["vision"])
+    return VisionTower(config, artifact.load("vision"), dtype=dtype, device=device)
 
 
 def assemble(
@@ -85,6 +99,7 @@ def assemble(
     *,
     presets: Mapping[str, SamplingPreset],
     eos_token_ids: frozenset[int],
+    vision: VisionTower | None = None,
 ) -> EngineParts:
     """Pools, decode step, runner and worker over a bound model (benches pass random weights)."""
     options.validate()
@@ -129,7 +144,9 @@ def assemble(
     )
     core = EngineCore(
         scheduler,
-        ModelRunner(model, cache, decode),
+        ModelRunner(
+            model, cache, decode, vision=vision, tower_cache_bytes=options.vision_cache_mib << 20
+        ),
         tokenizer,
         eos_token_ids=eos_token_ids,
         resolve_sampling=resolver.resolve,

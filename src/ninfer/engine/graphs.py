@@ -31,8 +31,9 @@ log = logging.getLogger("ninfer.engine.graphs")
 # Batch buckets: a step of B rows replays the graph of the smallest bucket >= B.
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 
-# Integer columns of the staging buffer, before the page table.
-_TOKEN, _POS, _SLOT, _COUNT, _TOPK, _GREEDY, _SEED, _STEP, _PAGES = range(9)
+# Integer columns of the staging buffer, before the page table. _POS is the KV index, _ROPE the
+# RoPE position: the KV index plus a media prompt's rope delta (equal to it for text).
+_TOKEN, _POS, _ROPE, _SLOT, _COUNT, _TOPK, _GREEDY, _SEED, _STEP, _PAGES = range(10)
 _NUM_REALS = 5  # temperature, top_p, min_p, presence, frequency
 
 
@@ -42,12 +43,14 @@ class GraphError(RuntimeError):
 
 @dataclass(frozen=True)
 class DecodeInput:
-    """One decode row: `token` < 0 means "the sample last written for this slot"."""
+    """One decode row: `token` < 0 means "the sample last written for this slot"; the token sits
+    at KV index `position` and RoPE position `position + rope_offset` (a media prompt's delta)."""
 
     token: int
     position: int
     slot: int
     pages: Sequence[int]
+    rope_offset: int = 0
     reals: tuple[float, float, float, float, float] = (1.0, 1.0, 0.0, 0.0, 0.0)
     ints: tuple[int, int, int, int] = (1, 1, 0, 0)  # top_k, greedy, seed, step
     count: bool = True  # add the sample to the slot's penalty counts
@@ -219,7 +222,8 @@ class DecodeStep:
         num_rows, cols = len(rows), _PAGES + width
         # one tensor built from Python lists: far cheaper than per-element tensor writes
         table = [
-            [r.token, r.position, r.slot, int(r.count), *r.ints, *r.pages]
+            [r.token, r.position, r.position + r.rope_offset, r.slot, int(r.count), *r.ints]
+            + list(r.pages)
             + [r.pages[0]] * (width - len(r.pages))  # padding columns: masked by kv_lens
             for r in rows
         ]
@@ -246,7 +250,7 @@ class DecodeStep:
         ids = torch.where(override >= 0, override, self.last_token.index_select(0, slots))
         batch = ForwardBatch(
             input_ids=ids,
-            positions=rows[:, _POS],
+            positions=rows[:, _ROPE],
             cu_seqlens=self._cu_seqlens[: size + 1],
             num_computed=rows[:, _POS],
             page_table=rows[:, _PAGES : _PAGES + width],

@@ -26,6 +26,12 @@ class EngineOptions:
     device: str = "cpu"  # cpu | cuda | cuda:N | auto (CUDA when a GPU is present)
     no_cuda_graph: bool = False  # decode eagerly instead of replaying CUDA graphs
     no_overlap: bool = False  # wait for each step's samples before planning the next
+    vision: bool = False  # load the vision tower and accept media (`ninfer serve --vision`)
+    media_cache_mib: int = 1024  # LRU-retained prepared media (0: no retention)
+    media_live_mib: int = 2048  # every live prepared media payload
+    media_preprocess_threads: int = 0  # 0: min(16, host CPUs)
+    allow_private_media_urls: bool = False  # let media URLs reach loopback / private networks
+    vision_cache_mib: int = 256  # device memory for tower outputs of repeated media (0: off)
     # process-level sampling overrides (spec: preset < process flag < request field; greedy last)
     temperature: float | None = None
     top_p: float | None = None
@@ -71,6 +77,10 @@ class EngineOptions:
             "device_state_slots must be >= 0",
         )
         need(self.dtype in ("bf16", "fp32"), "dtype must be bf16 or fp32")
+        need(self.media_cache_mib >= 0, "media_cache_mib must be >= 0")
+        need(self.media_live_mib >= 1, "media_live_mib must be >= 1")
+        need(self.media_preprocess_threads >= 0, "media_preprocess_threads must be >= 0")
+        need(self.vision_cache_mib >= 0, "vision_cache_mib must be >= 0")
         need(
             _valid_device(self.device), f"device must be cpu, cuda, cuda:N or auto: {self.device!r}"
         )

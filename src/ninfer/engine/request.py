@@ -10,7 +10,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ninfer.media.layout import MediaPrompt
 
 
 class FinishReason(enum.Enum):
@@ -41,6 +44,9 @@ class GenerationRequest:
     # Cap on model-sampled tokens while thinking is open; set only for requests whose output
     # starts inside `<think>`. At the cap the engine inserts Qwen's early-close suffix.
     thinking_budget: int | None = None
+    # [vision] Prepared media of a multimodal prompt: `prompt_ids` are then its expanded ids
+    # (media.token_ids); the runner encodes the media before the first prefill chunk.
+    media: MediaPrompt | None = None
 
 
 @dataclass(frozen=True)

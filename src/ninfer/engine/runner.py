@@ -15,11 +15,13 @@ from dataclasses import dataclass
 import torch
 
 from ninfer.engine.graphs import DecodeInput, DecodeStep
+from ninfer.engine.media_join import TowerCache, chunk_inputs, encode_media
 from ninfer.engine.plan import FROM_DEVICE, Row, StepOutcome, StepPlan, outcome_of
 from ninfer.engine.sampling import Sampler, row_fields
 from ninfer.model.batch import ForwardBatch
 from ninfer.model.cache import ModelCache
 from ninfer.model.qwen3_5 import Qwen3_5Model
+from ninfer.model.vision import VisionTower
 
 
 @dataclass
@@ -38,10 +40,20 @@ class _InFlight:
 
 
 class ModelRunner:
-    def __init__(self, model: Qwen3_5Model, cache: ModelCache, decode: DecodeStep) -> None:
+    def __init__(
+        self,
+        model: Qwen3_5Model,
+        cache: ModelCache,
+        decode: DecodeStep,
+        *,
+        vision: VisionTower | None = None,
+        tower_cache_bytes: int = 256 << 20,
+    ) -> None:
         self.model = model
         self.cache = cache
         self.decode = decode
+        self.vision = vision  # [vision] None: media requests are refused before submit
+        self.tower_cache = TowerCache(tower_cache_bytes) if vision is not None else None
         self.sampler = Sampler(decode.num_sampleable)  # a prompt's first token, outside the step
         self.device = model.device
         cuda = self.device.type == "cuda"
@@ -77,13 +89,19 @@ class ModelRunner:
         if row.fresh:
             self.cache.reset_slot(row.slot)
             self.decode.reset_counts(row.slot)
-        batch = ForwardBatch.prefill(
-            row.token_ids,
-            num_computed=row.start,
-            page_ids=row.pages,
-            state_slot=row.slot,
-            device=self.device,
-        )
+        seq = row.seq
+        if seq.request.media is None:
+            batch = ForwardBatch.prefill(
+                row.token_ids,
+                num_computed=row.start,
+                page_ids=row.pages,
+                state_slot=row.slot,
+                device=self.device,
+            )
+        else:
+            batch = self._media_chunk(row)
+        if seq.media is not None and row.start + row.num_new_tokens >= seq.num_prompt:
+            seq.media = None  # [vision] the last chunk is enqueued with the tower output
         if not row.samples:
             self.model.forward_hidden(batch, self.cache)
             return None
@@ -96,14 +114,39 @@ class ModelRunner:
         return token
 
 
+    def _media_chunk(self, row: Row) -> ForwardBatch:
+        """[vision] A prefill chunk of a media prompt: the tower runs once, before the first
+        chunk (or again if the request restarts its prompt); chunks take MRoPE positions and
+        the media rows that fall inside them."""
+        seq = row.seq
+        if self.vision is None:
+            raise RuntimeError("a media request reached an engine without a vision tower")
+        if seq.media is None or row.start == 0:
+            seq.media = encode_media(self.vision, seq.request.media, self.tower_cache)
+        ids = list(row.token_ids)
+        positions, embed_index, embed_rows = chunk_inputs(seq.media, row.start, len(ids))
+        return ForwardBatch.prefill(
+            ids,
+            num_computed=row.start,
+            page_ids=row.pages,
+            state_slot=row.slot,
+            device=self.device,
+            positions=positions,
+            embed_index=embed_index,
+            embed_rows=embed_rows,
+        )
+
+
 def _decode_input(row: Row) -> DecodeInput:
     reals, ints = row_fields(row.seq.sampling, row.sample_index)
     token = row.token_ids[0]
+    media = row.seq.request.media
     return DecodeInput(
         token=token if token != FROM_DEVICE else -1,
         position=row.start,
         slot=row.slot,
         pages=row.pages,
+        rope_offset=media.rope_delta if media is not None else 0,
         reals=reals,
         ints=ints,
         count=row.count_sample,

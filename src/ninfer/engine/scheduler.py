@@ -18,6 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ninfer.engine.errors import ContextLengthExceeded, QueueTimeout
 from ninfer.engine.kv_pool import PagePool
@@ -36,6 +37,9 @@ from ninfer.engine.state_slots import SlotPool
 from ninfer.engine.thinking_budget import ThinkingBudget
 
 MAX_CONCURRENCY = 64
+
+if TYPE_CHECKING:
+    from ninfer.engine.media_join import EncodedMedia
 
 
 class SeqStatus(enum.Enum):
@@ -72,6 +76,7 @@ class Sequence:
     t_admitted: float | None = None
     t_first_token: float | None = None
     t_last_token: float | None = None
+    media: EncodedMedia | None = None  # [vision] tower output, held from first to last chunk
 
     @property
     def num_output(self) -> int:

@@ -22,6 +22,8 @@ class ForwardBatch:
     Token t of sequence b sits at flat index `cu_seqlens[b] + i` and at KV index
     `num_computed[b] + i` of that sequence; its KV goes to page `page_table[b, kv // P]`, offset
     `kv % P`. `positions` are RoPE positions: `[T]` for text, or `[3, T]` (t, h, w) for MRoPE.
+    `embed_index` / `embed_rows` (media prompts only) replace the token embeddings at those flat
+    indices by precomputed rows (vision-tower outputs); None costs nothing.
     """
 
     input_ids: torch.Tensor  # [T] int64
@@ -32,6 +34,8 @@ class ForwardBatch:
     state_slots: torch.Tensor  # [B] int64, state slot of each sequence
     query_lens: tuple[int, ...]  # host copy of cu_seqlens diffs (B entries)
     max_kv_len: int  # host bound on num_computed[b] + query_lens[b]
+    embed_index: torch.Tensor | None = None  # [K] int64 flat token indices
+    embed_rows: torch.Tensor | None = None  # [K, H] their input embeddings
 
     def __post_init__(self) -> None:
         num_tokens = self.input_ids.shape[0]
@@ -54,6 +58,16 @@ class ForwardBatch:
                 raise BatchError(f"{name} shape {shape} != [{num_seqs}]")
         if self.page_table.dim() != 2 or self.page_table.shape[0] != num_seqs:
             raise BatchError(f"page_table shape {tuple(self.page_table.shape)} != [{num_seqs}, *]")
+        if (self.embed_index is None) != (self.embed_rows is None):
+            raise BatchError("embed_index and embed_rows come together")
+        if self.embed_index is not None and self.embed_rows is not None:
+            if self.embed_index.dim() != 1 or self.embed_rows.dim() != 2:
+                raise BatchError("embed_index must be [K] and embed_rows [K, H]")
+            if self.embed_rows.shape[0] != self.embed_index.shape[0]:
+                raise BatchError(
+                    f"{self.embed_index.shape[0]} embed indices but "
+                    f"{self.embed_rows.shape[0]} embed rows"
+                )
 
     @property
     def num_tokens(self) -> int:
@@ -81,19 +95,27 @@ class ForwardBatch:
         page_ids: Sequence[int] | torch.Tensor,
         state_slot: int,
         device: torch.device | str = "cpu",
+        positions: torch.Tensor | None = None,
+        embed_index: torch.Tensor | None = None,
+        embed_rows: torch.Tensor | None = None,
     ) -> ForwardBatch:
-        """A chunk of one sequence continuing after `num_computed` tokens (text positions)."""
+        """A chunk of one sequence continuing after `num_computed` tokens (text positions unless
+        `positions` gives the chunk's own, e.g. [3, n] MRoPE positions of a media prompt)."""
         ids = torch.as_tensor(input_ids, dtype=torch.int64, device=device).reshape(-1)
         num_new = ids.shape[0]
+        if positions is None:
+            positions = torch.arange(num_computed, num_computed + num_new, device=device)
         return cls(
             input_ids=ids,
-            positions=torch.arange(num_computed, num_computed + num_new, device=device),
+            positions=positions.to(device=device, dtype=torch.int64),
             cu_seqlens=torch.tensor([0, num_new], dtype=torch.int32, device=device),
             num_computed=torch.tensor([num_computed], dtype=torch.int64, device=device),
             page_table=torch.as_tensor(page_ids, dtype=torch.int32, device=device).reshape(1, -1),
             state_slots=torch.tensor([state_slot], dtype=torch.int64, device=device),
             query_lens=(num_new,),
             max_kv_len=num_computed + num_new,
+            embed_index=embed_index,
+            embed_rows=embed_rows,
         )
 
     @classmethod
@@ -106,8 +128,11 @@ class ForwardBatch:
         state_slots: Sequence[int],
         max_pages: int | None = None,
         device: torch.device | str = "cpu",
+        position_offsets: Sequence[int] | None = None,
     ) -> ForwardBatch:
-        """One new token per sequence; page tables are right-padded with their first page id."""
+        """One new token per sequence; page tables are right-padded with their first page id.
+        A row's RoPE position is its KV index plus its `position_offsets` entry (the rope delta
+        of a media prompt; 0 for text)."""
         ids = torch.as_tensor(input_ids, dtype=torch.int64, device=device).reshape(-1)
         num_seqs = ids.shape[0]
         if not len(num_computed) == len(page_tables) == len(state_slots) == num_seqs:
@@ -119,9 +144,14 @@ class ForwardBatch:
                 raise BatchError(f"page table of {len(pages)} pages does not fit width {width}")
             rows.append(list(pages) + [pages[0]] * (width - len(pages)))
         computed = [int(n) for n in num_computed]
+        rope = computed
+        if position_offsets is not None:
+            if len(position_offsets) != num_seqs:
+                raise BatchError("decode needs one position offset per token")
+            rope = [n + int(d) for n, d in zip(computed, position_offsets, strict=True)]
         return cls(
             input_ids=ids,
-            positions=torch.tensor(computed, dtype=torch.int64, device=device),
+            positions=torch.tensor(rope, dtype=torch.int64, device=device),
             cu_seqlens=torch.arange(num_seqs + 1, dtype=torch.int32, device=device),
             num_computed=torch.tensor(computed, dtype=torch.int64, device=device),
             page_table=torch.tensor(rows, dtype=torch.int32, device=device),

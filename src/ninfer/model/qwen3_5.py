@@ -193,6 +193,8 @@ class Qwen3_5Model:
         self._check(batch, cache)
         c = self.config
         x = F.embedding(batch.input_ids, self.embed_tokens)  # [T, H]
+        if batch.embed_index is not None and batch.embed_rows is not None:  # media tokens
+            x = x.index_copy(0, batch.embed_index, batch.embed_rows.to(x.dtype))
         cos, sin = rope_cos_sin(batch.positions, self.inv_freq, self.rope_axis_map)
         meta = build_attention_metadata(batch, cache.page_size) if c.full_attention_layers else None
         eps = c.rms_norm_eps

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ninfer.protocol.errors import ProtocolError, invalid, invalid_type, unsupported
+from ninfer.protocol.media_parts import joined, media_url, template_part, text_part
 
 BILLING_HEADER_PREFIX = "x-anthropic-billing-header:"
 MAX_CACHE_BREAKPOINTS = 4
@@ -36,12 +37,34 @@ _EXECUTION_BLOCKS = frozenset(
 )
 
 
-def vision_disabled(param: str) -> ProtocolError:
-    return ProtocolError(
-        f"{param}: image input needs a server started with vision enabled",
-        code="vision_disabled",
-        param=param,
-    )
+# Anthropic's image media types (base64 sources)
+IMAGE_MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
+
+
+def image_part(param: str, block: dict[str, Any]) -> dict[str, str]:
+    """An image block's source as a template image part (base64 -> data URI, or the URL)."""
+    source = block.get("source")
+    if not isinstance(source, dict):
+        raise invalid_type(f"{param}.source", "an object", source)
+    kind = source.get("type")
+    if kind == "base64":
+        media_type = source.get("media_type")
+        if media_type not in IMAGE_MEDIA_TYPES:
+            raise invalid(
+                f"{param}.source.media_type",
+                f"must be one of {', '.join(IMAGE_MEDIA_TYPES)}, got {media_type!r}",
+                code="invalid_media",
+            )
+        data = source.get("data")
+        if not isinstance(data, str) or not data:
+            raise invalid_type(f"{param}.source.data", "a non-empty base64 string", data)
+        return template_part("image", f"data:{media_type};base64,{data}", param)
+    if kind == "url":
+        url = media_url(f"{param}.source.url", source.get("url"))
+        return template_part("image", url, param)
+    if kind == "file":
+        raise unsupported(f"{param}.source.type", "file sources need the Files API; send the bytes")
+    raise invalid(f"{param}.source.type", f"must be base64 or url, got {kind!r}")
 
 
 @dataclass
@@ -224,15 +247,13 @@ def _blocks(param: str, content: Any) -> list[tuple[str, dict[str, Any]]]:
 
 
 def _reject_block(param: str, kind: str, where: str) -> ProtocolError:
-    if kind == "image":
-        return vision_disabled(param)
     if kind in _EXECUTION_BLOCKS:
         return unsupported(
             f"{param}.type",
             f"{kind} blocks need an executor or store ninfer does not have",
             "unsupported_content",
         )
-    if kind in ("text", "thinking", "redacted_thinking", "tool_use", "tool_result"):
+    if kind in ("text", "image", "thinking", "redacted_thinking", "tool_use", "tool_result"):
         return unsupported(f"{param}.type", f"{kind} blocks are not allowed in {where}")
     return invalid(f"{param}.type", f"unknown content block type {kind!r}")
 
@@ -259,11 +280,11 @@ def _lower_user(
 ) -> list[dict[str, Any]]:
     results: dict[str, dict[str, Any]] = {}
     order: list[str] = []
-    texts: list[str] = []
+    parts: list[dict[str, str]] = []
     for param, block in turn.blocks:
         kind = block["type"]
         if kind == "tool_result":
-            if texts:
+            if parts:
                 raise invalid(param, "tool_result blocks must come before any other block")
             tool_use_id = block.get("tool_use_id")
             if not isinstance(tool_use_id, str) or not tool_use_id:
@@ -274,7 +295,10 @@ def _lower_user(
             order.append(tool_use_id)
             marks.block(param, block)
         elif kind == "text":
-            texts.append(_text(param, block))
+            parts.append(text_part(_text(param, block)))
+            marks.block(param, block)
+        elif kind == "image":
+            parts.append(image_part(param, block))
             marks.block(param, block)
         else:
             raise _reject_block(param, kind, "user messages")
@@ -297,32 +321,32 @@ def _lower_user(
             code="invalid_tool_result_order",
         )
     out = [results[i] for i in order]
-    if texts or not out:
-        out.append({"role": "user", "content": "".join(texts)})
+    if parts or not out:
+        out.append({"role": "user", "content": joined(parts)})
     return out
 
 
 def _tool_message(param: str, block: dict[str, Any], tool_use_id: str) -> dict[str, Any]:
     content = block.get("content")
-    if content is None:
-        text = ""
-    elif isinstance(content, str):
-        text = content
+    parts: list[dict[str, str]] = []
+    if isinstance(content, str):
+        parts.append(text_part(content))
     elif isinstance(content, list):
-        parts = []
         for where, part in _blocks(f"{param}.content", content):
-            if part["type"] != "text":
+            if part["type"] == "text":
+                parts.append(text_part(_text(where, part)))
+            elif part["type"] == "image":  # screenshots in tool results keep their place
+                parts.append(image_part(where, part))
+            else:
                 raise _reject_block(where, part["type"], "tool_result content")
-            parts.append(_text(where, part))
-        text = "".join(parts)
-    else:
+    elif content is not None:
         raise invalid_type(f"{param}.content", "a string or an array of blocks", content)
     is_error = block.get("is_error")
     if is_error is not None and not isinstance(is_error, bool):
         raise invalid_type(f"{param}.is_error", "a boolean", is_error)
     if is_error:
-        text = TOOL_ERROR_MARK + text
-    return {"role": "tool", "tool_call_id": tool_use_id, "content": text}
+        parts.insert(0, text_part(TOOL_ERROR_MARK))
+    return {"role": "tool", "tool_call_id": tool_use_id, "content": joined(parts)}
 
 
 def _lower_assistant(turn: _Turn, marks: CacheMarks) -> tuple[dict[str, Any], list[str]]:

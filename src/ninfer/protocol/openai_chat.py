@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from ninfer.protocol.errors import (
-    ProtocolError,
     conflicting_template_option,
     invalid,
     invalid_type,
@@ -23,6 +22,7 @@ from ninfer.protocol.errors import (
     opt_bool,
     unsupported,
 )
+from ninfer.protocol.media_parts import joined, openai_url_part, text_part
 
 MAX_STOP_STRINGS = 4
 TOP_K_MAX = 20
@@ -442,7 +442,7 @@ def _parse_message(param: str, message: Any) -> dict[str, Any]:
 
 
 def _parse_assistant(param: str, message: Mapping[str, Any]) -> dict[str, Any]:
-    content = _text(f"{param}.content", message.get("content"), refusal=True)
+    content = str(_text(f"{param}.content", message.get("content"), refusal=True))
     refusal = message.get("refusal")
     if refusal is not None:
         if not isinstance(refusal, str):
@@ -509,15 +509,18 @@ def _parse_function(param: str, fn: Any) -> dict[str, Any]:
     return {"name": name, "arguments": arguments}
 
 
-def _text(param: str, content: Any, *, media: bool = False, refusal: bool = False) -> str:
-    """Message content as one string: parts join without separators, null is an empty turn."""
+def _text(
+    param: str, content: Any, *, media: bool = False, refusal: bool = False
+) -> str | list[dict[str, str]]:
+    """Message content: one string (parts join without separators, null is an empty turn), or,
+    when it holds image / video parts, the ordered list of template parts."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise invalid_type(param, "a string or an array of content parts", content)
-    texts = []
+    parts: list[dict[str, str]] = []
     for i, part in enumerate(content):
         where = f"{param}[{i}]"
         kind = part.get("type") if isinstance(part, dict) else None
@@ -527,20 +530,17 @@ def _text(param: str, content: Any, *, media: bool = False, refusal: bool = Fals
             text = part.get("text")
             if not isinstance(text, str):
                 raise invalid_type(f"{where}.text", "a string", text)
-            texts.append(text)
+            parts.append(text_part(text))
         elif kind == "refusal" and refusal:
             text = part.get("refusal")
             if not isinstance(text, str):
                 raise invalid_type(f"{where}.refusal", "a string", text)
-            texts.append(text)
+            parts.append(text_part(text))
         elif kind in ("image_url", "video_url") and media:
-            raise ProtocolError(
-                f"{where}: image and video input needs a server started with vision enabled",
-                code="vision_disabled",
-                param=where,
-            )
+            media_kind = "image" if kind == "image_url" else "video"
+            parts.append(openai_url_part(f"{where}.{kind}", media_kind, part.get(kind)))
         elif kind in ("input_audio", "file", "image_url", "video_url", "refusal"):
             raise unsupported(where, f"{kind} content is not supported in this message role")
         else:
             raise invalid(f"{where}.type", f"unknown content part type {kind!r}")
-    return "".join(texts)
+    return joined(parts)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ninfer.protocol.errors import ProtocolError, invalid, invalid_type, unsupported
+from ninfer.protocol.media_parts import check_detail, joined, media_url, template_part, text_part
 
 ITEM_ID_PREFIX = {
     "message": "msg_",
@@ -23,7 +24,6 @@ ITEM_ID_PREFIX = {
     "function_call_output": "fco_",
 }
 MESSAGE_ROLES = ("user", "assistant", "system", "developer")
-_VISION = "image and video input needs a server started with vision enabled"
 # Assistant-owned Items in the one order a Qwen assistant turn can represent.
 _STAGE = {"reasoning": 0, "message": 1, "function_call": 2}
 
@@ -116,7 +116,9 @@ def _normalize_part(param: str, role: str, part: Any) -> dict[str, Any]:
     if kind in ("input_image", "input_video"):
         if kind == "input_image" and role not in ("user", "assistant"):
             raise unsupported(param, "input_image is only supported in user or assistant messages")
-        raise ProtocolError(f"{param}: {_VISION}", code="vision_disabled", param=param)
+        if kind == "input_video" and role != "user":
+            raise unsupported(param, "input_video is only supported in user messages")
+        return _media_part(param, kind, part)
     if kind in ("input_text", "output_text"):
         if kind == "output_text" and role != "assistant":
             raise invalid(f"{param}.type", "output_text parts replay assistant messages only")
@@ -264,10 +266,21 @@ def _normalize_result_part(param: str, part: Any) -> dict[str, Any]:
         _copy_breakpoint(param, part, out)
         return out
     if kind == "input_image":
-        raise ProtocolError(f"{param}: {_VISION}", code="vision_disabled", param=param)
+        return _media_part(param, kind, part)
     if not isinstance(kind, str):
         raise invalid(param, "must be a content part object with a type")
     raise unsupported(f"{param}.type", f"tool result part type {kind!r} is not supported")
+
+
+def _media_part(param: str, kind: str, part: Mapping[str, Any]) -> dict[str, Any]:
+    """Canonical input_image / input_video: the URL string (data URI or http(s)), no detail."""
+    key = "image_url" if kind == "input_image" else "video_url"
+    if part.get("file_id") is not None:
+        raise unsupported(f"{param}.file_id", "file ids are not supported; send the media URL")
+    check_detail(f"{param}.detail", part.get("detail"))
+    out: dict[str, Any] = {"type": kind, key: media_url(f"{param}.{key}", part.get(key))}
+    _copy_breakpoint(param, part, out)
+    return out
 
 
 def _required(param: str, item: Mapping[str, Any], name: str, expected: str) -> ProtocolError:
@@ -289,7 +302,7 @@ def has_user_message(items: list[dict[str, Any]]) -> bool:
 class _AssistantTurn:
     stage: int = -1
     reasoning: list[str] | None = None
-    content: list[str] = field(default_factory=list)
+    content: list[dict[str, Any]] = field(default_factory=list)  # template parts
     calls: list[dict[str, Any]] = field(default_factory=list)  # the function_call Items
 
 
@@ -343,7 +356,8 @@ def lower_items(
             last_calls = []
             i = end
             continue
-        messages.append({"role": item["role"], "content": _message_text(item)})
+        content = joined(_parts(item["content"], f"{where(i)}.content"))
+        messages.append({"role": item["role"], "content": content})
         last_calls = []
         i += 1
     if turn is not None:
@@ -355,7 +369,7 @@ def _add_to_turn(turn: _AssistantTurn, item: dict[str, Any], where: str, seen: s
     if item["type"] == "reasoning":
         turn.reasoning = (turn.reasoning or []) + [p["text"] for p in item["content"]]
     elif item["type"] == "message":
-        turn.content.append(_message_text(item))
+        turn.content += _parts(item["content"], f"{where}.content")
     else:
         if item["call_id"] in seen:
             raise ProtocolError(
@@ -368,7 +382,7 @@ def _add_to_turn(turn: _AssistantTurn, item: dict[str, Any], where: str, seen: s
 
 
 def _assistant_message(turn: _AssistantTurn, tool_name: ToolNamer) -> dict[str, Any]:
-    out: dict[str, Any] = {"role": "assistant", "content": "".join(turn.content)}
+    out: dict[str, Any] = {"role": "assistant", "content": joined(turn.content)}
     if turn.reasoning is not None:
         out["reasoning_content"] = "".join(turn.reasoning)
     if turn.calls:
@@ -414,8 +428,13 @@ def _tool_results(
             f"results for call_id(s) {', '.join(map(repr, missing))} are missing; a partial "
             "result set cannot be represented",
         )
+    where_of = {r["call_id"]: w for r, w in zip(results, wheres, strict=True)}
     return [
-        {"role": "tool", "tool_call_id": call_id, "content": _result_text(matched[call_id])}
+        {
+            "role": "tool",
+            "tool_call_id": call_id,
+            "content": _result_text(matched[call_id], where_of[call_id]),
+        }
         for call_id in by_id
     ]
 
@@ -424,11 +443,22 @@ def _tool_history(where: str, message: str) -> ProtocolError:
     return ProtocolError(f"{where}: {message}", code="invalid_tool_history", param=where)
 
 
-def _message_text(item: Mapping[str, Any]) -> str:
-    """Parts join without separators; a refusal's text enters assistant history as content."""
-    return "".join(p["refusal"] if p["type"] == "refusal" else p["text"] for p in item["content"])
+def _parts(content: list[Mapping[str, Any]], param: str) -> list[dict[str, Any]]:
+    """Canonical parts -> template parts; a refusal's text enters assistant history as content.
+    Text-only content later joins without separators (`joined`)."""
+    out = []
+    for j, p in enumerate(content):
+        if p["type"] == "refusal":
+            out.append(text_part(p["refusal"]))
+        elif p["type"] == "input_image":
+            out.append(template_part("image", p["image_url"], f"{param}[{j}]"))
+        elif p["type"] == "input_video":
+            out.append(template_part("video", p["video_url"], f"{param}[{j}]"))
+        else:
+            out.append(text_part(p["text"]))
+    return out
 
 
-def _result_text(result: Mapping[str, Any]) -> str:
+def _result_text(result: Mapping[str, Any], where: str) -> str | list[dict[str, Any]]:
     output = result["output"]
-    return output if isinstance(output, str) else "".join(p["text"] for p in output)
+    return output if isinstance(output, str) else joined(_parts(output, f"{where}.output"))

@@ -78,8 +78,10 @@ class AnthropicRoutes:
 
     async def count_tokens(self, request: Request) -> HTTPResponse:
         parsed, kwargs = self._parse(request, count_only=True)
-        ids = await asyncio.to_thread(self.engine.render, parsed.messages, parsed.tools, **kwargs)
-        return response.json({"input_tokens": len(ids)})
+        count = await asyncio.to_thread(
+            self.engine.count_prompt_tokens, parsed.messages, parsed.tools, **kwargs
+        )
+        return response.json({"input_tokens": count})
 
     async def messages(self, request: Request) -> HTTPResponse | None:
         parsed, kwargs = self._parse(request, count_only=False)

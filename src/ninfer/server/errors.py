@@ -1,4 +1,4 @@
-"""Maps engine and template failures to the protocol's HTTP errors (the spec's status table).
+"""Maps engine, media and template failures to the protocol's HTTP errors (the spec's table).
 
 The one place that knows both `engine.errors` codes and HTTP statuses. Unknown exceptions become a
 500 `internal_error` with a fixed message: internal invariant failures are never relabelled as
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ninfer.chat.template import TemplateError
 from ninfer.engine.errors import EngineError
+from ninfer.media.errors import MediaError
 from ninfer.protocol.errors import INVALID_REQUEST, RATE_LIMIT, SERVER, ProtocolError
 
 # engine error code -> (HTTP status, OpenAI error type)
@@ -30,6 +31,8 @@ def to_protocol_error(exc: BaseException) -> ProtocolError:
         status, kind = ENGINE_STATUS.get(exc.code, (500, SERVER))
         message = str(exc) if status < 500 or exc.code != "engine_failure" else "engine failure"
         return ProtocolError(message or exc.code, status=status, code=exc.code, type=kind)
+    if isinstance(exc, MediaError):  # always the client's item: 400, never a 5xx
+        return ProtocolError(exc.message, code=exc.code, param=exc.param)
     if isinstance(exc, TemplateError):
         return ProtocolError(f"the prompt could not be rendered: {exc}", code="invalid_prompt")
     return ProtocolError("internal server error", status=500, code="internal_error", type=SERVER)

@@ -200,10 +200,10 @@ class ResponsesRoutes:
         prep = self._prepare(req)
         kwargs = dict(prep.template_kwargs)
         kwargs["enable_thinking"] = prep.enable_thinking
-        ids = await asyncio.to_thread(
-            self.engine.render, prep.messages, req.tools.template_tools, **kwargs
+        count = await asyncio.to_thread(
+            self.engine.count_prompt_tokens, prep.messages, req.tools.template_tools, **kwargs
         )
-        return response.json({"object": "response.input_tokens", "input_tokens": len(ids)})
+        return response.json({"object": "response.input_tokens", "input_tokens": count})
 
     # -- stored resources ----------------------------------------------------------------------
     async def retrieve(self, request: Request, response_id: str) -> HTTPResponse:

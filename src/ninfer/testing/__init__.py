@@ -5,7 +5,11 @@ first use, so nothing here imports `transformers` (torch, safetensors and json o
 """
 
 from ninfer.testing.tiny_checkpoint import TinyCheckpointError, make_tiny_checkpoint
-from ninfer.testing.tiny_config import tiny_config, tiny_generation_config
+from ninfer.testing.tiny_config import (
+    tiny_config,
+    tiny_generation_config,
+    tiny_preprocessor_configs,
+)
 from ninfer.testing.tiny_spec import TinySpec, TinySpecError
 
 __all__ = [
@@ -15,4 +19,5 @@ __all__ = [
     "make_tiny_checkpoint",
     "tiny_config",
     "tiny_generation_config",
+    "tiny_preprocessor_configs",
 ]

@@ -17,7 +17,13 @@ import torch
 from safetensors.torch import save_file
 
 from ninfer.testing.fp8_blocks import fp8_quantization_config, quantize_fp8_blocks
-from ninfer.testing.tiny_config import Layout, dtype_name, tiny_config, tiny_generation_config
+from ninfer.testing.tiny_config import (
+    Layout,
+    dtype_name,
+    tiny_config,
+    tiny_generation_config,
+    tiny_preprocessor_configs,
+)
 from ninfer.testing.tiny_spec import TinySpec
 from ninfer.testing.tiny_weights import TEXT_PREFIX, VISION_PREFIX, make_tensor, tensor_specs
 
@@ -41,7 +47,8 @@ def make_tiny_checkpoint(
     fused_experts: bool = False,
     fp8_scale_dtype: torch.dtype = torch.float32,
 ) -> Path:
-    """Write config.json, generation_config.json and the safetensors file(s) into `out_dir`.
+    """Write config.json, generation_config.json and the safetensors file(s) into `out_dir`,
+    plus the image / video preprocessor configs when the checkpoint has a vision tower.
 
     Args:
         out_dir: created if missing; must be empty, so stale shards can never mix in.
@@ -86,6 +93,9 @@ def make_tiny_checkpoint(
         config["quantization_config"] = fp8_quantization_config(unconverted)
     _write_json(out / "config.json", config)
     _write_json(out / "generation_config.json", tiny_generation_config())
+    if layout == "nested" and spec.with_vision:
+        for filename, settings in tiny_preprocessor_configs(spec).items():
+            _write_json(out / filename, settings)
     _write_safetensors(out, tensors, num_shards)
     return out
 

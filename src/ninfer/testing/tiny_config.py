@@ -77,6 +77,33 @@ def tiny_generation_config() -> dict[str, Any]:
     }
 
 
+def tiny_preprocessor_configs(spec: TinySpec) -> dict[str, dict[str, Any]]:
+    """`preprocessor_config.json` and `video_preprocessor_config.json` as Qwen3.5 checkpoints
+    ship them (the fields the transformers processors read), with the spec's pixel bounds."""
+    common: dict[str, Any] = {
+        "patch_size": spec.vision_patch_size,
+        "temporal_patch_size": spec.vision_temporal_patch_size,
+        "merge_size": spec.vision_spatial_merge_size,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+    }
+    image = {
+        "size": {"longest_edge": spec.image_max_pixels, "shortest_edge": spec.image_min_pixels},
+        **common,
+        "processor_class": "Qwen3VLProcessor",
+        "image_processor_type": "Qwen2VLImageProcessorFast",
+    }
+    video = {
+        "size": {"longest_edge": spec.video_max_pixels, "shortest_edge": spec.video_min_pixels},
+        **common,
+        "fps": spec.video_fps,
+        "min_frames": spec.video_min_frames,
+        "max_frames": spec.video_max_frames,
+        "video_processor_type": "Qwen3VLVideoProcessor",
+    }
+    return {"preprocessor_config.json": image, "video_preprocessor_config.json": video}
+
+
 def _text_config(spec: TinySpec, dtype: torch.dtype) -> dict[str, Any]:
     moe = spec.kind == "moe"
     ffn: dict[str, Any]

@@ -63,6 +63,15 @@ class TinySpec:
     vision_temporal_patch_size: int = 2
     vision_spatial_merge_size: int = 2
     vision_num_position_embeddings: int = 16  # a square grid (4 x 4), as 2304 = 48 x 48
+    # Preprocessing bounds (pixels of a resized image / video): small, so media tests stay fast;
+    # the real checkpoints use 65536..16777216 (images) and 4096..25165824 (videos).
+    image_min_pixels: int = 4096
+    image_max_pixels: int = 65536
+    video_min_pixels: int = 4096
+    video_max_pixels: int = 131072
+    video_fps: float = 2.0
+    video_min_frames: int = 4
+    video_max_frames: int = 16
 
     def __post_init__(self) -> None:
         _check(self.kind in ("dense", "moe"), f"kind must be 'dense' or 'moe', got {self.kind!r}")
@@ -152,6 +161,12 @@ _POSITIVE_INTS = (
     "vision_temporal_patch_size",
     "vision_spatial_merge_size",
     "vision_num_position_embeddings",
+    "image_min_pixels",
+    "image_max_pixels",
+    "video_min_pixels",
+    "video_max_pixels",
+    "video_min_frames",
+    "video_max_frames",
 )
 
 

@@ -8,6 +8,7 @@ computed from the artifact's own template), never on the random model's text.
 
 from __future__ import annotations
 
+import base64
 import io
 import os
 import re
@@ -35,6 +36,7 @@ from ninfer.cli.chat_cmd import (
 )
 from ninfer.engine.errors import ContextLengthExceeded
 from ninfer.engine.request import FinishReason, Timings
+from ninfer.media.errors import MediaError
 
 
 def _reader(lines: list[str]) -> Callable[[str], str]:
@@ -404,3 +406,54 @@ def test_ctrl_c_stops_an_answer_and_keeps_the_session(pane: Pane, demo: Path) ->
 
     pane.send("C-c")  # at the prompt: a clean exit
     assert pane.exit_status() == 0
+
+
+# -- /image -------------------------------------------------------------------------------------
+
+
+def test_image_command_attaches_to_the_next_message_and_stays_in_history(tmp_path: Path) -> None:
+    png = tmp_path / "shot.png"
+    png.write_bytes(b"\x89PNG fake bytes")
+    engine = FakeEngine([_answer("", "a cat"), _answer("", "still a cat")])
+    out, session = _run(engine, [f"/image {png}", "what is it?", "sure?", "/exit"])
+    uri = "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode()
+    image_turn = [{"type": "image", "image": uri}, {"type": "text", "text": "what is it?"}]
+    assert engine.calls[0]["messages"] == [{"role": "user", "content": image_turn}]
+    assert engine.calls[1]["messages"][0] == {"role": "user", "content": image_turn}
+    assert engine.calls[1]["messages"][2] == {"role": "user", "content": "sure?"}
+    assert "image attached" in out and not session.images
+
+
+def test_image_command_errors_keep_the_session(tmp_path: Path) -> None:
+    def refused() -> Iterator[ChatEvent]:
+        raise MediaError("image input needs vision", code="vision_disabled")
+        yield  # pragma: no cover
+
+    png = tmp_path / "a.png"
+    png.write_bytes(b"x")
+    engine = FakeEngine([refused, _answer("", "ok")])
+    out, session = _run(engine, ["/image", f"/image {tmp_path / 'missing.png'}", f"/image {png}",
+                                 "look", "plain"])  # fmt: skip
+    assert "usage: /image PATH" in out and "cannot read" in out
+    assert "start ninfer chat with --vision" in out
+    assert engine.calls[1]["messages"] == [{"role": "user", "content": "plain"}]
+    assert len(session.history) == 2
+
+
+def test_image_turn_on_a_real_vision_engine(tmp_path: Path) -> None:
+    from ninfer import Engine
+    from ninfer.artifact.convert import convert
+    from ninfer.testing import TinySpec, make_tiny_checkpoint
+    from support.media_files import encode_image, noise_image
+
+    ckpt = make_tiny_checkpoint(tmp_path / "hf", TinySpec(with_mtp=False), seed=2)
+    art = convert(ckpt, tmp_path / "v.ninfer").path
+    png = tmp_path / "p.png"
+    png.write_bytes(encode_image(noise_image(64, 64)))
+    with Engine.load(art, dtype="fp32", vision=True, max_context=512, greedy=True) as engine:
+        out = io.StringIO()
+        session = ChatSession(enable_thinking=False)
+        repl(engine, Console(file=out, width=200), session, max_tokens=3,
+             read=_reader([f"/image {png}", "describe", "/exit"]))  # fmt: skip
+        assert "tok/s" in out.getvalue()
+        assert session.history[0]["content"][0]["type"] == "image"

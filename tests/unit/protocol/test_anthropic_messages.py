@@ -186,13 +186,32 @@ def test_history_may_begin_with_results() -> None:
         ),
         (
             [{"role": "user", "content": [{"type": "image", "source": {"type": "base64"}}]}],
-            "messages[0].content[0]",
-            "vision_disabled",
+            "messages[0].content[0].source.media_type",
+            "invalid_media",
         ),
         (
             [{"role": "user", "content": [_result("a", [{"type": "image", "source": {}}])]}],
-            "messages[0].content[0].content[0]",
-            "vision_disabled",
+            "messages[0].content[0].content[0].source.type",
+            "invalid_value",
+        ),
+        (
+            [
+                {
+                    "role": "user",
+                    "content": [{"type": "image", "source": {"type": "url", "url": "file:///x"}}],
+                }
+            ],
+            "messages[0].content[0].source.url",
+            "invalid_media",
+        ),
+        (
+            [
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "content": [{"type": "image", "source": {}}]},
+                {"role": "user", "content": "q"},
+            ],
+            "messages[1].content[0].type",
+            "unsupported_parameter",
         ),
         (
             [{"role": "user", "content": [{"type": "document", "source": {}}]}],
@@ -242,6 +261,47 @@ def test_history_may_begin_with_results() -> None:
 def test_history_rejections_name_the_field(messages, param, code) -> None:
     err = _error(messages)
     assert (err.status, err.param, err.code) == (400, param, code)
+
+
+def test_image_blocks_lower_to_template_parts_including_tool_results() -> None:
+    png = {"type": "base64", "media_type": "image/png", "data": "AAAA"}
+    messages = _lower(
+        [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": [_use("a")]},
+            {
+                "role": "user",
+                "content": [
+                    _result(
+                        "a",
+                        [_text("shot"), {"type": "image", "source": png}],
+                        is_error=True,
+                    ),
+                    {"type": "image", "source": {"type": "url", "url": "https://e.x/b.jpg"}},
+                    _text("and this"),
+                ],
+            },
+        ]
+    )
+    tool, user = messages[-2], messages[-1]
+    assert tool["role"] == "tool"
+    assert tool["content"][1:] == [
+        {"type": "text", "text": "shot"},
+        {
+            "type": "image",
+            "image": "data:image/png;base64,AAAA",
+            "source_param": "messages[2].content[0].content[1]",
+        },
+    ]
+    assert tool["content"][0]["type"] == "text"  # the is_error mark leads
+    assert user["content"] == [
+        {
+            "type": "image",
+            "image": "https://e.x/b.jpg",
+            "source_param": "messages[2].content[1]",
+        },
+        {"type": "text", "text": "and this"},
+    ]
 
 
 def _marked(n: int, ttl: str = "5m") -> list[dict[str, Any]]:

@@ -244,14 +244,39 @@ REJECTIONS: list[tuple[str, Any, str, str | None]] = [
         "invalid_type",
     ),
     (
-        "image",
+        "image-detail-high",
         body(
             messages=[
-                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image_url", "image_url": {"url": "data:,", "detail": "high"}}
+                    ],
+                }
+            ]
+        ),
+        "messages[0].content[0].image_url.detail",
+        "unsupported_parameter",
+    ),
+    (
+        "image-file-url",
+        body(
+            messages=[
+                {"role": "user", "content": [{"type": "image_url", "image_url": "file:///etc"}]}
+            ]
+        ),
+        "messages[0].content[0].image_url",
+        "invalid_media",
+    ),
+    (
+        "image-in-system",
+        body(
+            messages=[
+                {"role": "system", "content": [{"type": "image_url", "image_url": "http://x/a"}]}
             ]
         ),
         "messages[0].content[0]",
-        "vision_disabled",
+        "unsupported_parameter",
     ),
     (
         "audio-part",
@@ -380,3 +405,62 @@ def test_rejections_name_the_field(payload: Any, param: str, code: str | None) -
             "code": err.code,
         }
     }
+
+
+def _TEXT(text: str) -> dict[str, str]:  # noqa: N802
+    return {"type": "text", "text": text}
+
+
+_CALL = {"id": "c1", "type": "function", "function": {"name": "shot", "arguments": "{}"}}
+
+
+def test_media_parts_become_template_parts_in_order() -> None:
+    chat = parse_chat_request(
+        body(
+            messages=[
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "a"},
+                        {"type": "image_url", "image_url": {"url": "https://e.x/i.png"}},
+                        {"type": "video_url", "video_url": "data:video/mp4;base64,AAAA"},
+                        {"type": "image_url", "image_url": {"url": "data:,", "detail": "auto"}},
+                        {"type": "text", "text": "b"},
+                    ],
+                },
+                {"role": "assistant", "content": "", "tool_calls": [_CALL]},
+                {
+                    "role": "tool",
+                    "tool_call_id": "c1",
+                    "content": [{"type": "image_url", "image_url": {"url": "https://e.x/s.png"}}],
+                },
+            ]
+        )
+    )
+    assert chat.messages[0]["content"] == [
+        {"type": "text", "text": "a"},
+        {
+            "type": "image",
+            "image": "https://e.x/i.png",
+            "source_param": "messages[0].content[1].image_url",
+        },
+        {
+            "type": "video",
+            "video": "data:video/mp4;base64,AAAA",
+            "source_param": "messages[0].content[2].video_url",
+        },
+        {"type": "image", "image": "data:,", "source_param": "messages[0].content[3].image_url"},
+        {"type": "text", "text": "b"},
+    ]
+    assert chat.messages[2]["content"] == [
+        {
+            "type": "image",
+            "image": "https://e.x/s.png",
+            "source_param": "messages[2].content[0].image_url",
+        }
+    ]
+    # text-only part lists still join into one string
+    plain = parse_chat_request(
+        body(messages=[{"role": "user", "content": [_TEXT("x"), _TEXT("y")]}])
+    )
+    assert plain.messages[0]["content"] == "xy"

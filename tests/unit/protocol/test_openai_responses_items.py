@@ -110,9 +110,27 @@ def test_status_phase_and_breakpoints_are_kept_as_metadata() -> None:
             "unsupported_parameter",
         ),
         (
-            {"role": "user", "content": [{"type": "input_image", "image_url": "data:x"}]},
+            {"role": "user", "content": [{"type": "input_image", "image_url": "ftp://x"}]},
+            "input[0].content[0].image_url",
+            "invalid_media",
+        ),
+        (
+            {"role": "user", "content": [{"type": "input_image", "file_id": "f"}]},
+            "input[0].content[0].file_id",
+            "unsupported_parameter",
+        ),
+        (
+            {
+                "role": "user",
+                "content": [{"type": "input_image", "image_url": "data:,", "detail": "low"}],
+            },
+            "input[0].content[0].detail",
+            "unsupported_parameter",
+        ),
+        (
+            {"role": "assistant", "content": [{"type": "input_video", "video_url": "data:,"}]},
             "input[0].content[0]",
-            "vision_disabled",
+            "unsupported_parameter",
         ),
         (
             {"role": "user", "content": [{"type": "output_text", "text": "x"}]},
@@ -146,8 +164,8 @@ def test_status_phase_and_breakpoints_are_kept_as_metadata() -> None:
         (result("c", output=5), "input[0].output", "invalid_type"),
         (
             result("c", output=[{"type": "input_image", "image_url": "x"}]),
-            "input[0].output[0]",
-            "vision_disabled",
+            "input[0].output[0].image_url",
+            "invalid_media",
         ),
         (
             result("c", output=[{"type": "input_file"}]),
@@ -292,3 +310,45 @@ def test_results_may_answer_calls_from_stored_history() -> None:
 def test_has_user_message() -> None:
     assert has_user_message(normalize_input("x"))
     assert not has_user_message(normalize_input([{"role": "developer", "content": "d"}, said("a")]))
+
+
+def test_media_parts_lower_to_template_parts() -> None:
+    items = normalize_input(
+        [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "input_text", "text": "see "},
+                    {"type": "input_image", "image_url": "https://e.x/a.png", "detail": "auto"},
+                    {"type": "input_video", "video_url": "data:video/mp4;base64,AAAA"},
+                ],
+            },
+            call("c"),
+            result(
+                "c",
+                output=[
+                    {"type": "input_text", "text": "shot:"},
+                    {"type": "input_image", "image_url": "data:image/png;base64,AAAA"},
+                ],
+            ),
+        ]
+    )
+    assert items[0]["content"][1] == {"type": "input_image", "image_url": "https://e.x/a.png"}
+    messages = lower_items(items, lambda ns, name: name)
+    assert messages[0]["content"] == [
+        {"type": "text", "text": "see "},
+        {"type": "image", "image": "https://e.x/a.png", "source_param": "input[0].content[1]"},
+        {
+            "type": "video",
+            "video": "data:video/mp4;base64,AAAA",
+            "source_param": "input[0].content[2]",
+        },
+    ]
+    assert messages[2]["content"] == [
+        {"type": "text", "text": "shot:"},
+        {
+            "type": "image",
+            "image": "data:image/png;base64,AAAA",
+            "source_param": "input[2].output[1]",
+        },
+    ]
