@@ -23,7 +23,14 @@ from ninfer.engine.graphs import DecodeGraphs, unsupported_reason
 from ninfer.engine.handles import AsyncRequestHandle, RequestHandle
 from ninfer.engine.kv_pool import PagePool
 from ninfer.engine.options import EngineOptions, resolve_device
-from ninfer.engine.request import EngineEvent, EventKind, FinishReason, GenerationRequest, Timings
+from ninfer.engine.request import (
+    EngineEvent,
+    EventKind,
+    FinishReason,
+    GenerationRequest,
+    RequestStats,
+    Timings,
+)
 from ninfer.engine.runner import ModelRunner
 from ninfer.engine.sampling import (
     NON_THINKING,
@@ -36,6 +43,7 @@ from ninfer.engine.sampling import (
 )
 from ninfer.engine.scheduler import Scheduler, SchedulerConfig
 from ninfer.engine.state_slots import SlotPool
+from ninfer.engine.stats import EngineStats
 from ninfer.model.cache import ModelCache
 from ninfer.model.config import TextConfig
 from ninfer.model.qwen3_5 import Qwen3_5Model
@@ -55,9 +63,15 @@ class ChatUsage:
 
 @dataclass
 class ChatEvent:
-    """One conversation-level event: a reasoning or content delta, a tool call, or the end."""
+    """One conversation-level event: a reasoning or content delta, a tool call, or the end.
 
-    kind: str  # "admitted" | "progress" | "reasoning" | "content" | "tool_call" | "finished"
+    "submitted" comes first: the prompt is rendered and the engine took the request (capacity
+    and context checks passed); `request_id` and `num_prompt` are set. Everything raised before
+    it is a preparation failure; it lets a server start its response before admission.
+    """
+
+    kind: str  # "submitted" | "admitted" | "progress" | "reasoning" | "content" | "tool_call"
+    # | "finished"
     text: str = ""
     tool_call: ToolCall | None = None
     finish_reason: FinishReason | None = None
@@ -69,6 +83,8 @@ class ChatEvent:
     num_output: int = 0  # committed output tokens so far (a commit may release no text yet)
     token_ids: list[int] = field(default_factory=list)
     stop_sequence: str | None = None  # finished: the stop string that ended the output
+    request_id: str = ""  # submitted: the engine's request id
+    stats: RequestStats | None = None  # admitted and finished: the engine's per-request facts
 
 
 class Engine:
@@ -221,7 +237,11 @@ class Engine:
             messages, tools, enable_thinking, template_kwargs, kwargs
         )
         tracker = _ChatTracker(decoder)
-        for event in RequestHandle(self.core, request):
+        handle = RequestHandle(self.core, request)
+        yield ChatEvent(
+            "submitted", request_id=handle.request_id, num_prompt=len(request.prompt_ids)
+        )
+        for event in handle:
             yield from tracker.on_event(event)
 
     async def achat(
@@ -239,7 +259,11 @@ class Engine:
             self._chat_request, messages, tools, enable_thinking, template_kwargs, kwargs
         )
         tracker = _ChatTracker(decoder)
-        async for event in AsyncRequestHandle(self.core, request):
+        handle = AsyncRequestHandle(self.core, request)
+        yield ChatEvent(
+            "submitted", request_id=handle.request_id, num_prompt=len(request.prompt_ids)
+        )
+        async for event in handle:
             for out in tracker.on_event(event):
                 yield out
 
@@ -272,6 +296,10 @@ class Engine:
         decoder = OutputDecoder(tools=tools, starts_in_reasoning=starts_in_reasoning)
         return request, decoder
 
+    def stats(self) -> EngineStats:
+        """The engine's latest published counters and gauges (see engine/stats.py)."""
+        return self.core.stats()
+
     def close(self) -> None:
         self.core.close()
         self.artifact.close()
@@ -293,7 +321,7 @@ class _ChatTracker:
 
     def on_event(self, event: EngineEvent) -> list[ChatEvent]:
         if event.kind == EventKind.ADMITTED:
-            return [ChatEvent("admitted", num_prompt=event.num_prompt)]
+            return [ChatEvent("admitted", num_prompt=event.num_prompt, stats=event.stats)]
         if event.kind == EventKind.PROGRESS:
             return [
                 ChatEvent(
@@ -326,6 +354,7 @@ class _ChatTracker:
                     timings=event.timings,
                     tool_parse=self.decoder.stats,
                     stop_sequence=event.stop_string,
+                    stats=event.stats,
                 )
             )
             return out

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from ninfer.engine.errors import (
     EngineClosed,
@@ -28,12 +28,14 @@ from ninfer.engine.request import (
     EventKind,
     FinishReason,
     GenerationRequest,
+    RequestStats,
     Timings,
     Usage,
 )
 from ninfer.engine.runner import ModelRunner, StepResult
 from ninfer.engine.sampling import SamplingParamError, SamplingParams
 from ninfer.engine.scheduler import Scheduler, Sequence, StepPlan
+from ninfer.engine.stats import EngineStats, StatsRecorder
 from ninfer.engine.stops import StopStringError
 from ninfer.engine.thinking_budget import ThinkingBudget, ThinkingControl
 from ninfer.tokenizer import Tokenizer
@@ -75,6 +77,11 @@ class EngineCore:
         self._ids = itertools.count()
         self._closed = False
         self.failure: BaseException | None = None
+        # [stats] engine-wide counters; published by the worker, read through stats()
+        self._stats = StatsRecorder(
+            kv_capacity_pages=scheduler.pages.num_pages,
+            state_capacity_slots=scheduler.slots.num_slots,
+        )
         self._thread = threading.Thread(target=self._run, name="ninfer-engine", daemon=True)
         self._thread.start()
 
@@ -82,6 +89,10 @@ class EngineCore:
     @property
     def healthy(self) -> bool:
         return self.failure is None and not self._closed
+
+    def stats(self) -> EngineStats:
+        """The latest published counters and gauges (immutable; safe from any thread)."""
+        return self._stats.snapshot()
 
     def submit(self, request: GenerationRequest, sink: Sink) -> str:
         """Queue a request; raises a typed EngineError at once when it cannot be taken."""
@@ -168,16 +179,21 @@ class EngineCore:
     def _run(self) -> None:
         try:
             while True:
+                self._stats.phase("engine_boundary")  # [stats]
                 if not self._intake():
                     break
                 plan, finishes = self.scheduler.schedule()
                 for seq, why in finishes:
                     self._terminal(seq, why)
                 self._announce_admissions()
+                self._publish_stats(step=not plan.is_empty)  # [stats] once per loop
                 if plan.is_empty:
+                    self._stats.phase(None)  # [stats] idle time is not host work
                     self._idle_wait()
                     continue
+                self._stats.phase("program_submit")  # [stats]
                 result = self.runner.execute(plan)
+                self._stats.phase("engine_commit_output")  # [stats]
                 self._commit(plan, result)
         except BaseException as e:  # engine-wide failure: every live request learns of it
             log.exception("engine failure")
@@ -214,8 +230,15 @@ class EngineCore:
         for seq in admitted:
             live = self._live.get(seq.request_id)
             if live is not None and seq.slot is not None:
+                self._stats.on_admitted(seq.num_prompt)  # [stats]
                 self._emit(
-                    live, EngineEvent(seq.request_id, EventKind.ADMITTED, num_prompt=seq.num_prompt)
+                    live,
+                    EngineEvent(
+                        seq.request_id,
+                        EventKind.ADMITTED,
+                        num_prompt=seq.num_prompt,
+                        stats=_request_stats(seq, terminal=False),
+                    ),
                 )
 
     def _idle_wait(self) -> None:
@@ -232,6 +255,7 @@ class EngineCore:
             unit = plan.prefill
             seq = unit.seq
             seq.num_computed += unit.num_tokens
+            self._stats.on_prefill(unit.num_tokens)  # [stats]
             live = self._live[seq.request_id]
             self._emit(
                 live,
@@ -247,6 +271,8 @@ class EngineCore:
             elif not seq.is_prefilling:  # max_tokens == 0: the prompt is processed, nothing more
                 seq.t_first_token = now
                 self._terminal(seq, FinishReason.LENGTH)
+        if plan.decode:
+            self._stats.on_decode_round(len(plan.decode))  # [stats]
         for seq in plan.decode:
             seq.num_computed += 1
             if seq.num_computed < len(seq.token_ids):
@@ -259,6 +285,7 @@ class EngineCore:
             self._terminal(seq, FinishReason.CANCELLED)
             return
         seq.token_ids.append(token_id)
+        self._stats.on_output(1, first=seq.num_output == 1)  # [stats]
         if seq.t_first_token is None:
             seq.t_first_token = now
         seq.t_last_token = now
@@ -286,6 +313,7 @@ class EngineCore:
             return
         seq = live.seq
         seq.token_ids.extend(control_ids)
+        self._stats.on_output(len(control_ids))  # [stats]
         self._emit(
             live,
             EngineEvent(
@@ -308,8 +336,11 @@ class EngineCore:
             return
         with self._lock:
             self._num_live -= 1
+        # [stats] published before the terminal event: whoever sees the end sees it counted
+        self._publish_stats()
+        stats = _request_stats(seq, terminal=True)
         if isinstance(why, BaseException):
-            self._emit(live, EngineEvent(seq.request_id, EventKind.ERROR, error=why))
+            self._emit(live, EngineEvent(seq.request_id, EventKind.ERROR, error=why, stats=stats))
             return
         text = live.output.finish() if flush else ""
         self._emit(
@@ -322,8 +353,21 @@ class EngineCore:
                 usage=Usage(seq.num_prompt, seq.num_output),
                 timings=_timings(seq),
                 stop_string=live.output.stop_string,
+                stats=stats,
             ),
         )
+
+    def _publish_stats(self, *, step: bool = False) -> None:
+        """[stats] Current scheduler composition and pool occupancy, then one snapshot."""
+        s = self.scheduler
+        self._stats.set_occupancy(
+            running=len(s.running),
+            waiting=len(s.waiting),
+            prefilling=sum(1 for seq in s.running if seq.is_prefilling),
+            kv_used_pages=s.pages.num_pages - s.pages.num_free,
+            state_used_slots=s.slots.num_slots - s.slots.num_free,
+        )
+        self._stats.publish(step=step)
 
     def _fail_all(self, error: BaseException) -> None:
         wrapped = error if isinstance(error, EngineClosed) else EngineFailed(str(error))
@@ -334,6 +378,20 @@ class EngineCore:
             self.scheduler.enqueue(live.seq)
         for live in list(self._live.values()):
             self._terminal(live.seq, wrapped)
+
+
+def _request_stats(seq: Sequence, *, terminal: bool) -> RequestStats:
+    """[stats] The per-request facts the server logs (request_done.engine_timing)."""
+    return RequestStats(
+        t_submitted=seq.arrival,
+        t_admitted=seq.t_admitted,
+        t_first_token=seq.t_first_token,
+        t_last_token=seq.t_last_token,
+        t_finished=time.monotonic() if terminal else None,
+        num_prefill_tokens=min(seq.num_computed, seq.num_prompt),
+        output_ids=tuple(seq.output_ids) if terminal else (),
+        sampling=asdict(seq.sampling) if terminal else {},
+    )
 
 
 def _timings(seq: Sequence) -> Timings:
