@@ -238,11 +238,15 @@ class Engine:
         )
         tracker = _ChatTracker(decoder)
         handle = RequestHandle(self.core, request)
-        yield ChatEvent(
-            "submitted", request_id=handle.request_id, num_prompt=len(request.prompt_ids)
-        )
-        for event in handle:
-            yield from tracker.on_event(event)
+        try:
+            yield ChatEvent(
+                "submitted", request_id=handle.request_id, num_prompt=len(request.prompt_ids)
+            )
+            for event in handle:
+                yield from tracker.on_event(event)
+        finally:  # abandoned before or between events: the engine request must not run on
+            if not handle.done:
+                handle.cancel()
 
     async def achat(
         self,
@@ -260,12 +264,16 @@ class Engine:
         )
         tracker = _ChatTracker(decoder)
         handle = AsyncRequestHandle(self.core, request)
-        yield ChatEvent(
-            "submitted", request_id=handle.request_id, num_prompt=len(request.prompt_ids)
-        )
-        async for event in handle:
-            for out in tracker.on_event(event):
-                yield out
+        try:
+            yield ChatEvent(
+                "submitted", request_id=handle.request_id, num_prompt=len(request.prompt_ids)
+            )
+            async for event in handle:
+                for out in tracker.on_event(event):
+                    yield out
+        finally:  # abandoned before or between events: the engine request must not run on
+            if not handle.done:
+                handle.cancel()
 
     def _chat_request(
         self,
