@@ -99,6 +99,9 @@ class Engine:
         # of their own (`ninfer serve --default-thinking-budget`); None: uncapped.
         self.default_thinking_budget: int | None = None
         self.tokenizer = Tokenizer.from_json(artifact.tokenizer_json)
+        # Build the detokenizer's byte table (about a second) now, not inside the first
+        # request's submit on a server's event loop.
+        _ = self.tokenizer.byte_table
         self.template = ChatTemplate(artifact.chat_template())
         gen = artifact.header.generation
         self.eos_token_ids = frozenset(int(x) for x in gen.get("eos_token_ids", []))

@@ -161,8 +161,6 @@ class _MessageRun:
 
     def events(self, event: ChatEvent) -> list[Event]:
         out: list[Event] = []
-        if event.kind == "submitted":
-            return out
         if event.kind in ("admitted", "progress"):
             self.num_prompt = event.num_prompt
         if not self.started:  # message_start right after admission (exact cache split)

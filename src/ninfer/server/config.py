@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 KEEPALIVE_S = 5.0  # spec: ": keep-alive" after five seconds without a protocol event
-# A response write that cannot reach the kernel for this long means the client stopped reading:
-# the request is cancelled and logged as client_gone (kernel buffers hide the last ~100 KiB).
-DELIVERY_TIMEOUT_S = 30.0
+# A response whose bytes the peer has not acknowledged for this long (a write that cannot proceed,
+# or a final chunk never ACKed) means the client stopped reading: client_gone, engine cancelled.
+DELIVERY_TIMEOUT_S = 20.0
 LOG_STATS_INTERVAL_MS = 5000
 
 

@@ -13,8 +13,11 @@ request is cancelled.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import logging
+import struct
+import sys
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -37,6 +40,7 @@ API_NAMES = {
     "anthropic_messages": "messages",
 }
 CLIENT_CLOSED = 499  # nginx's "client closed request": the response never fully left
+SIOCOUTQNSD = 0x894B  # linux/sockios.h: bytes in the send queue not yet sent
 IDLE: Any = object()  # no event within the keep-alive interval
 END: Any = object()  # the engine's event stream is over
 SPECULATIVE_OFF = {
@@ -320,11 +324,14 @@ class Lifecycle:
         self._last_write = time.monotonic()
 
     async def _confirm_delivery(self) -> None:
-        """Every byte reached the kernel (within the delivery timeout): delivered."""
+        """Delivered: within the delivery timeout every byte left our buffer and the kernel
+        put it on the wire. A client that stopped reading closes its TCP window, so the tail
+        stays unsent in the socket even when it fits in the kernel's buffers. There is no event
+        for that: poll (one ioctl) with backoff, which a reading client never needs."""
         transport = getattr(self._request, "transport", None)
         deadline = time.monotonic() + self.hub.config.delivery_timeout_s
         delay = 0.001
-        while transport is not None and transport.get_write_buffer_size():
+        while transport is not None and _unsent(transport):
             if transport.is_closing() or time.monotonic() > deadline:
                 raise _Stalled
             await asyncio.sleep(delay)
@@ -601,6 +608,22 @@ class Lifecycle:
             "request %s %s %s status=%d %s",
             self.request_id, API_NAMES[self.shape.protocol], mode, status, detail,
         )  # fmt: skip
+
+
+def _unsent(transport: Any) -> int:
+    """Bytes written but not yet sent: the transport's buffer plus the socket's unsent queue
+    (SIOCOUTQNSD, Linux). Unlike unacknowledged bytes, these do not linger behind a reading
+    client's delayed ACK; they stay only when the peer's window is closed."""
+    pending = transport.get_write_buffer_size()
+    get_extra = getattr(transport, "get_extra_info", None)
+    sock = get_extra("socket") if get_extra is not None else None
+    if sock is None or not sys.platform.startswith("linux"):
+        return pending
+    try:
+        queued = fcntl.ioctl(sock.fileno(), SIOCOUTQNSD, b"\0\0\0\0")
+    except (OSError, ValueError):
+        return pending
+    return pending + struct.unpack("i", queued)[0]
 
 
 def _code(error: ProtocolError | None) -> str | None:
