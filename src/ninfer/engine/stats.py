@@ -159,14 +159,17 @@ class StatsRecorder:
         c.kv_used_pages, c.state_used_slots = kv_used_pages, state_used_slots
 
     def publish(self, *, step: bool = False) -> None:
-        """Copy the counters into a new immutable snapshot (a few microseconds)."""
+        """Copy the counters into a new immutable snapshot (a few microseconds per step)."""
         resumed = self._phase
         self.phase("engine_maintenance")
         c = self._c
         if step:
             c.num_steps += 1
         c.published_at = self._clock()
-        snap = EngineStats(**c.__dict__)
+        # A frozen dataclass's __init__ sets ~45 fields through object.__setattr__ (~20 us);
+        # filling the new instance's __dict__ directly is the same copy at a tenth of the cost.
+        snap = object.__new__(EngineStats)
+        snap.__dict__.update(c.__dict__)
         with self._lock:
             self._published = snap
         self.phase(resumed)
