@@ -1,9 +1,7 @@
-"""Engine-wide counters and gauges: mutated by the worker thread, read by anyone as a snapshot.
-
-The worker updates plain attributes (no lock per token) and publishes an immutable `EngineStats`
-under a lock once per step and before every terminal event, so a reader that saw a request end
-also sees its tokens counted. Readers (`/metrics`, the throughput record) never touch the worker's
-state. No torch, no scheduler import: the core passes numbers in.
+"""Engine-wide counters and gauges: the worker bumps plain attributes (no lock per token) and
+publishes an immutable `EngineStats` once per step and before every terminal event, so whoever
+saw a request end sees it counted. Readers (`/metrics`, throughput records) only take snapshots.
+No torch, no scheduler import: the core passes numbers in.
 """
 
 from __future__ import annotations

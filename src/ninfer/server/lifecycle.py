@@ -1,23 +1,14 @@
-"""One generation request's life, shared by Chat Completions, Responses and Messages.
-
-A `Lifecycle` owns the request id from preparation on, the clocks, the engine's events (read by
-its own task, so the engine's outcome is known even after the client left), usage and timings,
-the delivery outcome and exactly one terminal: a JSONL record (request_rejected, request_done or
-request_error), one operational line and the metrics update. Route modules hand it a `Wire` that
-only translates events into their format. A stream's headers go out as soon as the engine accepts
-the request (or when preparation outlasts the keep-alive interval), then `: keep-alive` after
-every idle interval; a client that disconnects or stops reading is `client_gone` and its engine
-request is cancelled.
+"""One generation request's life, shared by Chat Completions, Responses and Messages: id, clocks,
+engine events (read by its own task, so the outcome is known after the client left), keep-alive,
+delivery, and exactly one terminal (JSONL record, stderr line, metrics). Routes only supply a
+`Wire` for their format. No sanic import: the request object is duck-typed.
 """
 
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import json
 import logging
-import struct
-import sys
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -26,8 +17,10 @@ from typing import Any, Protocol
 from ninfer.api import ChatEvent
 from ninfer.engine.request import RequestStats
 from ninfer.protocol.errors import ProtocolError
+from ninfer.server import request_records as records
 from ninfer.server import sse
 from ninfer.server.config import ServerConfig
+from ninfer.server.delivery import unsent_bytes
 from ninfer.server.errors import to_protocol_error
 from ninfer.server.logs import level_for_status, seconds
 from ninfer.server.metrics import ServerMetrics
@@ -40,29 +33,14 @@ API_NAMES = {
     "anthropic_messages": "messages",
 }
 CLIENT_CLOSED = 499  # nginx's "client closed request": the response never fully left
-SIOCOUTQNSD = 0x894B  # linux/sockios.h: bytes in the send queue not yet sent
 IDLE: Any = object()  # no event within the keep-alive interval
 END: Any = object()  # the engine's event stream is over
-SPECULATIVE_OFF = {
-    "backend": None,
-    "draft_window": 0,
-    "rounds": 0,
-    "drafted_tokens": 0,
-    "accepted_tokens": 0,
-    "fallback_steps": 0,
-    "accepted_per_position": [],
-}
-SCHEDULING_NONE = {
-    "preemptions": 0,
-    "snapshot_restores": 0,
-    "replay_restores": 0,
-    "replayed_tokens": 0,
-    "paused_seconds": 0.0,
-}
 
 
 class Wire(Protocol):
-    """One API family's translation of engine events (ChatEvents) into bytes or a body."""
+    """One API family's translation of engine events (ChatEvents) into bytes or a body.
+
+    `feed` sees every event after "submitted" (which the lifecycle keeps for itself)."""
 
     stream: bool
 
@@ -331,7 +309,7 @@ class Lifecycle:
         transport = getattr(self._request, "transport", None)
         deadline = time.monotonic() + self.hub.config.delivery_timeout_s
         delay = 0.001
-        while transport is not None and _unsent(transport):
+        while transport is not None and unsent_bytes(transport):
             if transport.is_closing() or time.monotonic() > deadline:
                 raise _Stalled
             await asyncio.sleep(delay)
@@ -465,20 +443,8 @@ class Lifecycle:
         else:
             error = self.error or self.response_failure or self._wire.error(failure)
         total = time.monotonic() - self.t_start
-        self.hub.request_log.write(
-            "request_rejected",
-            {
-                **self.shape.to_json(),
-                **self._base(),
-                "phase": "prepare",
-                "status": error.status,
-                "type": error.type,
-                "code": error.code,
-                "param": error.param,
-                "message": error.message,
-                "prepare_seconds": total,
-            },
-        )
+        body = records.rejected_body({**self.shape.to_json(), **self._base()}, error, total)
+        self.hub.request_log.write("request_rejected", body)
         self._line(error.status, f"rejected code={error.code} total={seconds(total)}")
         return "rejected"
 
@@ -492,77 +458,39 @@ class Lifecycle:
     def _settle_done(self) -> str:
         fin = self.finished
         assert fin is not None and fin.usage is not None
-        stats = fin.stats
         reason = fin.finish_reason.value if fin.finish_reason is not None else "stop"
         outcome = "cancelled" if reason == "cancelled" else "completed"
         status = self._status()
+        end = self.t_engine_end or time.monotonic()
+        total = end - self.t_start
+        times = records.StageTimes.of(fin.stats, self.t_start, self.t_submitted, end)
         metrics = self.hub.metrics
         if outcome == "completed" and status != 200:
             metrics.response_failures += 1
-        end = self.t_engine_end or time.monotonic()
-        total = end - self.t_start
-        t = _stage_times(stats, self.t_start, self.t_submitted, end)
         metrics.duration.observe(total)
-        metrics.queue.observe(t["queue_wait"])
-        if t["ttft"] is not None:
-            metrics.ttft.observe(t["ttft"])
-        usage = fin.usage
-        parse = fin.tool_parse
-        self.hub.request_log.write(
-            "request_done",
-            {
-                **self._base(),
-                "status": status,
-                "delivery": self.delivery,
-                "response_failure": _code(self.response_failure),
-                "finish_reason": reason,
-                "usage": {
-                    "prompt_tokens": usage.prompt_tokens,
-                    "completion_tokens": usage.completion_tokens,
-                    "cached_tokens": usage.cached_tokens,
-                    "computed_prefill_tokens": stats.num_prefill_tokens if stats else 0,
-                    "reasoning_tokens": usage.reasoning_tokens,
-                },
-                "prefix_cache_hit_tokens": stats.num_cached_tokens if stats else 0,
-                "prefix_reuse_path": None,
-                "prefix_cache_miss_reason": "prefix_reuse_not_built",
-                "result": {
-                    "generated_token_ids": list(stats.output_ids) if stats else [],
-                    "num_tool_calls": self.num_tool_calls,
-                    "tool_call_parse": {
-                        "marker_seen": bool(parse and parse.marker_seen),
-                        "num_calls": parse.num_calls if parse else 0,
-                        "num_empty_omitted": parse.num_empty_omitted if parse else 0,
-                        "num_mismatched_preserved": parse.num_mismatched_preserved if parse else 0,
-                        "fallback_reason": parse.fallback_reason.value if parse else "none",
-                    },
-                },
-                "timings_seconds": {
-                    "prepare": t["prepare"],
-                    "ttft": t["ttft"],
-                    "vision": 0.0,
-                    "prefill": t["prefill"],
-                    "decode": t["decode"],
-                    "total": total,
-                },
-                "engine_timing": {
-                    "queue_wait_seconds": t["queue_wait"],
-                    "admitted": self.admitted is not None or bool(stats and stats.t_admitted),
-                    "resident_seconds": t["resident"],
-                },
-                "speculative": dict(SPECULATIVE_OFF),
-                "scheduling": dict(SCHEDULING_NONE),
-                "sampling": dict(stats.sampling) if stats else {},
-            },
+        metrics.queue.observe(times.queue_wait)
+        if times.ttft is not None:
+            metrics.ttft.observe(times.ttft)
+        body = records.done_body(
+            self._base(),
+            fin,
+            times,
+            status=status,
+            delivery=self.delivery,
+            response_failure=self.response_failure,
+            num_tool_calls=self.num_tool_calls,
+            total=total,
         )
+        self.hub.request_log.write("request_done", body)
+        usage = fin.usage
         rate = fin.timings.predicted_per_second if fin.timings is not None else 0.0
         code = f" code={self.response_failure.code}" if self.response_failure else ""
         self._line(
             status,
-            f"delivery={self.delivery}{code} finish={reason} queue={seconds(t['queue_wait'])} "
+            f"delivery={self.delivery}{code} finish={reason} queue={seconds(times.queue_wait)} "
             f"prompt={usage.prompt_tokens} cached={usage.cached_tokens} "
             f"completion={usage.completion_tokens} decode={rate:.1f}tok/s "
-            f"ttft={seconds(t['ttft'])} total={seconds(total)}",
+            f"ttft={seconds(times.ttft)} total={seconds(total)}",
         )
         return outcome
 
@@ -573,27 +501,17 @@ class Lifecycle:
         )
         end = self.t_engine_end or time.monotonic()
         total = end - self.t_start
-        admitted = self.admitted
-        queue = admitted.queue_wait_s if admitted is not None else None
-        self.hub.request_log.write(
-            "request_error",
-            {
-                **self.shape.to_json(),
-                **self._base(),
-                "phase": "generation" if admitted is not None else "queue",
-                "status": error.status,
-                "type": error.type,
-                "code": error.code,
-                "message": error.message,
-                "delivery": self.delivery,
-                "prompt_tokens": self.num_prompt,
-                "timings_seconds": {
-                    "prepare": (self.t_submitted or end) - self.t_start,
-                    "total": total,
-                },
-                "engine_timing": {"queue_wait_seconds": queue},
-            },
+        body = records.error_body(
+            {**self.shape.to_json(), **self._base()},
+            error,
+            delivery=self.delivery,
+            admitted=self.admitted,
+            prompt_tokens=self.num_prompt,
+            prepare=(self.t_submitted or end) - self.t_start,
+            total=total,
         )
+        self.hub.request_log.write("request_error", body)
+        queue = body["engine_timing"]["queue_wait_seconds"]
         self._line(
             error.status,
             f"delivery={self.delivery} code={error.code} queue={seconds(queue)} "
@@ -608,47 +526,3 @@ class Lifecycle:
             "request %s %s %s status=%d %s",
             self.request_id, API_NAMES[self.shape.protocol], mode, status, detail,
         )  # fmt: skip
-
-
-def _unsent(transport: Any) -> int:
-    """Bytes written but not yet sent: the transport's buffer plus the socket's unsent queue
-    (SIOCOUTQNSD, Linux). Unlike unacknowledged bytes, these do not linger behind a reading
-    client's delayed ACK; they stay only when the peer's window is closed."""
-    pending = transport.get_write_buffer_size()
-    get_extra = getattr(transport, "get_extra_info", None)
-    sock = get_extra("socket") if get_extra is not None else None
-    if sock is None or not sys.platform.startswith("linux"):
-        return pending
-    try:
-        queued = fcntl.ioctl(sock.fileno(), SIOCOUTQNSD, b"\0\0\0\0")
-    except (OSError, ValueError):
-        return pending
-    return pending + struct.unpack("i", queued)[0]
-
-
-def _code(error: ProtocolError | None) -> str | None:
-    return error.code if error is not None else None
-
-
-def _stage_times(
-    stats: RequestStats | None, t_start: float, t_submitted: float | None, end: float
-) -> dict[str, Any]:
-    """Request stages from the engine's instants, against the lifecycle's own start."""
-    submitted = stats.t_submitted if stats is not None else (t_submitted or end)
-    out: dict[str, Any] = {"prepare": submitted - t_start}
-    if stats is None:
-        return {**out, "ttft": None, "prefill": None, "decode": None, "queue_wait": 0.0,
-                "resident": None}  # fmt: skip
-    first, last = stats.t_first_token, stats.t_last_token
-    has_output = bool(stats.output_ids) and first is not None
-    admitted = stats.t_admitted
-    finished = stats.t_finished or end
-    out["ttft"] = first - t_start if has_output else None
-    out["queue_wait"] = (admitted if admitted is not None else finished) - stats.t_submitted
-    out["resident"] = finished - admitted if admitted is not None else None
-    if admitted is None:
-        out["prefill"] = out["decode"] = None
-    else:
-        out["prefill"] = (first if has_output else finished) - admitted
-        out["decode"] = (last - first) if has_output and last is not None else 0.0
-    return out

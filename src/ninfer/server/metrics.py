@@ -1,10 +1,7 @@
-"""`GET /metrics`: Prometheus text format 0.0.4 from the engine's published snapshot and the
-server's request outcomes, through prometheus-client.
-
-The engine worker only publishes `EngineStats`; the collector copies it at scrape time and formats
-it here, on the event loop, so a scrape never waits for or adds work to the worker. Server-side
-counters and histograms are updated by the request lifecycle on the event loop (one thread, no
-locks). Labels are bounded (outcome, phase, resource/direction); no request id or text.
+"""`GET /metrics`: Prometheus text 0.0.4 (prometheus-client) from the engine's published snapshot
+and the server's request outcomes. The collector copies the snapshot and formats it on the event
+loop, so a scrape never waits for or adds work to the engine worker; server counters are updated
+by the lifecycle on the loop (no locks). Labels are bounded; no request id or text.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""`--request-log-jsonl FILE`: the machine-readable measurement log, one flushed JSON line each.
-
-Owns opening the file (append mode; a missing parent directory, an unopenable path or the
-artifact itself stop startup with RequestLogError), the envelope every line carries (schema name
-and version, event, timestamp_unix_ms, server_instance_id), argv redaction and server_start.
-Event bodies come from their owners (lifecycle, stats_log); `schemas/request_log.schema.json` is
-the published contract, validated in the tests. No sanic import.
+"""`--request-log-jsonl FILE`: opening (append mode; bad paths stop startup), the envelope every
+flushed line carries, argv redaction and server_start. Event bodies come from their owners
+(request_records, stats_log); `schemas/request_log.schema.json` is the published contract the
+tests validate against. No sanic import.
 """
 
 from __future__ import annotations

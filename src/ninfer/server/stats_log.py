@@ -1,10 +1,6 @@
-"""`--log-stats-interval-ms N`: a persistent throughput record every N ms (0: off).
-
-Each tick diffs two published `EngineStats` snapshots: token counts and rates, the scheduler's
-composition at the tick, average decode batch (row-rounds / rounds) and the worker's host-active
-time. Deadlines are absolute (start + k*N), fully idle intervals are omitted, and the pretty
-stderr record is plain text (no terminal control sequences). The same record, at full precision,
-goes to the JSONL log as `throughput`. No sanic import.
+"""`--log-stats-interval-ms N`: a throughput record every N ms on absolute deadlines, diffing two
+published `EngineStats` snapshots; fully idle intervals are omitted. The stderr line is plain text
+(no terminal control sequences); the JSONL `throughput` record has full precision. No sanic.
 """
 
 from __future__ import annotations

@@ -232,6 +232,37 @@ def test_stream_keeps_alive_while_waiting_and_prefilling(tmp_path, caplog) -> No
     assert "status=200 delivery=delivered finish=stop" in line and "completion=2" in line
 
 
+def test_slow_preparation_opens_the_stream_and_keeps_it_alive(tmp_path) -> None:
+    async def main() -> Setup:
+        s = Setup(tmp_path, stream=True, keepalive_s=0.02)
+        task = s.start()
+        await wait_for(s.response.keepalive)  # still rendering: no "submitted" yet
+        assert s.request.calls and s.engine.cancelled == []
+        for event in (SUBMITTED, admitted(), finished([4])):
+            s.engine.queue.put_nowait(event)
+        await task
+        return s
+
+    s = asyncio.run(main())
+    assert s.events() == ["request_start", "request_done"]
+    assert s.records()[-1]["timings_seconds"]["prepare"] >= 0.02
+
+
+def test_a_preparation_failure_after_the_headers_is_in_band(tmp_path) -> None:
+    async def main() -> Setup:
+        s = Setup(tmp_path, stream=True, keepalive_s=0.02)
+        task = s.start()
+        await wait_for(s.response.keepalive)
+        s.engine.queue.put_nowait(ServerOverloaded("full"))
+        await task  # no exception: the stream is already open
+        return s
+
+    s = asyncio.run(main())
+    assert s.response.writes[-1] == b"data: error server_overloaded\n\n" and s.response.ended
+    (rejected,) = s.records()
+    assert rejected["event"] == "request_rejected" and rejected["status"] == 429
+
+
 def test_preparation_rejection_is_an_http_error_without_request_start(tmp_path) -> None:
     async def main() -> tuple[Setup, ProtocolError]:
         s = Setup(tmp_path, stream=True)
