@@ -279,18 +279,23 @@ def test_shutdown_drains_the_stream_in_flight(mix) -> None:
     assert mix["drained_chunks"] > 2  # the client got the rest of its stream
 
 
-@pytest.mark.parametrize(
-    ("path", "message"),
-    [("missing-dir/log.jsonl", "does not exist"), ("ARTIFACT", "is the model artifact")],
-)
-def test_bad_request_log_path_stops_startup(tmp_path, path: str, message: str) -> None:
-    target = str(ensure_demo()) if path == "ARTIFACT" else str(tmp_path / path)
-    out = subprocess.run(
-        [sys.executable, "-m", "ninfer.cli.app", "serve", "--request-log-jsonl", target],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 2
-    assert message in out.stderr and "Traceback" not in out.stderr
-    assert len(out.stderr.strip().splitlines()) == 1
+def test_bad_request_log_paths_stop_startup(tmp_path) -> None:
+    cases = {  # path -> the reason the one-line message must give
+        str(tmp_path / "missing-dir" / "log.jsonl"): "does not exist",
+        str(ensure_demo()): "is the model artifact",
+        str(tmp_path): "is a directory",
+    }
+    procs = {  # started together: each pays the CLI's import time
+        path: subprocess.Popen(
+            [sys.executable, "-m", "ninfer.cli.app", "serve", "--request-log-jsonl", path],
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+        )
+        for path in cases
+    }
+    for path, proc in procs.items():
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 2, err
+        assert cases[path] in err and "Traceback" not in err
+        assert len(err.strip().splitlines()) == 1
