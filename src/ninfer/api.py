@@ -22,8 +22,16 @@ from ninfer.chat.template import ChatTemplate, load_default_template
 from ninfer.engine.build import EngineParts, assemble, build
 from ninfer.engine.handles import AsyncRequestHandle, RequestHandle
 from ninfer.engine.options import EngineOptions
-from ninfer.engine.request import EngineEvent, EventKind, FinishReason, GenerationRequest, Timings
+from ninfer.engine.request import (
+    EngineEvent,
+    EventKind,
+    FinishReason,
+    GenerationRequest,
+    RequestStats,
+    Timings,
+)
 from ninfer.engine.sampling import SamplingParams, presets_for
+from ninfer.engine.stats import EngineStats
 from ninfer.media.errors import MediaError
 from ninfer.media.fetch import FetchPolicy
 from ninfer.media.layout import MediaPrompt, MediaTokens, expand_prompt
@@ -47,9 +55,15 @@ class ChatUsage:
 
 @dataclass
 class ChatEvent:
-    """One conversation-level event: a reasoning or content delta, a tool call, or the end."""
+    """One conversation-level event: a reasoning or content delta, a tool call, or the end.
 
-    kind: str  # "admitted" | "progress" | "reasoning" | "content" | "tool_call" | "finished"
+    "submitted" comes first: the prompt is rendered and the engine took the request (capacity
+    and context checks passed); `request_id` and `num_prompt` are set. Everything raised before
+    it is a preparation failure; it lets a server start its response before admission.
+    """
+
+    kind: str  # "submitted" | "admitted" | "progress" | "reasoning" | "content" | "tool_call"
+    # | "finished"
     text: str = ""
     tool_call: ToolCall | None = None
     finish_reason: FinishReason | None = None
@@ -61,6 +75,8 @@ class ChatEvent:
     num_output: int = 0  # committed output tokens so far (a commit may release no text yet)
     token_ids: list[int] = field(default_factory=list)
     stop_sequence: str | None = None  # finished: the stop string that ended the output
+    request_id: str = ""  # submitted: the engine's request id
+    stats: RequestStats | None = None  # admitted and finished: the engine's per-request facts
 
 
 class Engine:
@@ -204,10 +220,16 @@ class Engine:
             messages, tools, enable_thinking, template_kwargs, kwargs
         )
         tracker = _ChatTracker(decoder)
+        handle = RequestHandle(self.core, request)
         try:
-            for event in RequestHandle(self.core, request):
+            yield ChatEvent(
+                "submitted", request_id=handle.request_id, num_prompt=len(request.prompt_ids)
+            )
+            for event in handle:
                 yield from tracker.on_event(event)
-        finally:
+        finally:  # abandoned before or between events: the engine request must not run on
+            if not handle.done:
+                handle.cancel()
             if lease is not None:
                 lease.release()
 
@@ -226,11 +248,17 @@ class Engine:
             self._chat_request, messages, tools, enable_thinking, template_kwargs, kwargs
         )
         tracker = _ChatTracker(decoder)
+        handle = AsyncRequestHandle(self.core, request)
         try:
-            async for event in AsyncRequestHandle(self.core, request):
+            yield ChatEvent(
+                "submitted", request_id=handle.request_id, num_prompt=len(request.prompt_ids)
+            )
+            async for event in handle:
                 for out in tracker.on_event(event):
                     yield out
-        finally:
+        finally:  # abandoned before or between events: the engine request must not run on
+            if not handle.done:
+                handle.cancel()
             if lease is not None:
                 lease.release()
 
@@ -321,11 +349,16 @@ class Engine:
         decoder = OutputDecoder(tools=tools, starts_in_reasoning=starts_in_reasoning)
         return request, decoder, lease
 
+    def stats(self) -> EngineStats:
+        """The engine's latest published counters and gauges (see engine/stats.py)."""
+        return self.core.stats()
+
     def close(self) -> None:
         self.core.close()
         if self.media is not None:
             self.media.close()
-        self.artifact.close()
+        if self.artifact is not None:
+            self.artifact.close()
 
     def __enter__(self) -> Engine:
         return self
@@ -344,7 +377,7 @@ class _ChatTracker:
 
     def on_event(self, event: EngineEvent) -> list[ChatEvent]:
         if event.kind == EventKind.ADMITTED:
-            return [ChatEvent("admitted", num_prompt=event.num_prompt)]
+            return [ChatEvent("admitted", num_prompt=event.num_prompt, stats=event.stats)]
         if event.kind == EventKind.PROGRESS:
             return [
                 ChatEvent(
@@ -377,6 +410,7 @@ class _ChatTracker:
                     timings=event.timings,
                     tool_parse=self.decoder.stats,
                     stop_sequence=event.stop_string,
+                    stats=event.stats,
                 )
             )
             return out

@@ -74,6 +74,14 @@ class ServeProcess:
             if needle in line:
                 return line
 
+    def settled(self, request_id: str, timeout_s: float = 30.0) -> str:
+        """The request's one operational terminal line (written after its JSONL terminal)."""
+        needle = f"request {request_id} "
+        for line in self.log:
+            if needle in line:
+                return line
+        return self.wait_for_log(needle, timeout_s)
+
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"

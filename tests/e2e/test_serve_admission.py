@@ -97,7 +97,7 @@ def test_overload_is_429_and_disconnect_frees_the_lane(server: ServeProcess) -> 
         sdk.chat.completions.create(model=MODEL_ID, messages=HELLO, max_tokens=1)
 
     conn.close()  # client disconnect: the server must cancel the engine request
-    server.wait_for_log("client_disconnected")
+    server.wait_for_log("delivery=client_gone")
     out = _retry_while_overloaded(
         lambda: sdk.chat.completions.create(model=MODEL_ID, messages=HELLO, max_tokens=2)
     )

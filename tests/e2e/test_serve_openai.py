@@ -253,7 +253,7 @@ def test_queue_timeout_is_503_and_disconnect_is_logged(server: ServeProcess) -> 
     assert status == 503 and err["error"]["code"] == "request_queue_timeout"
     assert headers["x-request-id"].startswith("req-")
     conn.close()
-    line = server.wait_for_log("client_disconnected")
+    line = server.wait_for_log("delivery=client_gone")
     assert "status=499" in line
 
 

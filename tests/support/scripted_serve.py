@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 
 from ninfer.api import Engine
 from ninfer.artifact.demo import ensure_demo
 from ninfer.server.config import ServerConfig
 from ninfer.server.logs import configure_logging
+from ninfer.server.request_log import RequestLog
 from ninfer.server.run import run_server
 from support.scripted_runner import ScriptedRunner
 
@@ -69,6 +71,12 @@ def main() -> None:
     ap.add_argument("--max-pending-requests", type=int, default=4)
     ap.add_argument("--step-delay", type=float, default=0.0)
     ap.add_argument("--first-token-delay", type=float, default=0.0)
+    # observability knobs (ServerConfig fields; the keep-alive and delivery ones are not CLI flags)
+    ap.add_argument("--keepalive-ms", type=int, default=5000)
+    ap.add_argument("--delivery-timeout-ms", type=int, default=30000)
+    ap.add_argument("--request-log-jsonl", default=None)
+    ap.add_argument("--log-stats-interval-ms", type=int, default=0)
+    ap.add_argument("--pending-timeout-ms", type=int, default=30000)
     args = ap.parse_args()
     configure_logging("info")
     engine = Engine.load(
@@ -77,6 +85,7 @@ def main() -> None:
         max_context=2048,
         max_concurrency=args.max_concurrency,
         max_pending_requests=args.max_pending_requests,
+        pending_timeout_ms=args.pending_timeout_ms,
     )
     engine.core.runner = ScriptedRunner(
         engine.tokenizer,
@@ -84,8 +93,17 @@ def main() -> None:
         step_delay_s=args.step_delay,
         first_token_delay_s=args.first_token_delay,
     )
+    config = ServerConfig(
+        port=args.port,
+        keepalive_s=args.keepalive_ms / 1000.0,
+        delivery_timeout_s=args.delivery_timeout_ms / 1000.0,
+        request_log_jsonl=args.request_log_jsonl,
+        log_stats_interval_ms=args.log_stats_interval_ms,
+        argv=tuple(sys.argv),
+    )
+    request_log = RequestLog.open(args.request_log_jsonl) if args.request_log_jsonl else None
     try:
-        run_server(engine, ServerConfig(port=args.port))
+        run_server(engine, config, request_log)
     finally:
         engine.close()
 

@@ -66,13 +66,17 @@ def serve(
     chat_template: Path | None = _opt(None, "--chat-template", help="Jinja template file."),
     no_cuda_graph: bool = _opt(False, "--no-cuda-graph", help="Decode without CUDA graphs."),
     no_prefix_reuse: bool = _opt(False, "--no-prefix-reuse", help="(no prefix reuse yet)"),
-    log_stats_interval_ms: int | None = _opt(None, "--log-stats-interval-ms", help="Not built."),
+    log_stats_interval_ms: int = _opt(
+        5000, "--log-stats-interval-ms", help="Throughput record interval; 0: off.", min=0
+    ),
     kv_dtype: str | None = _opt(None, "--kv-dtype", help="Only bf16 is built."),
     spec: str | None = _opt(None, "--spec", help="Not built."),
     draft_tokens: int | None = _opt(None, "--draft-tokens", help="Not built."),
     lm_head_draft: bool = _opt(False, "--lm-head-draft", help="Not built."),
     vision: bool = _opt(False, "--vision", help="Load the vision tower; accept images/video."),
-    request_log_jsonl: Path | None = _opt(None, "--request-log-jsonl", help="Not built."),
+    request_log_jsonl: Path | None = _opt(
+        None, "--request-log-jsonl", help="Append JSONL request records to FILE."
+    ),
     default_thinking_budget: int | None = _opt(
         None, "--default-thinking-budget", help="Thinking-token cap (thinking mode).", min=1
     ),
@@ -97,10 +101,8 @@ def serve(
         "--draft-tokens": draft_tokens is not None,
         "--lm-head-draft": lm_head_draft,
         "--kv-dtype": kv_dtype not in (None, "bf16"),
-        "--request-log-jsonl": request_log_jsonl is not None,
         "--host-context-mib": host_context_mib is not None,
         "--context-cost-presets": context_cost_presets is not None,
-        "--log-stats-interval-ms": log_stats_interval_ms not in (None, 0),
     }
     for flag, given in not_built.items():
         if given:
@@ -111,7 +113,10 @@ def serve(
         raise UserError("--dtype must be bf16 or fp32")
     if kv_capacity not in (None, "auto") and (not kv_capacity.isdigit() or int(kv_capacity) < 1):
         raise UserError("--kv-capacity must be a positive token count or auto")
+    import sys
+
     from ninfer.server.config import ServerConfig
+    from ninfer.server.request_log import RequestLogError, check_path
     from ninfer.server.run import serve as run_server
 
     config = ServerConfig(
@@ -127,6 +132,9 @@ def serve(
         default_thinking_budget=default_thinking_budget,
         response_store_max_records=store_records,
         response_store_max_mib=store_mib,
+        request_log_jsonl=str(request_log_jsonl) if request_log_jsonl is not None else None,
+        log_stats_interval_ms=log_stats_interval_ms,
+        argv=tuple(sys.argv),
     )
     sampling = {
         "temperature": temperature,
@@ -163,8 +171,14 @@ def serve(
         EngineOptions.from_kwargs(**engine_options).validate()
     except ValueError as e:
         raise UserError(str(e)) from None
+    artifact_path = resolve_artifact(artifact)
+    if request_log_jsonl is not None:  # before the model loads: a bad path fails at once
+        try:
+            check_path(request_log_jsonl, artifact_path)
+        except RequestLogError as e:
+            raise UserError(str(e)) from None
     run_server(
-        resolve_artifact(artifact),
+        artifact_path,
         config,
         engine_options,
         log_level=log_level,

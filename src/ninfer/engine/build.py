@@ -104,6 +104,9 @@ def assemble(
     """Pools, decode step, runner and worker over a bound model (benches pass random weights)."""
     options.validate()
     config, device, dtype = model.config, model.device, model.dtype
+    # Build the detokenizer's byte table (about a second) now, not inside the first request's
+    # submit on a server's event loop.
+    _ = tokenizer.byte_table
     resolver = SamplingResolver(presets, options.process_sampling, greedy=options.greedy)
     lanes = options.max_concurrency
     extra = options.device_state_slots

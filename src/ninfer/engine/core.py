@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from ninfer.engine.errors import (
     EngineClosed,
@@ -27,9 +27,10 @@ from ninfer.engine.errors import (
 )
 from ninfer.engine.output import OutputState
 from ninfer.engine.plan import Launched, Runner
-from ninfer.engine.request import EngineEvent, GenerationRequest
+from ninfer.engine.request import EngineEvent, EventKind, GenerationRequest, RequestStats
 from ninfer.engine.sampling import SamplingParamError, SamplingParams
 from ninfer.engine.scheduler import Event, Scheduler, Sequence
+from ninfer.engine.stats import EngineStats, StatsRecorder
 from ninfer.engine.stops import StopStringError
 from ninfer.engine.thinking_budget import ThinkingBudget, ThinkingControl
 from ninfer.tokenizer import Tokenizer
@@ -71,6 +72,11 @@ class EngineCore:
         self._ids = itertools.count()
         self._closed = False
         self.failure: BaseException | None = None
+        # [stats] engine-wide counters; published by the worker, read through stats()
+        self._stats = StatsRecorder(
+            kv_capacity_pages=scheduler.pages.num_pages,
+            state_capacity_slots=scheduler.slots.num_slots,
+        )
         self._thread = threading.Thread(target=self._run, name="ninfer-engine", daemon=True)
         self._thread.start()
 
@@ -78,6 +84,10 @@ class EngineCore:
     @property
     def healthy(self) -> bool:
         return self.failure is None and not self._closed
+
+    def stats(self) -> EngineStats:
+        """The latest published counters and gauges (immutable; safe from any thread)."""
+        return self._stats.snapshot()
 
     def submit(self, request: GenerationRequest, sink: Sink) -> str:
         """Queue a request; raises a typed EngineError at once when it cannot be taken."""
@@ -166,9 +176,14 @@ class EngineCore:
     def _run(self) -> None:
         inflight: Launched | None = None
         try:
-            while self._intake():
+            while True:
+                self._stats.phase("engine_boundary")
+                if not self._intake():
+                    break
                 plan, events = self.scheduler.schedule()
                 self._deliver(events)
+                self._publish_stats(step=not plan.is_empty)  # once per loop
+                self._stats.phase("program_submit")
                 launched = None if plan.is_empty else self.runner.launch(plan)
                 landed = inflight is not None
                 if inflight is not None:  # step N lands while step N+1 runs on the device
@@ -178,6 +193,7 @@ class EngineCore:
                     self._land(inflight)
                     inflight, landed = None, True
                 if inflight is None and not landed and plan.is_empty:
+                    self._stats.phase(None)  # idle time is not host work
                     self._idle_wait()
             if inflight is not None:
                 inflight.wait()  # the device is done with every buffer before requests fail
@@ -189,7 +205,13 @@ class EngineCore:
 
     def _land(self, launched: Launched) -> None:
         outcome = launched.wait()
-        self._deliver(self.scheduler.update(launched.plan, outcome))
+        self._stats.phase("engine_commit_output")
+        plan = launched.plan
+        for row in plan.prefill:
+            self._stats.on_prefill(row.num_new_tokens)
+        if plan.decode:
+            self._stats.on_decode_round(len(plan.decode))
+        self._deliver(self.scheduler.update(plan, outcome))
 
     def _intake(self) -> bool:
         with self._lock:
@@ -211,11 +233,34 @@ class EngineCore:
             live = self._live.get(seq.request_id)
             if live is None:
                 continue
+            if event.kind == EventKind.ADMITTED:
+                self._stats.on_admitted(seq.num_prompt)
+                event.stats = _request_stats(seq, terminal=False)
+            elif event.kind == EventKind.TOKENS:
+                if event.num_control:
+                    self._stats.on_output(event.num_control)
+                else:
+                    self._stats.on_output(len(event.token_ids), first=event.num_output == 1)
             if event.is_terminal:
                 del self._live[seq.request_id]
                 with self._lock:
                     self._num_live -= 1
+                # published before the terminal event: whoever sees the end sees it counted
+                self._publish_stats()
+                event.stats = _request_stats(seq, terminal=True)
             self._emit(live, event)
+
+    def _publish_stats(self, *, step: bool = False) -> None:
+        """Current scheduler composition and pool occupancy, then one snapshot."""
+        s = self.scheduler
+        self._stats.set_occupancy(
+            running=len(s.running),
+            waiting=len(s.waiting),
+            prefilling=sum(1 for seq in s.running if seq.is_prefilling),
+            kv_used_pages=s.pages.num_pages - s.pages.num_free,
+            state_used_slots=s.slots.num_slots - s.slots.num_free,
+        )
+        self._stats.publish(step=step)
 
     def _emit(self, live: _Live, event: EngineEvent) -> None:
         """Deliver one event; a consumer that fails (e.g. its event loop closed) is cancelled,
@@ -243,6 +288,20 @@ class EngineCore:
             self.scheduler.enqueue(live.seq)
         for live in list(self._live.values()):
             self._deliver(self.scheduler.fail(live.seq, wrapped))
+
+
+def _request_stats(seq: Sequence, *, terminal: bool) -> RequestStats:
+    """The per-request facts the server logs (request_done.engine_timing)."""
+    return RequestStats(
+        t_submitted=seq.arrival,
+        t_admitted=seq.t_admitted,
+        t_first_token=seq.t_first_token,
+        t_last_token=seq.t_last_token,
+        t_finished=time.monotonic() if terminal else None,
+        num_prefill_tokens=min(seq.num_computed, seq.num_prompt),
+        output_ids=tuple(seq.output_ids) if terminal else (),
+        sampling=asdict(seq.sampling) if terminal else {},
+    )
 
 
 __all__ = ["EngineCore", "QueueTimeout"]

@@ -98,6 +98,31 @@ class Timings:
         }
 
 
+@dataclass(frozen=True)
+class RequestStats:
+    """Engine-side facts of one request, on its ADMITTED and terminal events.
+
+    Times are `time.monotonic()` instants, so the server can measure its own stages against them
+    (TTFT from its own clock start, queue wait from submission). Output ids and the resolved
+    sampler are filled on the terminal event only.
+    """
+
+    t_submitted: float
+    t_admitted: float | None = None
+    t_first_token: float | None = None
+    t_last_token: float | None = None
+    t_finished: float | None = None
+    num_prefill_tokens: int = 0  # prompt tokens this request computed (prefix hits excluded)
+    num_cached_tokens: int = 0  # prompt tokens reused from the prefix cache (none yet)
+    output_ids: tuple[int, ...] = ()  # every committed output token, control tokens included
+    sampling: Mapping[str, Any] = field(default_factory=dict)  # the resolved sampler and seed
+
+    @property
+    def queue_wait_s(self) -> float | None:
+        """Submission to admission; None while (or when never) admitted."""
+        return None if self.t_admitted is None else self.t_admitted - self.t_submitted
+
+
 class EventKind(enum.Enum):
     ADMITTED = "admitted"  # a lane and state slot were assigned; prompt processing starts
     PROGRESS = "progress"  # prompt processing advanced (prefill chunk committed)
@@ -121,6 +146,7 @@ class EngineEvent:
     error: Exception | None = None
     stop_string: str | None = None  # FINISHED: the stop string that ended the output, if one did
     num_control: int = 0  # TOKENS: how many of token_ids were inserted without sampling
+    stats: RequestStats | None = None  # ADMITTED and terminal events: the engine's facts
 
     @property
     def is_terminal(self) -> bool:

@@ -1,17 +1,17 @@
 """Anthropic routes: POST /v1/messages (aggregate and SSE) and /v1/messages/count_tokens.
 
-Glue over `protocol.anthropic*` and `Engine.achat`. A stream's headers wait for admission, so
-overload (529), queue timeout (504) and prompt errors stay plain HTTP errors and message_start
-knows the exact prompt/cache split. Errors use Anthropic's envelope with `request_id`.
+Glue over `protocol.anthropic*` and `Engine.achat`; the shared `Lifecycle` owns clocks,
+keep-alive, delivery and the terminal record. Overload (529) and prompt errors stay plain HTTP
+errors; a stream's headers go out once the engine accepts the request, so a later queue timeout
+(504) arrives as an `error` event. message_start follows admission, which knows the exact
+prompt/cache split. Errors use Anthropic's envelope with `request_id`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 from sanic import Request, response
@@ -29,12 +29,11 @@ from ninfer.protocol.anthropic_render import (
     stop_reason,
 )
 from ninfer.protocol.errors import SERVER, ProtocolError
-from ninfer.server import sse
 from ninfer.server.config import ServerConfig
 from ninfer.server.errors import to_protocol_error
+from ninfer.server.lifecycle import Observability, RequestShape
 from ninfer.server.openai_routes import read_json
 
-log = logging.getLogger("ninfer.server")
 ANTHROPIC_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
 # Engine error code -> Anthropic HTTP status (spec: overload is 529, queue/media timeouts 504).
 STATUS_BY_CODE = {"server_overloaded": 529, "request_queue_timeout": 504}
@@ -60,9 +59,10 @@ def event_frame(event: Event) -> bytes:
 
 
 class AnthropicRoutes:
-    def __init__(self, engine: Engine, config: ServerConfig) -> None:
+    def __init__(self, engine: Engine, config: ServerConfig, hub: Observability) -> None:
         self.engine = engine
         self.config = config
+        self.hub = hub
 
     def _parse(self, request: Request, *, count_only: bool) -> tuple[MessagesRequest, dict]:
         parsed = parse_messages_request(
@@ -85,8 +85,25 @@ class AnthropicRoutes:
 
     async def messages(self, request: Request) -> HTTPResponse | None:
         parsed, kwargs = self._parse(request, count_only=False)
-        run = _MessageRun(request.ctx.request_id, parsed)
         enable_thinking = kwargs.pop("enable_thinking")
+        budget = parsed.budget_tokens
+        if budget is None and enable_thinking:
+            budget = self.engine.default_thinking_budget
+        shape = RequestShape(
+            protocol="anthropic_messages",
+            stream=parsed.stream,
+            max_tokens=parsed.max_tokens,
+            enable_thinking=enable_thinking,
+            thinking_budget=budget,
+            reasoning_effort=parsed.effort,
+            preserve_thinking=parsed.preserve_thinking,
+            num_messages=len(parsed.messages),
+            num_tools=len(parsed.tools or ()),
+            num_stop=len(parsed.stop),
+            sampling=parsed.sampling,
+        )
+        lifecycle = self.hub.begin(request.ctx.request_id, shape)
+        run = _MessageRun(lifecycle.request_id, parsed)
         events = self.engine.achat(
             parsed.messages,
             parsed.tools,
@@ -98,58 +115,36 @@ class AnthropicRoutes:
             thinking_budget=parsed.budget_tokens,
             **parsed.sampling,
         )
-        return await sse.serve_events(
-            events,
-            self.config.keepalive_s,
-            stream=parsed.stream,
-            on_stream=lambda first, source: self._stream(request, run, first, source),
-            on_aggregate=lambda first, source: self._aggregate(run, first, source),
-            on_disconnect=lambda: run.log(499, code="client_disconnected"),
-        )
+        await lifecycle.run(request, events, _MessageWire(run))
+        return None
 
-    async def _aggregate(
-        self, run: _MessageRun, first: ChatEvent | None, source: AsyncIterator[ChatEvent | None]
-    ) -> HTTPResponse:
-        event = first
-        while event is not None:
-            run.events(event)
-            if event.kind == "finished":
-                break
-            event = await sse.next_event(source)
-        run.blocks.close()
-        run.log(200)
-        return response.json(run.body(), ensure_ascii=False)
 
-    async def _stream(
-        self,
-        request: Request,
-        run: _MessageRun,
-        first: ChatEvent | None,
-        source: AsyncIterator[ChatEvent | None],
-    ) -> None:
-        stream = await request.respond(
-            content_type="text/event-stream", headers={"cache-control": "no-cache"}
-        )
-        assert stream is not None
-        try:
-            event: Any = first
-            while event is not sse.END:
-                if event is None:  # idle heartbeat
-                    await stream.send(sse.KEEPALIVE)
-                else:
-                    for item in run.events(event):
-                        await stream.send(event_frame(item))
-                    if event.kind == "finished":
-                        break
-                event = await anext(source, sse.END)
-        except Exception as exc:  # after headers: report in-band, then end the stream
-            error = anthropic_error(exc)
-            run.log(error.status, code=error.code)
-            await stream.send(event_frame(("error", error_body(error, run.request_id))))
-            await stream.eof()
-            return
-        await stream.eof()
-        run.log(200)
+class _MessageWire:
+    """Anthropic SSE events (named frames) or one Message body."""
+
+    def __init__(self, run: _MessageRun) -> None:
+        self.run = run
+        self.stream = run.parsed.stream
+
+    def error(self, exc: BaseException) -> ProtocolError:
+        return anthropic_error(exc)
+
+    def open(self) -> list[bytes]:
+        return []  # message_start waits for admission (the exact cache split)
+
+    def feed(self, event: ChatEvent) -> list[bytes]:
+        items = self.run.events(event)
+        return [event_frame(item) for item in items] if self.stream else []
+
+    def close(self) -> list[bytes]:
+        return []
+
+    def failed(self, error: ProtocolError) -> list[bytes]:
+        return [event_frame(("error", error_body(error, self.run.request_id)))]
+
+    def body(self) -> dict[str, Any]:
+        self.run.blocks.close()
+        return self.run.body()
 
 
 class _MessageRun:
@@ -220,20 +215,3 @@ class _MessageRun:
             stop_sequence=self.stop_sequence,
             usage=self.usage(),
         )
-
-    def log(self, status: int, *, code: str | None = None) -> None:
-        elapsed_ms = (time.monotonic() - self.t_start) * 1000.0
-        kind = "stream" if self.parsed.stream else "aggregate"
-        if code is not None:
-            log.warning(
-                "request %s messages %s status=%d code=%s elapsed=%.0fms",
-                self.request_id, kind, status, code, elapsed_ms,
-            )  # fmt: skip
-            return
-        u = self.usage()
-        log.info(
-            "request %s messages %s status=%d stop=%s input=%d cache_read=%d output=%d "
-            "elapsed=%.0fms",
-            self.request_id, kind, status, self.stop_reason, u.input_tokens,
-            u.cache_read_input_tokens, u.output_tokens, elapsed_ms,
-        )  # fmt: skip

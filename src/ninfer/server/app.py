@@ -3,11 +3,15 @@
 Owns the cross-cutting HTTP rules: every response carries `x-request-id` (`request-id` on the
 Anthropic paths); errors (including Sanic's own 404/405/413) are OpenAI-shaped, Anthropic-shaped
 on the Anthropic paths; `--api-key` guards all but /health and preflight,
-compared in constant time; `--cors` adds permissive headers. Routes live in their own modules.
+compared in constant time; `--cors` adds permissive headers. Routes live in their own modules;
+generation requests run through one `Lifecycle` each (server/lifecycle.py), and the observability
+pieces (metrics, JSONL log, throughput records, shutdown drain) are wired here.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
 import logging
 import socket
@@ -23,8 +27,19 @@ from ninfer.protocol.errors import AUTHENTICATION, INVALID_REQUEST, ProtocolErro
 from ninfer.server.anthropic_routes import AnthropicRoutes, anthropic_error, is_anthropic_path
 from ninfer.server.config import ServerConfig
 from ninfer.server.errors import to_protocol_error
+from ninfer.server.lifecycle import Observability
+from ninfer.server.logs import log_http_error
+from ninfer.server.metrics import (
+    CONTENT_TYPE,
+    MetricsCollector,
+    ServerMetrics,
+    make_registry,
+    render,
+)
 from ninfer.server.openai_routes import OpenAIRoutes
+from ninfer.server.request_log import RequestLog, server_start_body
 from ninfer.server.responses_routes import ResponsesRoutes
+from ninfer.server.stats_log import ThroughputReporter
 
 log = logging.getLogger("ninfer.server")
 TCP_USER_TIMEOUT_MS = 15000
@@ -32,6 +47,7 @@ OPEN_PATHS = frozenset({"/health"})
 KNOWN_PATHS = frozenset(
     {
         "/health",
+        "/metrics",
         "/v1/models",
         "/v1/chat/completions",
         "/v1/messages",
@@ -50,7 +66,13 @@ SANIC_CODES = {
 }
 
 
-def create_app(engine: Engine, config: ServerConfig, name: str = "ninfer") -> Sanic:
+def create_app(
+    engine: Engine,
+    config: ServerConfig,
+    name: str = "ninfer",
+    request_log: RequestLog | None = None,
+) -> Sanic:
+    """`request_log`: an opened `--request-log-jsonl` (closed with the app); None: disabled."""
     app = Sanic(name, configure_logging=False)
     app.config.REQUEST_MAX_SIZE = config.max_request_bytes
     # Generation can outlast Sanic's defaults; the engine's own deadlines govern instead.
@@ -58,19 +80,28 @@ def create_app(engine: Engine, config: ServerConfig, name: str = "ninfer") -> Sa
     app.config.REQUEST_TIMEOUT = 600
     app.config.KEEP_ALIVE_TIMEOUT = 75
     app.config.NOISY_EXCEPTIONS = False
-    routes = OpenAIRoutes(engine, config)
+    request_log = request_log or RequestLog(None)
+    server_metrics = ServerMetrics()
+    hub = Observability(engine, config, request_log, server_metrics)
+    app.ctx.hub = hub
+    routes = OpenAIRoutes(engine, config, hub)
     app.ctx.routes = routes
+    registry = make_registry(MetricsCollector(engine, server_metrics, routes.model_id))
+
+    async def metrics(request: Request) -> HTTPResponse:
+        return response.raw(render(registry), content_type=CONTENT_TYPE)
 
     app.add_route(routes.health, "/health", methods=["GET"])
+    app.add_route(metrics, "/metrics", methods=["GET"])
     app.add_route(routes.list_models, "/v1/models", methods=["GET"])
     app.add_route(routes.get_model, "/v1/models/<model_id:path>", methods=["GET"])
     app.add_route(routes.chat_completions, "/v1/chat/completions", methods=["POST"])
-    anthropic = AnthropicRoutes(engine, config)
+    anthropic = AnthropicRoutes(engine, config, hub)
     app.add_route(anthropic.messages, "/v1/messages", methods=["POST"])
     app.add_route(anthropic.count_tokens, "/v1/messages/count_tokens", methods=["POST"])
     if config.default_thinking_budget is not None:  # every protocol's chat requests inherit it
         engine.default_thinking_budget = config.default_thinking_budget
-    responses = ResponsesRoutes(engine, config)
+    responses = ResponsesRoutes(engine, config, hub)
     app.ctx.responses = responses
     app.add_route(responses.create, "/v1/responses", methods=["POST"])
     app.add_route(responses.input_tokens, "/v1/responses/input_tokens", methods=["POST"])
@@ -123,24 +154,39 @@ def create_app(engine: Engine, config: ServerConfig, name: str = "ninfer") -> Sa
             error = _sanic_error(exc, known_path=_is_known_path(request.path))
         else:
             error = anthropic_error(exc) if anthropic else to_protocol_error(exc)
-        if error.status >= 500:
-            log.error("request %s failed: %s", _request_id(request), type(exc).__name__)
-            log.debug("request %s traceback", _request_id(request), exc_info=exc)
-        elif request.path.startswith("/v1/"):
-            log.info(
-                "request %s %s %s status=%d code=%s",
-                _request_id(request), request.method, request.path, error.status, error.code,
-            )  # fmt: skip
+        if getattr(request.ctx, "outcome_logged", False):
+            pass  # a generation lifecycle already wrote this request's record
+        elif error.status >= 500 or request.path.startswith("/v1/"):
+            log_http_error(
+                _request_id(request), request.method, request.path, error.status, error.code
+            )
+            if error.status >= 500:
+                log.debug("request %s traceback", _request_id(request), exc_info=exc)
         body = anthropic_error_body(error, _request_id(request)) if anthropic else error.body()
         return response.json(body, status=error.status, ensure_ascii=False)
 
     @app.after_server_start
     async def ready(app: Sanic) -> None:
+        request_log.write("server_start", server_start_body(engine, config, config.argv))
+        if config.log_stats_interval_ms > 0:
+            reporter = ThroughputReporter(engine.stats, config.log_stats_interval_ms, request_log)
+            app.ctx.reporter = asyncio.get_running_loop().create_task(reporter.run())
         log.info("ready: serving %r at http://%s:%d", routes.model_id, config.host, config.port)
 
     @app.before_server_stop
     async def stopping(app: Sanic) -> None:
         log.info("shutting down")
+        hub.start_drain()
+
+    @app.after_server_stop
+    async def stopped(app: Sanic) -> None:
+        reporter = getattr(app.ctx, "reporter", None)
+        if reporter is not None:
+            reporter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reporter
+        await hub.finish_drain()
+        request_log.close()
 
     return app
 

@@ -6,9 +6,13 @@ loads and tests can build it without a model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 KEEPALIVE_S = 5.0  # spec: ": keep-alive" after five seconds without a protocol event
+# A response whose bytes the peer has not acknowledged for this long (a write that cannot proceed,
+# or a final chunk never ACKed) means the client stopped reading: client_gone, engine cancelled.
+DELIVERY_TIMEOUT_S = 20.0
+LOG_STATS_INTERVAL_MS = 5000
 
 
 @dataclass(frozen=True)
@@ -16,7 +20,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     model_id: str | None = None  # None: the artifact's name
-    api_key: str | None = None
+    api_key: str | None = field(default=None, repr=False)  # never in logs or reprs
     cors: bool = False
     max_request_mib: int = 384
     default_max_tokens: int = 8192
@@ -26,6 +30,10 @@ class ServerConfig:
     default_thinking_budget: int | None = None  # thinking cap for thinking-mode requests
     response_store_max_records: int = 1024  # the local Responses LRU (spec defaults)
     response_store_max_mib: int = 256
+    delivery_timeout_s: float = DELIVERY_TIMEOUT_S
+    request_log_jsonl: str | None = None  # append-mode JSONL measurement log; None: off
+    log_stats_interval_ms: int = LOG_STATS_INTERVAL_MS  # throughput records; 0: off
+    argv: tuple[str, ...] = field(default=(), repr=False)  # for server_start (key redacted)
 
     @property
     def max_request_bytes(self) -> int:

@@ -1,8 +1,9 @@
 """Operational stderr records: `YYYY-MM-DD HH:MM:SS.mmm LEVEL message`, one line each.
 
-Owns the `ninfer` logger tree's handler and quiets Sanic's own loggers so redirected stderr holds
-only these records (no banners, no colour codes). Records never carry prompts, generated text,
-request bodies or credentials: callers pass counts and codes only.
+Owns the `ninfer` logger tree's handler, quiets Sanic's own loggers so redirected stderr holds
+only these records (no banners, no colour codes), and the level policy for request outcomes:
+client mistakes INFO, capacity WARNING, server faults ERROR, never a traceback above DEBUG.
+Records never carry prompts, generated text, request bodies or credentials: counts and codes only.
 """
 
 from __future__ import annotations
@@ -24,6 +25,30 @@ DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
 SANIC_LOGGERS = ("sanic.root", "sanic.error", "sanic.access", "sanic.server", "sanic.websockets")
 
 log = logging.getLogger("ninfer.server")
+CAPACITY_STATUSES = frozenset({429, 503, 504, 529})  # overload, queue timeout, unavailable
+
+
+def level_for_status(status: int) -> int:
+    """INFO for success and client errors, WARNING for capacity, ERROR for server faults."""
+    if status in CAPACITY_STATUSES:
+        return logging.WARNING
+    return logging.ERROR if status >= 500 else logging.INFO
+
+
+def log_http_error(request_id: str, method: str, path: str, status: int, code: str | None) -> None:
+    """One record for an error answered outside a generation lifecycle (no traceback)."""
+    log.log(
+        level_for_status(status),
+        "request %s %s %s status=%d code=%s",
+        request_id, method, path, status, code,
+    )  # fmt: skip
+
+
+def seconds(value: float | None) -> str:
+    """A readable duration: `850ms`, `12.3s`, `-` when unknown."""
+    if value is None:
+        return "-"
+    return f"{value * 1000:.0f}ms" if value < 10 else f"{value:.1f}s"
 
 
 def configure_logging(level: str = "info") -> None:

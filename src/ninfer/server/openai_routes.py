@@ -1,17 +1,16 @@
 """OpenAI-compatible routes: /health, /v1/models and /v1/chat/completions over one Engine.
 
-Glue only: `protocol.openai_chat` parses and renders, `ninfer.api.Engine.achat` runs. A stream's
-headers wait for the engine's first event, so admission failures (429, 503 queue timeout, 400
-context) are still plain HTTP errors; after that, failures arrive as an error frame. Closing the
-event iterator (client gone, handler cancelled) cancels the engine request.
+Glue only: `protocol.openai_chat` parses and renders, `ninfer.api.Engine.achat` runs, and the
+shared `Lifecycle` (server/lifecycle.py) owns clocks, admission, keep-alive, delivery and the
+terminal record. Preparation failures (429, 400 context) stay plain HTTP errors; once the engine
+has accepted the request a stream's headers are out, so later failures (a queue timeout, an
+engine failure) arrive as one `data: {"error": ...}` frame.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,8 +30,7 @@ from ninfer.protocol.openai_chat_render import (
 from ninfer.server import sse
 from ninfer.server.config import ServerConfig
 from ninfer.server.errors import to_protocol_error
-
-log = logging.getLogger("ninfer.server")
+from ninfer.server.lifecycle import Observability, RequestShape
 
 
 def new_call_id() -> str:
@@ -47,9 +45,10 @@ def read_json(request: Request) -> Any:
 
 
 class OpenAIRoutes:
-    def __init__(self, engine: Engine, config: ServerConfig) -> None:
+    def __init__(self, engine: Engine, config: ServerConfig, hub: Observability) -> None:
         self.engine = engine
         self.config = config
+        self.hub = hub
         self.model_id = config.model_id or engine.model_id
         self.created = int(time.time())
 
@@ -90,7 +89,6 @@ class OpenAIRoutes:
         chat = parse_chat_request(read_json(request))
         if chat.model != self.model_id:
             raise self._unknown_model(chat.model)
-        run = _ChatRun(request.ctx.request_id, chat, self.model_id)
         template = chat.template_options(
             default_thinking=not self.config.no_thinking,
             default_preserve=self.config.preserve_thinking,
@@ -98,6 +96,23 @@ class OpenAIRoutes:
         max_tokens = chat.max_tokens
         if max_tokens is None:
             max_tokens = self.config.default_max_tokens
+        shape = RequestShape(
+            protocol="openai_chat",
+            stream=chat.stream,
+            max_tokens=max_tokens,
+            enable_thinking=template.enable_thinking,
+            thinking_budget=self.engine.default_thinking_budget
+            if template.enable_thinking
+            else None,
+            reasoning_effort=chat.reasoning_effort,
+            preserve_thinking=chat.preserve_thinking,
+            num_messages=len(chat.messages),
+            num_tools=len(chat.tools or ()),
+            num_stop=len(chat.stop),
+            sampling=chat.sampling,
+        )
+        lifecycle = self.hub.begin(request.ctx.request_id, shape)
+        run = _ChatRun(lifecycle.request_id, chat, self.model_id)
         events = self.engine.achat(
             chat.messages,
             chat.tools,
@@ -108,25 +123,38 @@ class OpenAIRoutes:
             request_id=run.request_id,
             **chat.sampling,
         )
-        return await sse.serve_events(
-            events,
-            self.config.keepalive_s,
-            stream=chat.stream,
-            on_stream=lambda first, source: self._stream(request, run, first, source),
-            on_aggregate=lambda first, source: self._aggregate(run, first, source),
-            on_disconnect=lambda: run.log(499, code="client_disconnected"),
-        )
+        await lifecycle.run(request, events, _ChatWire(run))
+        return None
 
-    async def _aggregate(
-        self, run: _ChatRun, first: ChatEvent | None, source: AsyncIterator[ChatEvent | None]
-    ) -> HTTPResponse:
-        event = first
-        while event is not None:
-            run.observe(event)
-            if event.kind == "finished":
-                break
-            event = await sse.next_event(source)
-        body = run.renderer.completion(
+
+class _ChatWire:
+    """Chat Completions chunks (SSE `data:` frames ending in [DONE]) or one completion body."""
+
+    def __init__(self, run: _ChatRun) -> None:
+        self.run = run
+        self.stream = run.chat.stream
+
+    def error(self, exc: BaseException) -> ProtocolError:
+        return to_protocol_error(exc)
+
+    def open(self) -> list[bytes]:
+        return [sse.data_frame(self.run.renderer.role_chunk())]
+
+    def feed(self, event: ChatEvent) -> list[bytes]:
+        if not self.stream:
+            self.run.observe(event)
+            return []
+        return [sse.data_frame(frame) for frame in self.run.frames(event)]
+
+    def close(self) -> list[bytes]:
+        return [sse.DONE]
+
+    def failed(self, error: ProtocolError) -> list[bytes]:
+        return [sse.data_frame(error.body())]
+
+    def body(self) -> dict[str, Any]:
+        run = self.run
+        return run.renderer.completion(
             content="".join(run.content),
             reasoning="".join(run.reasoning),
             tool_calls=run.tool_calls,
@@ -134,41 +162,6 @@ class OpenAIRoutes:
             usage=run.usage(),
             timings=run.final_timings(),
         )
-        run.log(200)
-        return response.json(body, ensure_ascii=False)
-
-    async def _stream(
-        self,
-        request: Request,
-        run: _ChatRun,
-        first: ChatEvent | None,
-        source: AsyncIterator[ChatEvent | None],
-    ) -> None:
-        stream = await request.respond(
-            content_type="text/event-stream", headers={"cache-control": "no-cache"}
-        )
-        assert stream is not None
-        await stream.send(sse.data_frame(run.renderer.role_chunk()))
-        try:
-            event: Any = first
-            while event is not sse.END:
-                if event is None:  # idle heartbeat
-                    await stream.send(sse.KEEPALIVE)
-                else:
-                    for frame in run.frames(event):
-                        await stream.send(sse.data_frame(frame))
-                    if event.kind == "finished":
-                        break
-                event = await anext(source, sse.END)
-        except Exception as exc:  # after headers: report in-band, then end the stream
-            error = to_protocol_error(exc)
-            run.log(error.status, code=error.code)
-            await stream.send(sse.data_frame(error.body()))
-            await stream.eof()
-            return
-        await stream.send(sse.DONE)
-        await stream.eof()
-        run.log(200)
 
 
 @dataclass
@@ -286,21 +279,3 @@ class _ChatRun:
         if self.finished is not None and self.finished.timings is not None:
             return self.finished.timings.to_dict()
         return self._snapshot()
-
-    def log(self, status: int, *, code: str | None = None) -> None:
-        elapsed_ms = (time.monotonic() - self.t_start) * 1000.0
-        kind = "stream" if self.chat.stream else "aggregate"
-        if code is not None:
-            log.warning(
-                "request %s chat.completions %s status=%d code=%s elapsed=%.0fms",
-                self.request_id, kind, status, code, elapsed_ms,
-            )  # fmt: skip
-            return
-        u = self.usage()
-        ttft = f"{(self.t_first - self.t_start) * 1000.0:.0f}ms" if self.t_first else "-"
-        log.info(
-            "request %s chat.completions %s status=%d finish=%s prompt=%d cached=%d "
-            "completion=%d reasoning=%d tools=%d ttft=%s elapsed=%.0fms",
-            self.request_id, kind, status, self.finish, u.prompt_tokens, u.cached_tokens,
-            u.completion_tokens, u.reasoning_tokens, len(self.tool_calls), ttft, elapsed_ms,
-        )  # fmt: skip

@@ -1,19 +1,18 @@
 """OpenAI Responses routes: create (aggregate or SSE), input_tokens, retrieve, delete, input_items.
 
-Glue only: `protocol.openai_responses*` parse, lower and render; `Engine.achat` runs; the
-`ResponseStore` keeps terminal Responses. As for Chat Completions, a stream's headers wait for the
-engine's first event, so admission failures stay plain HTTP errors; later failures end the stream
-with `response.failed`. A Response is stored before its terminal event is sent, so a client that
-saw `response.completed` can retrieve or continue it at once.
+Glue only: `protocol.openai_responses*` parse, lower and render; `Engine.achat` runs; the shared
+`Lifecycle` owns clocks, keep-alive, delivery and the terminal record; the `ResponseStore` keeps
+terminal Responses. Preparation failures stay plain HTTP errors; a stream opens with
+`response.created` / `response.in_progress` as soon as the engine accepts the request, and later
+failures end it with `response.failed`. A Response is stored before its terminal event is sent,
+so a client that saw `response.completed` can retrieve or continue it at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,13 +37,12 @@ from ninfer.protocol.openai_responses_render import (
     response_object,
     status_for,
 )
-from ninfer.server import sse
 from ninfer.server.config import ServerConfig
 from ninfer.server.errors import to_protocol_error
+from ninfer.server.lifecycle import Observability, RequestShape
 from ninfer.server.openai_routes import read_json
 from ninfer.server.response_store import ResponseStore, StoredResponse, record_size
 
-log = logging.getLogger("ninfer.server")
 MAX_LIST_LIMIT = 100
 DEFAULT_LIST_LIMIT = 20
 
@@ -56,9 +54,10 @@ def event_frame(event: dict[str, Any]) -> bytes:
 
 
 class ResponsesRoutes:
-    def __init__(self, engine: Engine, config: ServerConfig) -> None:
+    def __init__(self, engine: Engine, config: ServerConfig, hub: Observability) -> None:
         self.engine = engine
         self.config = config
+        self.hub = hub
         self.model_id = config.model_id or engine.model_id
         self.store = ResponseStore(
             config.response_store_max_records, config.response_store_max_mib << 20
@@ -105,10 +104,23 @@ class ResponsesRoutes:
         prep = self._prepare(req)
         if req.store:  # fail before generation when even the input cannot be kept
             self.store.check_fits(record_size({}, req.input_items, prep.conversation))
-        run = _ResponseRun(request.ctx.request_id, req, self.model_id, prep)
         max_tokens = req.max_output_tokens
         if max_tokens is None:
             max_tokens = self.config.default_max_tokens
+        shape = RequestShape(
+            protocol="openai_responses",
+            stream=req.stream,
+            max_tokens=max_tokens,
+            enable_thinking=prep.enable_thinking,
+            thinking_budget=self.engine.default_thinking_budget if prep.enable_thinking else None,
+            reasoning_effort=req.reasoning_effort,
+            preserve_thinking=req.preserve_thinking,
+            num_messages=len(prep.messages),
+            num_tools=len(req.tools.template_tools or ()),
+            sampling=req.sampling,
+        )
+        lifecycle = self.hub.begin(request.ctx.request_id, shape)
+        run = _ResponseRun(lifecycle.request_id, req, self.model_id, prep)
         events = self.engine.achat(
             prep.messages,
             req.tools.template_tools,
@@ -118,76 +130,8 @@ class ResponsesRoutes:
             request_id=run.request_id,
             **req.sampling,
         )
-        return await sse.serve_events(
-            events,
-            self.config.keepalive_s,
-            stream=req.stream,
-            on_stream=lambda first, source: self._stream(request, run, first, source),
-            on_aggregate=lambda first, source: self._aggregate(run, first, source),
-            on_disconnect=lambda: run.log(499, code="client_disconnected"),
-        )
-
-    async def _aggregate(
-        self, run: _ResponseRun, first: ChatEvent | None, source: AsyncIterator[ChatEvent | None]
-    ) -> HTTPResponse:
-        event = first
-        while event is not None:
-            run.apply(event)
-            if event.kind == "finished":
-                break
-            event = await sse.next_event(source)
-        body = run.terminal()
-        if run.req.store:
-            self._keep(run, body)
-        run.log(200)
-        return response.json(body, ensure_ascii=False)
-
-    async def _stream(
-        self,
-        request: Request,
-        run: _ResponseRun,
-        first: ChatEvent | None,
-        source: AsyncIterator[ChatEvent | None],
-    ) -> None:
-        stream = await request.respond(
-            content_type="text/event-stream", headers={"cache-control": "no-cache"}
-        )
-        assert stream is not None
-        seq = EventSequencer()
-
-        async def send(events: list[dict[str, Any]]) -> None:
-            for event in seq.number(events):
-                await stream.send(event_frame(event))
-
-        start = run.snapshot(ResponseStatus.IN_PROGRESS)
-        await send([
-            {"type": "response.created", "response": start},
-            {"type": "response.in_progress", "response": start},
-        ])  # fmt: skip
-        try:
-            event: Any = sse.END if first is None else first
-            while event is not sse.END:
-                if event is None:  # idle heartbeat
-                    await stream.send(sse.KEEPALIVE)
-                else:
-                    await send(run.apply(event))
-                    if event.kind == "finished":
-                        break
-                event = await anext(source, sse.END)
-            body = run.terminal()
-            if run.req.store:
-                self._keep(run, body)
-            await send([{"type": f"response.{body['status']}", "response": body}])
-        except Exception as exc:  # after headers: report in-band as response.failed
-            error = to_protocol_error(exc)
-            run.log(error.status, code=error.code)
-            run.builder.finish(ResponseStatus.FAILED)  # the cut Item keeps its text, incomplete
-            failed = run.snapshot(ResponseStatus.FAILED, error=error)
-            await send([{"type": "response.failed", "response": failed}])
-            await stream.eof()
-            return
-        await stream.eof()
-        run.log(200)
+        await lifecycle.run(request, events, _ResponseWire(run, self))
+        return None
 
     def _keep(self, run: _ResponseRun, body: dict[str, Any]) -> None:
         history = run.prep.conversation + [dict(item) for item in run.builder.output]
@@ -263,6 +207,52 @@ class ResponsesRoutes:
         raise ProtocolError(
             "Response compaction is not supported", code="compaction_not_supported", param=None
         )
+
+
+class _ResponseWire:
+    """Responses semantic SSE events (numbered, named frames) or one Response body; stores the
+    terminal Response before it is sent."""
+
+    def __init__(self, run: _ResponseRun, routes: ResponsesRoutes) -> None:
+        self.run = run
+        self.routes = routes
+        self.stream = run.req.stream
+        self.seq = EventSequencer()
+
+    def _frames(self, events: list[dict[str, Any]]) -> list[bytes]:
+        return [event_frame(event) for event in self.seq.number(events)]
+
+    def error(self, exc: BaseException) -> ProtocolError:
+        return to_protocol_error(exc)
+
+    def open(self) -> list[bytes]:
+        start = self.run.snapshot(ResponseStatus.IN_PROGRESS)
+        return self._frames([
+            {"type": "response.created", "response": start},
+            {"type": "response.in_progress", "response": start},
+        ])  # fmt: skip
+
+    def feed(self, event: ChatEvent) -> list[bytes]:
+        events = self.run.apply(event)
+        return self._frames(events) if self.stream else []
+
+    def _terminal(self) -> dict[str, Any]:
+        body = self.run.terminal()
+        if self.run.req.store:
+            self.routes._keep(self.run, body)  # may raise: the store cannot hold it
+        return body
+
+    def close(self) -> list[bytes]:
+        body = self._terminal()
+        return self._frames([{"type": f"response.{body['status']}", "response": body}])
+
+    def failed(self, error: ProtocolError) -> list[bytes]:
+        self.run.builder.finish(ResponseStatus.FAILED)  # the cut Item keeps its text, incomplete
+        failed = self.run.snapshot(ResponseStatus.FAILED, error=error)
+        return self._frames([{"type": "response.failed", "response": failed}])
+
+    def body(self) -> dict[str, Any]:
+        return self._terminal()
 
 
 def _reject_include(request: Request) -> None:
@@ -353,21 +343,3 @@ class _ResponseRun:
         if self.status == ResponseStatus.COMPLETED:
             body["completed_at"] = int(time.time())
         return body
-
-    def log(self, status: int, *, code: str | None = None) -> None:
-        elapsed_ms = (time.monotonic() - self.t_start) * 1000.0
-        kind = "stream" if self.req.stream else "aggregate"
-        if code is not None:
-            log.warning(
-                "request %s responses %s status=%d code=%s elapsed=%.0fms",
-                self.request_id, kind, status, code, elapsed_ms,
-            )  # fmt: skip
-            return
-        u = self.usage()
-        log.info(
-            "request %s responses %s status=%d response=%s state=%s input=%d cached=%d "
-            "output=%d reasoning=%d items=%d elapsed=%.0fms",
-            self.request_id, kind, status, self.response_id, self.status.value, u.input_tokens,
-            u.cached_tokens, u.output_tokens, u.reasoning_tokens, len(self.builder.output),
-            elapsed_ms,
-        )  # fmt: skip

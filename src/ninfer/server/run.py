@@ -1,7 +1,8 @@
 """`serve(...)`: load the Engine, build the app, and run Sanic in this process's main thread.
 
 Sanic must own the main thread (it did not answer when started from another thread); the engine's
-worker is the extra thread. Startup, readiness and shutdown are operational stderr records.
+worker is the extra thread. Startup, readiness and shutdown are operational stderr records; the
+`--request-log-jsonl` file is opened before the model loads, so a bad path fails at once.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from ninfer.server.config import ServerConfig
 from ninfer.server.logs import configure_logging
+from ninfer.server.request_log import RequestLog
 
 log = logging.getLogger("ninfer.server")
 
@@ -30,6 +32,9 @@ def serve(
     from ninfer.chat.template import ChatTemplate
 
     configure_logging(log_level)
+    request_log = None
+    if config.request_log_jsonl is not None:
+        request_log = RequestLog.open(config.request_log_jsonl, artifact)
     log.info("loading %s", artifact)
     t0 = time.monotonic()
     engine = Engine.load(artifact, **engine_options)
@@ -46,17 +51,17 @@ def serve(
         )  # fmt: skip
         if engine.artifact.metadata.get("random_weights"):
             log.warning("%s has RANDOM weights: its output is meaningless", engine.model_id)
-        run_server(engine, config)
+        run_server(engine, config, request_log)
     finally:
         engine.close()
         log.info("shutdown complete")
 
 
-def run_server(engine: Any, config: ServerConfig) -> None:
+def run_server(engine: Any, config: ServerConfig, request_log: RequestLog | None = None) -> None:
     """Serve an already loaded engine until SIGINT/SIGTERM (the caller closes the engine)."""
     from ninfer.server.app import create_app
 
-    app = create_app(engine, config)
+    app = create_app(engine, config, request_log=request_log)
     app.run(
         host=config.host,
         port=config.port,
