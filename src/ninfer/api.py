@@ -8,7 +8,7 @@ and conversation-level `chat` (template rendering in, output decoding out), sync
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -74,7 +74,14 @@ class ChatEvent:
 class Engine:
     """A loaded model serving generations from one worker thread."""
 
-    def __init__(self, artifact: Artifact, options: EngineOptions) -> None:
+    def __init__(
+        self,
+        artifact: Artifact,
+        options: EngineOptions,
+        *,
+        on_graph_capture: Callable[[int, int, float], None] | None = None,
+    ) -> None:
+        """`on_graph_capture(rows, pages_wide, seconds)` hears of each CUDA graph captured."""
         options.validate()
         self.options = options
         self.artifact = artifact
@@ -131,6 +138,7 @@ class Engine:
                 max_pages=-(-options.max_context // options.page_size),
                 dummy_slot=num_slots,
                 dummy_page=num_pages,
+                on_capture=on_graph_capture,
             )
         runner = ModelRunner(self.model, self.cache, sampler, device, graphs=graphs)
         self.core = EngineCore(

@@ -11,7 +11,8 @@ on a reserved dummy state slot and KV page, so they never touch a live sequence'
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +23,8 @@ from ninfer.model.layers.moe import GATHER_MAX_ASSIGNMENTS
 from ninfer.model.qwen3_5 import Qwen3_5Model
 
 log = logging.getLogger("ninfer.engine.graphs")
+
+OnCapture = Callable[[int, int, float], None]  # (batch rows, page-table width, seconds)
 
 # Columns of the staging buffer before the page table.
 _IDS, _POS, _SLOT, _PAGES = 0, 1, 2, 3
@@ -61,7 +64,10 @@ class DecodeGraphs:
         max_pages: int,
         dummy_slot: int,
         dummy_page: int,
+        on_capture: OnCapture | None = None,
     ) -> None:
+        """`on_capture` hears of each capture as it finishes (on the engine's worker thread):
+        graphs are captured on first use, so a first request at a new shape waits for one."""
         reason = unsupported_reason(model, max_batch)
         if reason is not None:
             raise GraphError(f"CUDA graphs are unavailable: {reason}")
@@ -73,6 +79,7 @@ class DecodeGraphs:
         self.max_pages = max(1, max_pages)
         self.dummy_slot = dummy_slot
         self.dummy_page = dummy_page
+        self.on_capture = on_capture
         self.device = model.device
         width = _PAGES + self.max_pages
         # [max_batch, 3 + max_pages] int64: id, position (= tokens already computed), slot, pages
@@ -166,6 +173,7 @@ class DecodeGraphs:
         rows[:, _SLOT] = self.dummy_slot
         rows[:, _PAGES:] = self.dummy_page
         batch = self._batch(num_seqs, width)
+        started = time.monotonic()
         current = torch.cuda.current_stream(self.device)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(current)
@@ -179,4 +187,6 @@ class DecodeGraphs:
         except RuntimeError as e:  # e.g. an op that syncs with the host during capture
             raise GraphError(f"capturing batch {num_seqs} x {width} pages failed: {e}") from e
         log.debug("captured decode graph: batch %d, %d pages wide", num_seqs, width)
+        if self.on_capture is not None:
+            self.on_capture(num_seqs, width, time.monotonic() - started)
         return _Captured(graph, logits)
