@@ -10,10 +10,11 @@ import shlex
 import sys
 from pathlib import Path
 
-import typer
 from rich.console import Console
 
+from ninfer.cli.device import cuda_device
 from ninfer.cli.errors import UserError
+from ninfer.cli.options import opt
 
 
 def _ints(text: str, what: str) -> tuple[int, ...]:
@@ -27,34 +28,53 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
 
 
 def bench(
-    synthetic: str = typer.Option(
-        ..., "--synthetic", help="qwen3.6-27b or qwen3.6-35b-a3b (tiny-dense, tiny-moe: smoke)."
+    synthetic: str = opt(
+        ...,
+        "--synthetic",
+        help="qwen3.6-27b or qwen3.6-35b-a3b (tiny-dense, tiny-moe: smoke).",
+        metavar="MODEL",
     ),
-    device: int = typer.Option(0, "--device", help="CUDA device index.", min=0),
-    weights: str = typer.Option("bf16", "--weights", help="bf16 or fp8 (e4m3, 128x128 blocks)."),
-    prefill: str = typer.Option("512,2048,8192,32768", "--prefill", help="Prompt lengths."),
-    prefill_chunk: int = typer.Option(8192, "--prefill-chunk", min=1, help="Tokens per forward."),
-    batches: str = typer.Option("1,2,4,8", "--batches", help="Decode batch sizes."),
-    contexts: str = typer.Option("1024,32768", "--contexts", help="Decode contexts."),
-    steps: int = typer.Option(16, "--steps", min=1, help="Timed decode steps per cell."),
-    no_kernels: bool = typer.Option(False, "--no-kernels", help="Skip the kernel timings."),
-    no_ceilings: bool = typer.Option(False, "--no-ceilings", help="Skip copy/GEMM ceilings."),
-    profile: bool = typer.Option(False, "--profile", help="Profile an eager decode step."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
-    save: Path | None = typer.Option(None, "--save", help="Also write the JSON report here."),
-    compare: str | None = typer.Option(
+    device: str = opt(
+        "auto", "--device", help="CUDA device: auto, cuda, cuda:N or N.", metavar="DEVICE"
+    ),
+    weights: str = opt(
+        "bf16", "--weights", help="bf16 or fp8 (e4m3, 128x128 blocks).", metavar="bf16|fp8"
+    ),
+    prefill: str = opt(
+        "512,2048,8192,32768", "--prefill", help="Prompt lengths.", metavar="N,N,..."
+    ),
+    prefill_chunk: int = opt(
+        8192, "--prefill-chunk", min=1, help="Tokens per forward.", metavar="N"
+    ),
+    batches: str = opt("1,2,4,8", "--batches", help="Decode batch sizes.", metavar="N,N,..."),
+    contexts: str = opt("1024,32768", "--contexts", help="Decode contexts.", metavar="N,N,..."),
+    steps: int = opt(16, "--steps", min=1, help="Timed decode steps per cell.", metavar="N"),
+    no_kernels: bool = opt(False, "--no-kernels", help="Skip the kernel timings."),
+    no_ceilings: bool = opt(False, "--no-ceilings", help="Skip copy/GEMM ceilings."),
+    profile: bool = opt(False, "--profile", help="Profile an eager decode step."),
+    as_json: bool = opt(False, "--json", help="Print JSON instead of tables."),
+    save: Path | None = opt(
+        None, "--save", help="Also write the JSON report here.", metavar="FILE"
+    ),
+    compare: str | None = opt(
         None,
         "--compare",
         help="hf: also run HF transformers (bf16 only) in this process over the same weight "
         "tensors, on its own small matrix (by default a 2048-token prefill and decode at batch "
         "1 and 8 at the first --contexts value: HF decodes the 27B at ~8 tok/s); ninfer's matrix "
         "is widened to hold every HF cell; reports ninfer / HF per cell and a logit check.",
+        metavar="hf",
     ),
-    hf_prefill: str = typer.Option("2048", "--hf-prefill", help="HF prompt lengths."),
-    hf_batches: str = typer.Option(
-        "1,8", "--hf-batches", help="HF decode batch sizes, at the first --contexts value."
+    hf_prefill: str = opt("2048", "--hf-prefill", help="HF prompt lengths.", metavar="N,N,..."),
+    hf_batches: str = opt(
+        "1,8",
+        "--hf-batches",
+        help="HF decode batch sizes, at the first --contexts value.",
+        metavar="N,N,...",
     ),
-    hf_steps: int = typer.Option(8, "--hf-steps", min=1, help="Timed HF decode steps per cell."),
+    hf_steps: int = opt(
+        8, "--hf-steps", min=1, help="Timed HF decode steps per cell.", metavar="N"
+    ),
 ) -> None:
     """Benchmark prefill and decode of a real-shape model with random weights (needs a GPU)."""
     from ninfer.bench.hf_compare import HfCompareError, require_hf
@@ -64,7 +84,7 @@ def bench(
 
     opts = BenchOptions(
         synthetic=synthetic,
-        device=f"cuda:{device}",
+        device=cuda_device(device),
         prefill_sizes=_ints(prefill, "--prefill"),
         prefill_chunk=prefill_chunk,
         decode_batches=_ints(batches, "--batches"),
