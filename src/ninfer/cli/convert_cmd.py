@@ -6,7 +6,12 @@ only when complete, and this command removes that partial file on any failure (C
 
 from __future__ import annotations
 
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 
 import typer
 
@@ -51,7 +56,7 @@ def convert(
     parts = [c.strip() for c in components.split(",") if c.strip()] if components else None
     partial = out.with_name(out.name + ".partial")
     try:
-        with StepProgress(f"converting {hf_dir.name}", unit="tensors") as bar:
+        with _exit_on_sigterm(), StepProgress(f"converting {hf_dir.name}", unit="tensors") as bar:
             result = run_convert(
                 hf_dir,
                 out,
@@ -78,3 +83,20 @@ def convert(
             f"{result.ignored_keys[0]}",
             err=True,
         )
+
+
+@contextmanager
+def _exit_on_sigterm() -> Iterator[None]:
+    """SIGTERM (`kill`, `timeout`) unwinds like Ctrl-C, so the partial output is removed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
