@@ -32,10 +32,6 @@ from ninfer.server.config import ServerConfig
 LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "critical", "off")
 
 
-def _opt(default: object, *names: str, help: str, **kw: object) -> object:
-    return typer.Option(default, *names, help=help, show_default=default is not None, **kw)
-
-
 def serve(
     ctx: typer.Context,
     artifact: Path | None = o.artifact_argument(),
@@ -107,13 +103,13 @@ def serve(
     no_prefix_reuse: bool = opt(
         False, "--no-prefix-reuse", help="Disable prefix reuse (none is built yet: no effect)."
     ),
-    log_stats_interval_ms: int | None = _opt(None, "--log-stats-interval-ms", help="Not built."),
+    log_stats_interval_ms: int | None = hidden(None, "--log-stats-interval-ms"),
     kv_dtype: str | None = hidden(None, "--kv-dtype"),
     spec: str | None = hidden(None, "--spec"),
     draft_tokens: int | None = hidden(None, "--draft-tokens"),
     lm_head_draft: bool = hidden(False, "--lm-head-draft"),
     vision: bool = hidden(False, "--vision"),
-    request_log_jsonl: Path | None = _opt(None, "--request-log-jsonl", help="Not built."),
+    request_log_jsonl: Path | None = hidden(None, "--request-log-jsonl"),
     default_thinking_budget: int | None = opt(
         None,
         "--default-thinking-budget",
