@@ -18,7 +18,6 @@ from rich.progress import (
     BarColumn,
     Progress,
     SpinnerColumn,
-    TaskProgressColumn,
     TextColumn,
     TimeElapsedColumn,
 )
@@ -101,7 +100,6 @@ class StepProgress:
                 SpinnerColumn(),
                 TextColumn("{task.description}", markup=False),
                 BarColumn(),
-                TaskProgressColumn(),
                 TextColumn("{task.fields[amount]}"),
                 TimeElapsedColumn(),
                 TextColumn("[dim]{task.fields[detail]}"),
@@ -151,7 +149,9 @@ class StepProgress:
                 self._task,
                 completed=done,
                 total=total,
-                amount=self.amount(done, total),
+                amount=f"{100 * done / total:3.0f}% {self.amount(done, total)}"
+                if total
+                else self.amount(done, total),
                 detail=escape(detail),
             )
             return
