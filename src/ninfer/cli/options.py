@@ -20,7 +20,8 @@ def opt(default: Any, *names: str, help: str, metavar: str | None = None, **kw: 
     if isinstance(default, bool):
         metavar = ""
         kw.setdefault("show_default", False)
-    kw.setdefault("show_default", default is not None)
+    else:
+        kw.setdefault("show_default", default is not None)
     return typer.Option(default, *names, help=help, metavar=metavar, **kw)
 
 
@@ -49,7 +50,7 @@ def dtype() -> Any:
 
 
 def alias(name: str, **kw: Any) -> Any:
-    """Another spelling of an option (vLLM's, llama-server's), hidden; see `merge_alias`."""
+    """Another spelling of an option (vLLM's), hidden from help; see `merge_alias`."""
     return typer.Option(None, name, hidden=True, **kw)
 
 
