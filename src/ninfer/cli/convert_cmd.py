@@ -6,6 +6,7 @@ only when complete, and this command removes that partial file on any failure (C
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -51,6 +52,7 @@ def convert(
         raise UserError(f"{out}: is a directory; give the output artifact's file name")
     if out.exists() and not force:
         raise UserError(f"{out}: already exists (add --force to overwrite it)")
+    _check_writable(out)
     if chat_template is not None:
         load_template(chat_template)
     parts = [c.strip() for c in components.split(",") if c.strip()] if components else None
@@ -100,3 +102,14 @@ def _exit_on_sigterm() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _check_writable(out: Path) -> None:
+    """Fail before reading the checkpoint when OUT cannot be created where it is asked for."""
+    ancestor = out.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise UserError(f"{out}: cannot be written, {ancestor} is not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise UserError(f"{out}: cannot be written, {ancestor} is not writable")
