@@ -8,7 +8,7 @@ and conversation-level `chat` (template rendering in, output decoding out), sync
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -125,12 +125,24 @@ class Engine:
             path = ensure_demo()
         artifact = Artifact(path)
         try:
-            opts = EngineOptions.from_kwargs(**options)
-            parts = build(artifact, opts)
+            return cls.from_artifact(artifact, EngineOptions.from_kwargs(**options))
         except BaseException:
             artifact.close()
             raise
-        return cls(parts, opts, ChatTemplate(artifact.chat_template()), artifact.name, artifact)
+
+    @classmethod
+    def from_artifact(
+        cls,
+        artifact: Artifact,
+        options: EngineOptions,
+        *,
+        on_graph_capture: Callable[[int, int, float], None] | None = None,
+    ) -> Engine:
+        """An engine over an opened artifact (the caller closes it if this raises).
+
+        `on_graph_capture(rows, pages_wide, seconds)` hears of each CUDA graph captured."""
+        parts = build(artifact, options, on_graph_capture=on_graph_capture)
+        return cls(parts, options, ChatTemplate(artifact.chat_template()), artifact.name, artifact)
 
     @classmethod
     def from_model(

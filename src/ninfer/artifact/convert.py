@@ -229,7 +229,13 @@ def convert(
         generation=generation_defaults(ckpt.architecture, ckpt.dir),
     )
     out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
+    if out_path.is_dir():
+        raise ConversionError(out_path, "is a directory; give the output artifact's file name")
+    try:
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        why = (e.strerror or str(e)).lower()
+        raise ConversionError(out_path, f"cannot create the output directory: {why}") from e
     total = len(plans)
     done = 0
     with ArtifactWriter(out_path, header, plans) as writer:

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+
+Progress = Callable[[str, int, int], None]  # (tensor name, done, total), as the converter reports
 
 DEMO_NAME = "ninfer-demo-random"
 DEMO_DESCRIPTION = (
@@ -30,8 +33,13 @@ def demo_path() -> Path:
     return cache / "demo.ninfer"
 
 
-def ensure_demo(path: Path | None = None, *, seed: int = 0) -> Path:
-    """Return the demo artifact's path, building it first if it does not exist yet."""
+def ensure_demo(
+    path: Path | None = None, *, seed: int = 0, progress: Progress | None = None
+) -> Path:
+    """Return the demo artifact's path, building it first if it does not exist yet.
+
+    `progress` receives the converter's `(tensor, done, total)` reports while it is built.
+    """
     from ninfer.artifact.convert import convert
     from ninfer.testing import TinySpec, make_tiny_checkpoint
 
@@ -41,5 +49,5 @@ def ensure_demo(path: Path | None = None, *, seed: int = 0) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ninfer-demo-") as tmp:
         ckpt = make_tiny_checkpoint(Path(tmp) / "hf", TinySpec(kind="dense"), seed=seed)
-        convert(ckpt, path, name=DEMO_NAME, random_weights=True)
+        convert(ckpt, path, name=DEMO_NAME, random_weights=True, progress=progress)
     return path

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from ninfer.artifact.errors import ConversionError
 from ninfer.artifact.format import FP8_BLOCK
@@ -77,14 +77,17 @@ class HFCheckpoint:
         )
         self.text_config.pop("text_config", None)
         self.vision_config: dict[str, Any] | None = self.raw_config.get("vision_config")
-        self._key_file = self._index()
         self._handles: dict[Path, Any] = {}
+        self._key_file = self._index()
 
     # -- files -------------------------------------------------------------------------------
     def _index(self) -> dict[str, Path]:
         index = self.dir / "model.safetensors.index.json"
         if index.is_file():
-            weight_map = json.loads(index.read_text())["weight_map"]
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise ConversionError(index, "not a valid safetensors index (no weight_map)") from e
             out = {k: self.dir / f for k, f in weight_map.items()}
             for f in set(out.values()):
                 if not f.is_file():
@@ -95,21 +98,28 @@ class HFCheckpoint:
             raise ConversionError(self.dir, "no *.safetensors files")
         out = {}
         for f in files:
-            with safe_open(f, "pt") as h:
-                for k in h.keys():  # noqa: SIM118  (safe_open handles are not mappings)
-                    out[k] = f
+            for k in self._handle(f).keys():  # noqa: SIM118  (safe_open handles are not mappings)
+                out[k] = f
         return out
 
     def _handle(self, f: Path) -> Any:
         if f not in self._handles:
-            self._handles[f] = safe_open(f, "pt")
+            try:
+                self._handles[f] = safe_open(f, "pt")
+            except SafetensorError as e:  # truncated or damaged: the header does not fit the file
+                raise ConversionError(f, f"not a complete safetensors file ({e})") from e
+            except OSError as e:
+                raise ConversionError(f, f"cannot read: {(e.strerror or str(e)).lower()}") from e
         return self._handles[f]
 
     def has_key(self, key: str) -> bool:
         return key in self._key_file
 
     def read_key(self, key: str) -> torch.Tensor:
-        return self._handle(self._key_file[key]).get_tensor(key)
+        try:
+            return self._handle(self._key_file[key]).get_tensor(key)
+        except SafetensorError as e:
+            raise ConversionError(self._key_file[key], f"cannot read tensor {key}: {e}") from e
 
     def key_dtype(self, key: str) -> str:
         return str(self._handle(self._key_file[key]).get_slice(key).get_dtype())

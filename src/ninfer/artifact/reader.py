@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -38,20 +39,32 @@ from ninfer.artifact.format import (
     unpack_preamble,
 )
 
+LoadProgress = Callable[[str, int, int], None]  # (tensor name, bytes done, bytes total)
+
 
 class Artifact:
-    """An open `.ninfer` file. Cheap to open; tensors are materialised on demand."""
+    """An open `.ninfer` file. Cheap to open; tensors are materialised on demand.
 
-    def __init__(self, path: str | Path) -> None:
+    `progress`, when given, is called after each tensor `load()` hands out (checksum checked):
+    reading and checking the bytes is most of a large model's load time.
+    """
+
+    def __init__(self, path: str | Path, *, progress: LoadProgress | None = None) -> None:
         self.path = Path(path)
+        self.progress = progress
         try:
             self._fd = os.open(self.path, os.O_RDONLY)
         except FileNotFoundError as e:
             raise MissingComponentError(self.path, "no such artifact file") from e
         except IsADirectoryError as e:
             raise MissingComponentError(self.path, "is a directory, not an artifact file") from e
+        except PermissionError as e:
+            raise MissingComponentError(self.path, "permission denied") from e
         try:
-            self.file_size = os.fstat(self._fd).st_size
+            st = os.fstat(self._fd)
+            if stat.S_ISDIR(st.st_mode):  # Linux opens a directory read-only without complaint
+                raise MissingComponentError(self.path, "is a directory, not an artifact file")
+            self.file_size = st.st_size
             raw = os.pread(self._fd, PREAMBLE_SIZE, 0)
             self.preamble = unpack_preamble(self.path, raw, self.file_size)
             header_raw = os.pread(self._fd, self.preamble.header_len, PREAMBLE_SIZE)
@@ -186,10 +199,16 @@ class Artifact:
                 self.path, f"artifact has no {component!r} component (has {self.components})"
             )
         prefix = f"{component}."
-        return {
-            e.name[len(prefix) :]: self.tensor(e.name, verify=verify)
-            for e in self.entries(component)
-        }
+        entries = self.entries(component)
+        total = sum(e.nbytes for e in entries)
+        done = 0
+        out = {}
+        for e in entries:
+            out[e.name[len(prefix) :]] = self.tensor(e.name, verify=verify)
+            done += e.nbytes
+            if self.progress is not None:
+                self.progress(e.name, done, total)
+        return out
 
     def verify(self, components: Iterable[str] | None = None) -> None:
         """Check the CRC of every tensor of the given components (all when None)."""

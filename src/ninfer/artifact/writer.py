@@ -75,8 +75,17 @@ class ArtifactWriter:
         self._header_len = len(header.to_json_bytes())
         self._data_offset = align(PREAMBLE_SIZE + self._header_len, DATA_ALIGNMENT)
         self._crcs: dict[str, str] = {}
-        self._file = open(self._tmp, "wb+")  # noqa: SIM115  (closed in close()/abort())
-        self._file.truncate(self._data_offset + header.data_size)
+        try:
+            self._file = open(self._tmp, "wb+")  # noqa: SIM115  (closed in close()/abort())
+        except OSError as e:
+            raise ArtifactError(self.path, f"cannot write the artifact: {_why(e)}") from e
+        try:
+            self._file.truncate(self._data_offset + header.data_size)
+        except BaseException as e:
+            self.abort()
+            if isinstance(e, OSError):
+                raise ArtifactError(self.path, f"cannot write the artifact: {_why(e)}") from e
+            raise
 
     def __enter__(self) -> ArtifactWriter:
         return self
@@ -102,8 +111,11 @@ class ArtifactWriter:
             )
         data = tensor_bytes(tensor)
         assert data.nbytes == entry.nbytes
-        self._file.seek(self._data_offset + entry.offset)
-        self._file.write(data)
+        try:
+            self._file.seek(self._data_offset + entry.offset)
+            self._file.write(data)
+        except OSError as e:  # e.g. a full disk; the caller's `with` removes the partial file
+            raise ArtifactError(self.path, f"cannot write the artifact: {_why(e)}") from e
         self._crcs[name] = f"{zlib.crc32(data) & 0xFFFFFFFF:08x}"
 
     def close(self) -> Path:
@@ -118,16 +130,27 @@ class ArtifactWriter:
         }
         raw = self.header.to_json_bytes()
         assert len(raw) == self._header_len, "header length changed while filling checksums"
-        self._file.seek(0)
-        self._file.write(pack_preamble(len(raw), self._data_offset, sha256(raw)))
-        self._file.write(raw)
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
-        os.replace(self._tmp, self.path)
+        try:
+            self._file.seek(0)
+            self._file.write(pack_preamble(len(raw), self._data_offset, sha256(raw)))
+            self._file.write(raw)
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            os.replace(self._tmp, self.path)
+        except BaseException as e:  # a full disk or an unwritable destination: no partial file
+            self.abort()
+            if isinstance(e, OSError):
+                raise ArtifactError(self.path, f"cannot write the artifact: {_why(e)}") from e
+            raise
         return self.path
 
     def abort(self) -> None:
         if not self._file.closed:
             self._file.close()
         self._tmp.unlink(missing_ok=True)
+
+
+def _why(e: OSError) -> str:
+    """The OS's reason in lower case, without the errno and path Python prefixes."""
+    return (e.strerror or str(e)).lower()

@@ -10,10 +10,11 @@ import shlex
 import sys
 from pathlib import Path
 
-import typer
 from rich.console import Console
 
+from ninfer.cli.device import cuda_device
 from ninfer.cli.errors import UserError
+from ninfer.cli.options import opt
 
 
 def _ints(text: str, what: str) -> tuple[int, ...]:
@@ -27,57 +28,80 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
 
 
 def bench(
-    synthetic: str = typer.Option(
-        ..., "--synthetic", help="qwen3.6-27b or qwen3.6-35b-a3b (tiny-dense, tiny-moe: smoke)."
+    synthetic: str = opt(
+        ...,
+        "--synthetic",
+        help="qwen3.6-27b or qwen3.6-35b-a3b (tiny-dense, tiny-moe: smoke).",
+        metavar="MODEL",
     ),
-    device: int = typer.Option(0, "--device", help="CUDA device index.", min=0),
-    weights: str = typer.Option("bf16", "--weights", help="bf16 or fp8 (e4m3, 128x128 blocks)."),
-    prefill: str = typer.Option("512,2048,8192,32768", "--prefill", help="Prompt lengths."),
-    prefill_chunk: int = typer.Option(8192, "--prefill-chunk", min=1, help="Tokens per forward."),
-    batches: str = typer.Option("1,2,4,8", "--batches", help="Decode batch sizes."),
-    contexts: str = typer.Option("1024,32768", "--contexts", help="Decode contexts."),
-    steps: int = typer.Option(16, "--steps", min=1, help="Timed decode steps per cell."),
-    no_kernels: bool = typer.Option(False, "--no-kernels", help="Skip the kernel timings."),
-    no_ceilings: bool = typer.Option(False, "--no-ceilings", help="Skip copy/GEMM ceilings."),
-    profile: bool = typer.Option(False, "--profile", help="Profile an eager decode step."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
-    save: Path | None = typer.Option(None, "--save", help="Also write the JSON report here."),
-    compare: str | None = typer.Option(
+    device: str = opt(
+        "auto", "--device", help="CUDA device: auto, cuda, cuda:N or N.", metavar="DEVICE"
+    ),
+    weights: str = opt(
+        "bf16", "--weights", help="bf16 or fp8 (e4m3, 128x128 blocks).", metavar="bf16|fp8"
+    ),
+    prefill: str = opt(
+        "512,2048,8192,32768", "--prefill", help="Prompt lengths.", metavar="N,N,..."
+    ),
+    prefill_chunk: int = opt(
+        8192, "--prefill-chunk", min=1, help="Tokens per forward.", metavar="N"
+    ),
+    batches: str = opt("1,2,4,8", "--batches", help="Decode batch sizes.", metavar="N,N,..."),
+    contexts: str = opt("1024,32768", "--contexts", help="Decode contexts.", metavar="N,N,..."),
+    steps: int = opt(16, "--steps", min=1, help="Timed decode steps per cell.", metavar="N"),
+    no_kernels: bool = opt(False, "--no-kernels", help="Skip the kernel timings."),
+    no_ceilings: bool = opt(False, "--no-ceilings", help="Skip copy/GEMM ceilings."),
+    profile: bool = opt(False, "--profile", help="Profile an eager decode step."),
+    as_json: bool = opt(False, "--json", help="Print JSON instead of tables."),
+    save: Path | None = opt(
+        None, "--save", help="Also write the JSON report here.", metavar="FILE"
+    ),
+    compare: str | None = opt(
         None,
         "--compare",
         help="hf: also run HF transformers (bf16 only) in this process over the same weight "
         "tensors, on its own small matrix (by default a 2048-token prefill and decode at batch "
         "1 and 8 at the first --contexts value: HF decodes the 27B at ~8 tok/s); ninfer's matrix "
         "is widened to hold every HF cell; reports ninfer / HF per cell and a logit check.",
+        metavar="hf",
     ),
-    hf_prefill: str = typer.Option("2048", "--hf-prefill", help="HF prompt lengths."),
-    hf_batches: str = typer.Option(
-        "1,8", "--hf-batches", help="HF decode batch sizes, at the first --contexts value."
+    hf_prefill: str = opt("2048", "--hf-prefill", help="HF prompt lengths.", metavar="N,N,..."),
+    hf_batches: str = opt(
+        "1,8",
+        "--hf-batches",
+        help="HF decode batch sizes, at the first --contexts value.",
+        metavar="N,N,...",
     ),
-    hf_steps: int = typer.Option(8, "--hf-steps", min=1, help="Timed HF decode steps per cell."),
-    e2e: bool = typer.Option(
-        False, "--e2e", help="Also run the decode batches through the public Engine API."
+    hf_steps: int = opt(
+        8, "--hf-steps", min=1, help="Timed HF decode steps per cell.", metavar="N"
     ),
-    e2e_prompt: int = typer.Option(1000, "--e2e-prompt", min=1, help="--e2e prompt tokens."),
-    e2e_output: int = typer.Option(256, "--e2e-output", min=2, help="--e2e output tokens."),
-    e2e_long: int = typer.Option(
-        8192, "--e2e-long-prompt", min=0, help="--e2e: prompt arriving during decode (0: skip)."
+    e2e: bool = opt(False, "--e2e", help="Also run the decode batches through the Engine API."),
+    e2e_prompt: int = opt(1000, "--e2e-prompt", min=1, help="--e2e prompt tokens.", metavar="N"),
+    e2e_output: int = opt(256, "--e2e-output", min=2, help="--e2e output tokens.", metavar="N"),
+    e2e_long: int = opt(
+        8192,
+        "--e2e-long-prompt",
+        min=0,
+        help="--e2e: a prompt arriving while streams decode (0: skip).",
+        metavar="N",
     ),
-    vision: bool = typer.Option(
+    vision: bool = opt(
         False,
         "--vision",
         help="Instead of the text matrix: the Qwen3.5-27B vision tower (random weights) on "
         "--vision-size images (images/s, merged tokens/s per --vision-batches) and the "
         "image-plus-text time to first token with the --synthetic text model.",
     ),
-    vision_size: int = typer.Option(1024, "--vision-size", min=32, help="Image side (pixels)."),
-    vision_batches: str = typer.Option("1,4,8", "--vision-batches", help="Images per call."),
-    no_ttft: bool = typer.Option(False, "--no-ttft", help="--vision: skip the TTFT run."),
+    vision_size: int = opt(1024, "--vision-size", min=32, help="Image side (pixels).", metavar="N"),
+    vision_batches: str = opt(
+        "1,4,8", "--vision-batches", help="Images per call.", metavar="N,N,..."
+    ),
+    no_ttft: bool = opt(False, "--no-ttft", help="--vision: skip the TTFT run."),
 ) -> None:
     """Benchmark prefill and decode of a real-shape model with random weights (needs a GPU)."""
     if vision:
-        _vision(synthetic, device, vision_size, _ints(vision_batches, "--vision-batches"),
-                not no_ttft, as_json, save)  # fmt: skip
+        _vision(synthetic, cuda_device(device), vision_size,
+                _ints(vision_batches, "--vision-batches"), not no_ttft, as_json, save)  # fmt: skip
         return
     from ninfer.bench.hf_compare import HfCompareError, require_hf
     from ninfer.bench.report import print_report, to_json
@@ -86,7 +110,7 @@ def bench(
 
     opts = BenchOptions(
         synthetic=synthetic,
-        device=f"cuda:{device}",
+        device=cuda_device(device),
         prefill_sizes=_ints(prefill, "--prefill"),
         prefill_chunk=prefill_chunk,
         decode_batches=_ints(batches, "--batches"),
@@ -125,7 +149,7 @@ def bench(
 
 def _vision(
     synthetic: str,
-    device: int,
+    device: str,
     size: int,
     batches: tuple[int, ...],
     ttft: bool,
@@ -143,7 +167,7 @@ def _vision(
     if not torch.cuda.is_available():
         raise UserError("`ninfer bench --vision` needs a CUDA GPU; none is visible to torch")
     err = Console(stderr=True)
-    cuda = f"cuda:{device}"
+    cuda = device
     model = None
     if ttft:
         try:

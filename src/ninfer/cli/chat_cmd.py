@@ -17,7 +17,15 @@ from typing import TYPE_CHECKING, Any
 import typer
 from rich.console import Console
 
-from ninfer.cli.common import resolve_artifact
+from ninfer.cli import options as o
+from ninfer.cli.checks import (
+    check_artifact_path,
+    check_engine_options,
+    check_sampling,
+    load_template,
+)
+from ninfer.cli.common import load_engine, resolve_artifact
+from ninfer.cli.device import check_device, parse_device
 from ninfer.cli.errors import UserError
 
 if TYPE_CHECKING:
@@ -28,7 +36,7 @@ MORE = "... "
 CONTINUATION = "\\"
 FENCE = '"""'
 HELP = (
-    "commands: /reset  /think on|off  /system TEXT (no TEXT clears it)  /image PATH  /help  /exit\n"
+    "commands: /reset  /think on|off  /system TEXT (no TEXT clears it)  /help  /exit\n"
     'multi-line: end a line with \\ to continue it, or wrap a block in """ ... """\n'
     "Ctrl-C stops an answer; Ctrl-C or Ctrl-D at the prompt quits"
 )
@@ -36,11 +44,6 @@ HELP = (
 
 class ChatCommandError(Exception):
     """A slash command the REPL does not understand (shown, then the prompt returns)."""
-
-
-class Dtype(enum.StrEnum):
-    BF16 = "bf16"
-    FP32 = "fp32"
 
 
 # -- input ----------------------------------------------------------------------------------------
@@ -216,51 +219,70 @@ def stats_line(event: ChatEvent) -> str:
 
 # -- the command ----------------------------------------------------------------------------------
 def chat(
-    artifact: Path | None = typer.Argument(None, help="Artifact (.ninfer); the demo when omitted."),
-    max_tokens: int = typer.Option(512, "--max-tokens", help="Output tokens per answer."),
-    max_context: int | None = typer.Option(
-        None, "--max-context", help="Context window in tokens (engine default when omitted)."
+    ctx: typer.Context,
+    artifact: Path | None = o.artifact_argument(),
+    max_tokens: int = o.opt(
+        512, "--max-tokens", help="Output tokens per answer.", metavar="N", min=1
     ),
-    temperature: float | None = typer.Option(None, "--temperature", help="Overrides the preset."),
-    top_p: float | None = typer.Option(None, "--top-p", help="Overrides the preset."),
-    top_k: int | None = typer.Option(None, "--top-k", help="Overrides the preset."),
-    seed: int | None = typer.Option(None, "--seed", help="Sampling seed for every answer."),
-    greedy: bool = typer.Option(False, "--greedy", help="Always pick the most likely token."),
-    no_thinking: bool = typer.Option(False, "--no-thinking", help="Start with thinking off."),
-    dtype: Dtype = typer.Option(Dtype.BF16, "--dtype", help="Compute and KV dtype."),
-    device: str = typer.Option("cpu", "--device", help="cpu, cuda, cuda:N or auto."),
-    vision: bool = typer.Option(False, "--vision", help="Load the vision tower (for /image)."),
+    max_context: int | None = o.max_context(None),
+    temperature: float | None = o.temperature(),
+    top_p: float | None = o.top_p(),
+    top_k: int | None = o.top_k(),
+    min_p: float | None = o.min_p(),
+    presence_penalty: float | None = o.presence_penalty(),
+    frequency_penalty: float | None = o.frequency_penalty(),
+    seed: int | None = o.seed("Sampling seed for every answer."),
+    greedy: bool = o.greedy("Always pick the most likely token."),
+    no_thinking: bool = o.no_thinking("Start with thinking off."),
+    chat_template: Path | None = o.chat_template(),
+    dtype: str = o.dtype(),
+    device: str = o.device(),
+    max_model_len: int | None = o.max_model_len(),
+    vision: bool = o.opt(False, "--vision", help="Load the vision tower (for /image)."),
 ) -> None:
     """Chat with a model in the terminal (reasoning is shown dimmed).
 
-    Type /help in the REPL for commands. A line ending in a backslash continues on the next line;
-    a message that starts with triple quotes runs until a line ending in triple quotes.
+    Type /help in the REPL for its commands. A line ending in a backslash
+    continues on the next line; a message that starts with triple quotes
+    runs until a line ending in triple quotes.
     """
-    from ninfer.api import Engine
-
-    if max_tokens < 1:
-        raise UserError("--max-tokens must be at least 1")
-    options: dict[str, Any] = {
-        "dtype": dtype.value,
-        "device": device,
-        "greedy": greedy,
-        "vision": vision,
-    }
-    optional = {
-        "max_context": max_context,
+    max_context = o.merge_alias(ctx, "max_context", max_context, "--max-model-len", max_model_len)
+    if dtype not in ("bf16", "fp32"):
+        raise UserError("--dtype must be bf16 or fp32")
+    sampling = {
         "temperature": temperature,
         "top_p": top_p,
         "top_k": top_k,
+        "min_p": min_p,
+        "presence_penalty": presence_penalty,
+        "frequency_penalty": frequency_penalty,
         "seed": seed,
     }
-    options.update({k: v for k, v in optional.items() if v is not None})
+    options: dict[str, Any] = {
+        "dtype": dtype,
+        "device": parse_device(device),
+        "greedy": greedy,
+        "vision": vision,
+    }
+    if max_context is not None:
+        options["max_context"] = max_context
+    options.update({k: v for k, v in sampling.items() if v is not None})
+    check_sampling(sampling)
+    check_engine_options(options)
+    check_artifact_path(artifact)
+    template = load_template(chat_template) if chat_template is not None else None
+    options["device"] = check_device(options["device"])
     path = resolve_artifact(artifact)
     try:
-        engine = Engine.load(path, **options)
+        engine = load_engine(path, options)
     except ValueError as e:
         raise UserError(str(e)) from e
     console = Console(highlight=False)
     try:
+        if template is not None:
+            from ninfer.chat.template import ChatTemplate
+
+            engine.template = ChatTemplate(template)
         _banner(console, engine, max_tokens, not no_thinking)
         repl(engine, console, ChatSession(enable_thinking=not no_thinking), max_tokens)
     finally:

@@ -1,70 +1,115 @@
-"""`ninfer convert`: Hugging Face checkpoint directory -> `.ninfer` artifact, with progress."""
+"""`ninfer convert`: Hugging Face checkpoint directory -> `.ninfer` artifact, with progress.
+
+An existing output is refused unless `--force`; the converter writes `OUT.partial` and renames it
+only when complete, and this command removes that partial file on any failure (Ctrl-C included).
+"""
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from ninfer.cli.checks import load_template
 from ninfer.cli.errors import UserError
+from ninfer.cli.options import opt
+from ninfer.cli.progress import StepProgress
 
 
 def convert(
-    hf_dir: Path = typer.Argument(..., help="Hugging Face checkpoint directory."),
-    out: Path = typer.Argument(..., help="Output artifact path (.ninfer)."),
-    name: str | None = typer.Option(None, "--name", help="Public model id stored in the artifact."),
-    weights: str = typer.Option("bf16", "--weights", help="Weight format: bf16 or fp8."),
-    components: str | None = typer.Option(
-        None, "--components", help="Comma list of text,mtp,vision (default: all present)."
+    hf_dir: Path = typer.Argument(..., help="Hugging Face checkpoint directory.", metavar="HF_DIR"),
+    out: Path = typer.Argument(..., help="Output artifact file (.ninfer).", metavar="OUT"),
+    name: str | None = opt(
+        None, "--name", help="Public model id stored in the artifact.", metavar="ID"
     ),
-    chat_template: Path | None = typer.Option(
-        None, "--chat-template", help="Embed this Jinja template as the default."
+    weights: str = opt("bf16", "--weights", help="Weight format: bf16 or fp8.", metavar="bf16|fp8"),
+    components: str | None = opt(
+        None,
+        "--components",
+        help="Comma list of text, mtp, vision (default: all present).",
+        metavar="LIST",
     ),
+    chat_template: Path | None = opt(
+        None, "--chat-template", help="Embed this Jinja template as the default.", metavar="FILE"
+    ),
+    force: bool = opt(False, "--force", help="Overwrite OUT if it exists."),
 ) -> None:
     """Convert a Qwen3.5 / Qwen3.5-MoE checkpoint (bf16 or FP8) into one artifact file."""
     from ninfer.artifact.convert import convert as run_convert
 
     if weights not in ("bf16", "fp8"):
         raise UserError(f"--weights must be bf16 or fp8, not {weights!r}")
+    if not hf_dir.is_dir():
+        what = "is a file, not" if hf_dir.exists() else "no such"
+        raise UserError(f"{hf_dir}: {what} checkpoint directory")
+    if out.is_dir():
+        raise UserError(f"{out}: is a directory; give the output artifact's file name")
+    if out.exists() and not force:
+        raise UserError(f"{out}: already exists (add --force to overwrite it)")
+    _check_writable(out)
+    if chat_template is not None:
+        load_template(chat_template)
     parts = [c.strip() for c in components.split(",") if c.strip()] if components else None
-    console = Console(stderr=True)
-    bar = Progress(
-        TextColumn("[bold]converting"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.description}"),
-        console=console,
-    )
-    task = bar.add_task("", total=None)
-
-    def progress(tensor: str, done: int, total: int) -> None:
-        if not bar.live.is_started:  # start only once the source validated: errors stay one line
-            bar.start()
-        bar.update(task, completed=done, total=total, description=tensor)
-
+    partial = out.with_name(out.name + ".partial")
     try:
-        result = run_convert(
-            hf_dir,
-            out,
-            name=name,
-            weights=weights,  # type: ignore[arg-type]
-            components=parts,
-            chat_template=chat_template,
-            progress=progress,
-        )
-    finally:
-        bar.stop()
-    console.print(
-        f"wrote {result.path} ({result.num_tensors} tensors, {result.num_bytes / 2**20:.1f} MiB, "
-        f"components {', '.join(result.components)})",
-        highlight=False,
-    )
+        with _exit_on_sigterm(), StepProgress(f"converting {hf_dir.name}", unit="tensors") as bar:
+            result = run_convert(
+                hf_dir,
+                out,
+                name=name,
+                weights=weights,  # type: ignore[arg-type]
+                components=parts,
+                chat_template=chat_template,
+                progress=bar.callback(),
+            )
+            bar.done(
+                f"wrote {result.path} ({result.num_tensors} tensors, "
+                f"{result.num_bytes / 2**20:.1f} MiB, components {', '.join(result.components)}) "
+                f"in {bar.elapsed():.1f}s"
+            )
+    except BaseException:
+        try:
+            partial.unlink(missing_ok=True)
+        except OSError:  # no such directory either: nothing was written
+            pass
+        raise
     if result.ignored_keys:
-        console.print(
+        typer.echo(
             f"ignored {len(result.ignored_keys)} source tensors not used by ninfer, e.g. "
             f"{result.ignored_keys[0]}",
-            highlight=False,
+            err=True,
         )
+
+
+@contextmanager
+def _exit_on_sigterm() -> Iterator[None]:
+    """SIGTERM (`kill`, `timeout`) unwinds like Ctrl-C, so the partial output is removed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _check_writable(out: Path) -> None:
+    """Fail before reading the checkpoint when OUT cannot be created where it is asked for."""
+    ancestor = out.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise UserError(f"{out}: cannot be written, {ancestor} is not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise UserError(f"{out}: cannot be written, {ancestor} is not writable")

@@ -8,15 +8,16 @@ from typing import Any
 
 import typer
 
+from ninfer.cli import options as o
+from ninfer.cli.checks import load_template, read_user_file
 from ninfer.cli.common import resolve_artifact
 from ninfer.cli.errors import UserError
 
 
 def _read_json(path: Path, what: str) -> Any:
+    text = read_user_file(path, f"{what} file")
     try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"{path}: {what} file not found") from None
+        return json.loads(text)
     except json.JSONDecodeError as e:
         raise UserError(
             f"{path}: {what} file is not valid JSON ({e.msg} at line {e.lineno})"
@@ -35,17 +36,22 @@ def _load_messages(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any
 
 
 def count_tokens(
-    artifact: Path | None = typer.Argument(None, help="Artifact (.ninfer); the demo when omitted."),
-    text: str | None = typer.Option(None, "--text", help="Count this text as one user message."),
-    messages: Path | None = typer.Option(
-        None, "--messages", help="JSON file: an array of messages or {messages, tools}."
+    artifact: Path | None = o.artifact_argument(),
+    text: str | None = o.opt(
+        None, "--text", help="Count this text as one user message.", metavar="TEXT"
     ),
-    tools: Path | None = typer.Option(None, "--tools", help="JSON file with an array of tools."),
-    show: bool = typer.Option(False, "--show", help="Print the rendered prompt too."),
-    no_thinking: bool = typer.Option(False, "--no-thinking", help="Render with thinking off."),
-    chat_template: Path | None = typer.Option(
-        None, "--chat-template", help="Render with this Jinja template instead of the artifact's."
+    messages: Path | None = o.opt(
+        None,
+        "--messages",
+        help="JSON file: an array of messages or {messages, tools}.",
+        metavar="FILE",
     ),
+    tools: Path | None = o.opt(
+        None, "--tools", help="JSON file with an array of tools.", metavar="FILE"
+    ),
+    show: bool = o.opt(False, "--show", help="Print the rendered prompt too."),
+    no_thinking: bool = o.no_thinking("Render with thinking off."),
+    chat_template: Path | None = o.chat_template(),
 ) -> None:
     """Render the chat template and print the prompt's exact token count."""
     from ninfer.artifact.reader import Artifact
@@ -61,8 +67,9 @@ def count_tokens(
     tool_list = _read_json(tools, "tools") if tools is not None else file_tools
     if tool_list is not None and not isinstance(tool_list, list):
         raise UserError("tools must be a JSON array")
+    own_template = load_template(chat_template) if chat_template is not None else None
     with Artifact(resolve_artifact(artifact)) as art:
-        source = chat_template.read_text() if chat_template else art.chat_template()
+        source = own_template if own_template is not None else art.chat_template()
         tokenizer = Tokenizer.from_json(art.tokenizer_json)
     template = ChatTemplate(source)
     kwargs = {"enable_thinking": False} if no_thinking else {}

@@ -1,8 +1,10 @@
-"""Which exceptions are the user's problem (one line, exit 2) rather than ninfer's bug."""
+"""Which exceptions are the user's problem (one line, exit 2) rather than ninfer's bug.
+
+Typed ninfer errors (artifact, template, UserError) and OS errors about a named file print as
+`error: <what>: <problem>` on stderr; anything else is a bug and keeps its traceback.
+"""
 
 from __future__ import annotations
-
-import sys
 
 from rich.console import Console
 from rich.markup import escape
@@ -31,10 +33,7 @@ def user_error_types() -> tuple[type[BaseException], ...]:
     return tuple(types)
 
 
-def fail(message: str) -> None:
-    """Raise a UserError; callers use it for messages that need no extra context."""
-    raise UserError(message)
-
-
-def stdout_is_tty() -> bool:
-    return sys.stdout.isatty()
+def os_error_message(e: OSError) -> str:
+    """`<file>: <reason>` for an OS error, without Python's errno prefix."""
+    reason = (e.strerror or str(e) or type(e).__name__).lower()
+    return f"{e.filename}: {reason}" if e.filename is not None else reason

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from ninfer.cli import options as o
 from ninfer.cli.common import resolve_artifact
+from ninfer.cli.errors import UserError
+
+if TYPE_CHECKING:
+    from ninfer.artifact.reader import Artifact
 
 
 def _size(n: int) -> str:
@@ -20,22 +26,50 @@ def _size(n: int) -> str:
     return str(n)
 
 
+def verify_tensors(art: Artifact) -> dict[str, Any]:
+    """Check every tensor's CRC; the result lists each failing tensor instead of stopping."""
+    from ninfer.artifact.errors import ArtifactError
+
+    failures = []
+    names = list(art.header.tensors)
+    for name in names:
+        try:
+            art.tensor(name, verify=True)
+        except ArtifactError as e:
+            failures.append({"tensor": name, "code": e.code, "problem": e.problem})
+    return {"ok": not failures, "tensors_checked": len(names), "failures": failures}
+
+
 def inspect_artifact(
-    path: Path | None = typer.Argument(None, help="Artifact (.ninfer); the demo when omitted."),
-    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
-    verify: bool = typer.Option(False, "--verify", help="Also check every tensor's checksum."),
+    path: Path | None = o.artifact_argument(),
+    as_json: bool = o.opt(False, "--json", help="Print the summary as JSON."),
+    verify: bool = o.opt(
+        False,
+        "--verify",
+        help="Also check every tensor's checksum (exit 2 when any fails; with --json the "
+        "result is the summary's `verify` object).",
+    ),
 ) -> None:
     """Show an artifact's metadata, components, config, tensors and chat templates."""
     from ninfer.artifact.reader import Artifact
     from ninfer.artifact.summary import summarize
 
     with Artifact(resolve_artifact(path)) as art:
-        if verify:
-            art.verify()
         info = summarize(art)
+        if verify:
+            info["verify"] = verify_tensors(art)
+    failed = verify and not info["verify"]["ok"]
     if as_json:
         typer.echo(json.dumps(info, indent=2))
+        if failed:
+            raise typer.Exit(2)
         return
+    if failed:
+        bad = info["verify"]["failures"]
+        raise UserError(
+            f"{info['path']}: {len(bad)} of {info['verify']['tensors_checked']} tensors fail "
+            f"their checksum, first {bad[0]['tensor']!r} (data corrupted)"
+        )
     con = Console()
     meta = info["metadata"]
     if meta.get("random_weights"):
@@ -47,7 +81,7 @@ def inspect_artifact(
         t.add_row(k, str(meta.get(k)))
     t.add_row("components", ", ".join(info["components"]))
     if verify:
-        t.add_row("checksums", "all tensors verified")
+        t.add_row("checksums", f"all {info['verify']['tensors_checked']} tensors verified")
     con.print(t)
     c = Table(title="config", show_header=False)
     for k, v in info["config"].items():

@@ -1,141 +1,194 @@
-"""`ninfer serve`: parse the serve flags, refuse the ones not built yet, hand over to server.run.
+"""`ninfer serve`: parse the serve flags, check everything that can fail, hand over to server.run.
 
-Flags of the spec's table that this version cannot honour are still parsed, so a command line
-written for the full product fails with one clear line naming the flag (exit 2), never "no such
-option" or a silently ignored setting.
+Flags of the spec's table that this version cannot honour are still parsed (hidden from help), so
+a command line written for the full product fails with one clear line naming the flag (exit 2),
+never "no such option" or a silently ignored setting. Files, the device and the listen socket are
+checked before the model loads.
 """
 
 from __future__ import annotations
 
+import logging
+import socket
+import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
-from ninfer.cli.common import resolve_artifact
+from ninfer.cli import options as o
+from ninfer.cli.checks import (
+    check_artifact_path,
+    check_engine_options,
+    check_sampling,
+    load_template,
+)
+from ninfer.cli.common import load_engine, resolve_artifact
+from ninfer.cli.device import check_device, parse_device
 from ninfer.cli.errors import UserError
+from ninfer.cli.listen import bind_listener
+from ninfer.cli.options import hidden, opt
+from ninfer.server.config import ServerConfig
+from ninfer.server.request_log import RequestLogError, check_path
 
 LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "critical", "off")
 
 
-def _opt(default: object, *names: str, help: str, **kw: object) -> object:
-    return typer.Option(default, *names, help=help, show_default=default is not None, **kw)
-
-
 def serve(
-    artifact: Path | None = typer.Argument(None, help="Artifact (.ninfer); the demo when omitted."),
-    host: str = _opt("127.0.0.1", "--host", help="Listen address."),
-    port: int = _opt(8080, "--port", help="Listen port.", min=0, max=65535),
-    api_key: str | None = _opt(None, "--api-key", help="Required bearer / x-api-key value."),
-    model_id: str | None = _opt(None, "--model-id", help="Public model id (default: artifact)."),
-    max_context: int = _opt(8192, "--max-context", help="Context ceiling per sequence.", min=2),
-    kv_capacity: str | None = _opt(None, "--kv-capacity", help="KV pool tokens (N|auto)."),
-    max_concurrency: int = _opt(
+    ctx: typer.Context,
+    artifact: Path | None = o.artifact_argument(),
+    host: str = opt("127.0.0.1", "--host", help="Listen address.", metavar="HOST"),
+    port: int = opt(
+        8080, "--port", help="Listen port (0: any free port).", metavar="N", min=0, max=65535
+    ),
+    api_key: str | None = opt(
+        None, "--api-key", help="Required bearer / x-api-key value.", metavar="KEY"
+    ),
+    model_id: str | None = opt(
+        None,
+        "--model-id",
+        help="Public model id (default: the artifact's name; also --served-model-name).",
+        metavar="ID",
+    ),
+    max_context: int = o.max_context(8192),
+    kv_capacity: str | None = opt(
+        None, "--kv-capacity", help="KV pool tokens (default: --max-context).", metavar="N|auto"
+    ),
+    max_concurrency: int = opt(
         1,
         "--max-concurrency",
-        help="Execution lanes, 1..64 (an extension of the spec's 1..8).",
+        help="Execution lanes, 1..64: an extension of the spec's 1..8 (also --max-num-seqs).",
+        metavar="N",
         min=1,
         max=64,
     ),
-    max_batched_tokens: int | None = _opt(
-        None, "--max-batched-tokens", help="Tokens per step (default: chunk + lanes).", min=2
+    max_batched_tokens: int | None = opt(
+        None,
+        "--max-batched-tokens",
+        help="Tokens per step (default: --prefill-chunk + --max-concurrency).",
+        metavar="N",
+        min=2,
     ),
-    max_pending: int = _opt(16, "--max-pending-requests", help="Waiting requests.", min=0),
-    pending_timeout_ms: int = _opt(30000, "--pending-timeout-ms", help="Admission wait.", min=1),
-    prefill_chunk: int = _opt(1024, "--prefill-chunk", help="Prefill chunk tokens.", min=1),
-    device_state_slots: int | None = _opt(None, "--device-state-slots", help="Extra slots.", min=0),
-    max_request_mib: int = _opt(384, "--max-request-mib", help="Body size limit.", min=1),
-    default_max_tokens: int = _opt(8192, "--default-max-tokens", help="Output limit.", min=0),
-    no_thinking: bool = _opt(False, "--no-thinking", help="Thinking off by default."),
-    preserve_thinking: bool = _opt(False, "--preserve-thinking", help="Keep past reasoning."),
-    cors: bool = _opt(False, "--cors", help="Permissive browser CORS headers."),
-    temperature: float | None = _opt(None, "--temperature", help="Override.", min=0.0, max=2.0),
-    top_p: float | None = _opt(None, "--top-p", help="Override.", min=0.0, max=1.0),
-    top_k: int | None = _opt(None, "--top-k", help="Override (0..20).", min=0, max=20),
-    min_p: float | None = _opt(None, "--min-p", help="Override.", min=0.0, max=1.0),
-    presence_penalty: float | None = _opt(
-        None, "--presence-penalty", help="Override.", min=-2.0, max=2.0
+    max_pending: int = opt(
+        16, "--max-pending-requests", help="Requests waiting for a lane.", metavar="N", min=0
     ),
-    frequency_penalty: float | None = _opt(
-        None, "--frequency-penalty", help="Override.", min=-2.0, max=2.0
+    pending_timeout_ms: int = opt(
+        30000, "--pending-timeout-ms", help="Admission wait.", metavar="MS", min=1
     ),
-    seed: int | None = _opt(None, "--seed", help="Seed when a request omits one."),
-    greedy: bool = _opt(False, "--greedy", help="Force argmax for all requests."),
-    log_level: str = _opt("info", "--log-level", help="|".join(LOG_LEVELS)),
-    dtype: str = _opt("bf16", "--dtype", help="bf16|fp32 compute dtype."),
-    device: str | None = _opt(None, "--device", help="CUDA index N, or cpu (default: auto)."),
-    chat_template: Path | None = _opt(None, "--chat-template", help="Jinja template file."),
-    no_cuda_graph: bool = _opt(False, "--no-cuda-graph", help="Decode without CUDA graphs."),
-    no_prefix_reuse: bool = _opt(False, "--no-prefix-reuse", help="(no prefix reuse yet)"),
-    log_stats_interval_ms: int = _opt(
-        5000, "--log-stats-interval-ms", help="Throughput record interval; 0: off.", min=0
+    prefill_chunk: int = opt(
+        1024, "--prefill-chunk", help="Prefill chunk tokens.", metavar="N", min=1
     ),
-    kv_dtype: str | None = _opt(None, "--kv-dtype", help="Only bf16 is built."),
-    spec: str | None = _opt(None, "--spec", help="Not built."),
-    draft_tokens: int | None = _opt(None, "--draft-tokens", help="Not built."),
-    lm_head_draft: bool = _opt(False, "--lm-head-draft", help="Not built."),
-    vision: bool = _opt(False, "--vision", help="Load the vision tower; accept images/video."),
-    request_log_jsonl: Path | None = _opt(
-        None, "--request-log-jsonl", help="Append JSONL request records to FILE."
+    device_state_slots: int | None = opt(
+        None, "--device-state-slots", help="Extra state slots.", metavar="N", min=0
     ),
-    default_thinking_budget: int | None = _opt(
-        None, "--default-thinking-budget", help="Thinking-token cap (thinking mode).", min=1
+    max_request_mib: int = opt(
+        384, "--max-request-mib", help="Body size limit.", metavar="MIB", min=1
     ),
-    host_context_mib: int | None = _opt(None, "--host-context-mib", help="Not built."),
-    context_cost_presets: Path | None = _opt(None, "--context-cost-presets", help="Not built."),
-    media_cache_mib: int = _opt(1024, "--media-cache-mib", help="Retained media MiB.", min=0),
-    media_live_mib: int = _opt(2048, "--media-live-mib", help="Live media MiB.", min=1),
-    media_threads: int = _opt(
-        0, "--media-preprocess-threads", help="Media workers (0: auto).", min=0
+    default_max_tokens: int = opt(
+        8192,
+        "--default-max-tokens",
+        help="Output limit when a request sets none.",
+        metavar="N",
+        min=0,
     ),
-    allow_private_media_urls: bool = _opt(
+    no_thinking: bool = o.no_thinking("Thinking off by default."),
+    preserve_thinking: bool = opt(False, "--preserve-thinking", help="Keep past reasoning."),
+    cors: bool = opt(False, "--cors", help="Permissive browser CORS headers."),
+    temperature: float | None = o.temperature(),
+    top_p: float | None = o.top_p(),
+    top_k: int | None = o.top_k(),
+    min_p: float | None = o.min_p(),
+    presence_penalty: float | None = o.presence_penalty(),
+    frequency_penalty: float | None = o.frequency_penalty(),
+    seed: int | None = o.seed("Seed when a request omits one."),
+    greedy: bool = o.greedy("Force argmax for all requests."),
+    log_level: str = opt(
+        "info", "--log-level", help=f"Stderr verbosity: {', '.join(LOG_LEVELS)}.", metavar="LEVEL"
+    ),
+    dtype: str = o.dtype(),
+    device: str = o.device(),
+    chat_template: Path | None = o.chat_template(),
+    no_cuda_graph: bool = opt(False, "--no-cuda-graph", help="Decode without CUDA graphs."),
+    no_prefix_reuse: bool = opt(
+        False, "--no-prefix-reuse", help="Disable prefix reuse (none is built yet: no effect)."
+    ),
+    log_stats_interval_ms: int = opt(
+        5000,
+        "--log-stats-interval-ms",
+        help="Throughput record interval; 0: off.",
+        metavar="MS",
+        min=0,
+    ),
+    kv_dtype: str | None = hidden(None, "--kv-dtype"),
+    spec: str | None = hidden(None, "--spec"),
+    draft_tokens: int | None = hidden(None, "--draft-tokens"),
+    lm_head_draft: bool = hidden(False, "--lm-head-draft"),
+    vision: bool = opt(False, "--vision", help="Load the vision tower; accept images/video."),
+    request_log_jsonl: Path | None = opt(
+        None, "--request-log-jsonl", help="Append JSONL request records to FILE.", metavar="FILE"
+    ),
+    default_thinking_budget: int | None = opt(
+        None,
+        "--default-thinking-budget",
+        help="Thinking-token cap (thinking mode).",
+        metavar="N",
+        min=1,
+    ),
+    host_context_mib: int | None = hidden(None, "--host-context-mib"),
+    context_cost_presets: Path | None = hidden(None, "--context-cost-presets"),
+    media_cache_mib: int = opt(
+        1024, "--media-cache-mib", help="Retained prepared media.", metavar="MIB", min=0
+    ),
+    media_live_mib: int = opt(
+        2048, "--media-live-mib", help="All live prepared media.", metavar="MIB", min=1
+    ),
+    media_threads: int = opt(
+        0, "--media-preprocess-threads", help="Media workers (0: auto).", metavar="N", min=0
+    ),
+    allow_private_media_urls: bool = opt(
         False, "--allow-private-media-urls", help="Let media URLs reach private networks."
     ),
-    store_records: int = _opt(
-        1024, "--response-store-max-records", help="Stored Responses (LRU).", min=1
+    store_records: int = opt(
+        1024, "--response-store-max-records", help="Stored Responses (LRU).", metavar="N", min=1
     ),
-    store_mib: int = _opt(256, "--response-store-max-mib", help="Response store MiB.", min=1),
+    max_model_len: int | None = o.max_model_len(),
+    served_model_name: str | None = o.alias("--served-model-name"),
+    max_num_seqs: int | None = o.alias("--max-num-seqs", min=1, max=64),
+    store_mib: int = opt(
+        256, "--response-store-max-mib", help="Response store size.", metavar="MIB", min=1
+    ),
 ) -> None:
-    """Serve the OpenAI Chat Completions API over one resident engine."""
+    """Serve OpenAI Chat Completions, OpenAI Responses and Anthropic Messages over one model.
+
+    One resident engine answers, streaming or not:
+      /v1/chat/completions   OpenAI Chat Completions
+      /v1/responses          OpenAI Responses
+      /v1/messages           Anthropic Messages
+    plus token counting, /v1/models and /health (docs/serving.md).
+    Flags, files, the device and the listen address are checked before the model loads.
+    """
     not_built = {
         "--spec": spec is not None,
         "--draft-tokens": draft_tokens is not None,
         "--lm-head-draft": lm_head_draft,
-        "--kv-dtype": kv_dtype not in (None, "bf16"),
+        "--kv-dtype " + str(kv_dtype): kv_dtype not in (None, "bf16"),
         "--host-context-mib": host_context_mib is not None,
         "--context-cost-presets": context_cost_presets is not None,
     }
     for flag, given in not_built.items():
         if given:
             raise UserError(f"{flag} is not supported yet in this version of ninfer serve")
+    max_context = o.merge_alias(ctx, "max_context", max_context, "--max-model-len", max_model_len)
+    model_id = o.merge_alias(ctx, "model_id", model_id, "--served-model-name", served_model_name)
+    max_concurrency = o.merge_alias(
+        ctx, "max_concurrency", max_concurrency, "--max-num-seqs", max_num_seqs
+    )
     if log_level not in LOG_LEVELS:
         raise UserError(f"--log-level must be one of {', '.join(LOG_LEVELS)}")
     if dtype not in ("bf16", "fp32"):
         raise UserError("--dtype must be bf16 or fp32")
     if kv_capacity not in (None, "auto") and (not kv_capacity.isdigit() or int(kv_capacity) < 1):
         raise UserError("--kv-capacity must be a positive token count or auto")
-    import sys
-
-    from ninfer.server.config import ServerConfig
-    from ninfer.server.request_log import RequestLogError, check_path
-    from ninfer.server.run import serve as run_server
-
-    config = ServerConfig(
-        host=host,
-        port=port,
-        model_id=model_id,
-        api_key=api_key,
-        cors=cors,
-        max_request_mib=max_request_mib,
-        default_max_tokens=default_max_tokens,
-        no_thinking=no_thinking,
-        preserve_thinking=preserve_thinking,
-        default_thinking_budget=default_thinking_budget,
-        response_store_max_records=store_records,
-        response_store_max_mib=store_mib,
-        request_log_jsonl=str(request_log_jsonl) if request_log_jsonl is not None else None,
-        log_stats_interval_ms=log_stats_interval_ms,
-        argv=tuple(sys.argv),
-    )
     sampling = {
         "temperature": temperature,
         "top_p": top_p,
@@ -155,7 +208,7 @@ def serve(
         "prefill_chunk": prefill_chunk,
         "device_state_slots": device_state_slots,
         "dtype": dtype,
-        "device": _device(device),
+        "device": parse_device(device),
         "no_cuda_graph": no_cuda_graph,
         "greedy": greedy,
         "vision": vision,
@@ -165,36 +218,75 @@ def serve(
         "allow_private_media_urls": allow_private_media_urls,
         **{k: v for k, v in sampling.items() if v is not None},
     }
-    from ninfer.engine.options import EngineOptions
-
-    try:
-        EngineOptions.from_kwargs(**engine_options).validate()
-    except ValueError as e:
-        raise UserError(str(e)) from None
-    artifact_path = resolve_artifact(artifact)
+    check_sampling(sampling)
+    check_engine_options(engine_options)
+    check_artifact_path(artifact)
+    if chat_template is not None:
+        load_template(chat_template)
+    engine_options["device"] = check_device(engine_options["device"])
     if request_log_jsonl is not None:  # before the model loads: a bad path fails at once
         try:
-            check_path(request_log_jsonl, artifact_path)
+            check_path(request_log_jsonl, resolve_artifact(artifact))
         except RequestLogError as e:
             raise UserError(str(e)) from None
+    sock = bind_listener(host, port)
+    try:
+        config = ServerConfig(
+            host=host,
+            port=sock.getsockname()[1],
+            model_id=model_id,
+            api_key=api_key,
+            cors=cors,
+            max_request_mib=max_request_mib,
+            default_max_tokens=default_max_tokens,
+            no_thinking=no_thinking,
+            preserve_thinking=preserve_thinking,
+            default_thinking_budget=default_thinking_budget,
+            response_store_max_records=store_records,
+            response_store_max_mib=store_mib,
+            request_log_jsonl=str(request_log_jsonl) if request_log_jsonl is not None else None,
+            log_stats_interval_ms=log_stats_interval_ms,
+            argv=tuple(sys.argv),
+        )
+        _run(artifact, config, engine_options, log_level, chat_template, sock)
+    finally:
+        sock.close()
+
+
+def _run(
+    artifact: Path | None,
+    config: ServerConfig,
+    engine_options: dict[str, Any],
+    log_level: str,
+    chat_template: Path | None,
+    sock: socket.socket,
+) -> None:
+    from ninfer.server.logs import configure_logging
+    from ninfer.server.run import serve as run_server
+
+    configure_logging(log_level)
+    log = logging.getLogger("ninfer.server")
+
+    def captured(rows: int, pages_wide: int, seconds: float) -> None:
+        log.info(
+            "captured the CUDA graph of decode batch %d (%d KV pages wide) in %.0f ms",
+            rows, pages_wide, seconds * 1000,
+        )  # fmt: skip
+
+    def load(path: Path, options: dict[str, Any]) -> Any:
+        try:
+            return load_engine(
+                path, options, emit=log.info, announce=False, on_graph_capture=captured
+            )
+        except ValueError as e:  # the engine's refusal of an option (no such device, ...)
+            raise UserError(str(e)) from None
+
     run_server(
-        artifact_path,
+        resolve_artifact(artifact, emit=log.info),
         config,
         engine_options,
         log_level=log_level,
         chat_template=chat_template,
+        sock=sock,
+        load=load,
     )
-
-
-def _device(device: str | None) -> str:
-    if device == "cpu":
-        return "cpu"
-    if device is not None and not device.isdigit():
-        raise UserError("--device must be a CUDA device index or cpu")
-    import torch
-
-    if device is None:
-        return "cuda:0" if torch.cuda.is_available() else "cpu"
-    if not torch.cuda.is_available():
-        raise UserError(f"--device {device}: no CUDA device is available")
-    return f"cuda:{device}"

@@ -17,7 +17,7 @@ import torch
 
 from ninfer.artifact.reader import Artifact
 from ninfer.engine.core import EngineCore
-from ninfer.engine.graphs import DecodeStep, unsupported_reason
+from ninfer.engine.graphs import DecodeStep, OnCapture, unsupported_reason
 from ninfer.engine.kv_pool import PagePool
 from ninfer.engine.options import KV_AUTO, EngineOptions, resolve_device
 from ninfer.engine.runner import ModelRunner
@@ -60,7 +60,9 @@ class EngineParts:
     num_slots: int  # state slots the scheduler hands out
 
 
-def build(artifact: Artifact, options: EngineOptions) -> EngineParts:
+def build(
+    artifact: Artifact, options: EngineOptions, *, on_graph_capture: OnCapture | None = None
+) -> EngineParts:
     """Bind the artifact's text model on the options' device and assemble an engine over it."""
     options.validate()
     gen = artifact.header.generation
@@ -78,6 +80,7 @@ def build(artifact: Artifact, options: EngineOptions) -> EngineParts:
         presets=presets,
         eos_token_ids=frozenset(int(x) for x in gen.get("eos_token_ids", [])),
         vision=vision,
+        on_graph_capture=on_graph_capture,
     )
 
 
@@ -100,6 +103,7 @@ def assemble(
     presets: Mapping[str, SamplingPreset],
     eos_token_ids: frozenset[int],
     vision: VisionTower | None = None,
+    on_graph_capture: OnCapture | None = None,
 ) -> EngineParts:
     """Pools, decode step, runner and worker over a bound model (benches pass random weights)."""
     options.validate()
@@ -144,6 +148,7 @@ def assemble(
         use_graphs=use_graphs,
         dummy_slot=num_slots if use_graphs else None,
         dummy_page=num_pages if use_graphs else None,
+        on_capture=on_graph_capture,
     )
     core = EngineCore(
         scheduler,

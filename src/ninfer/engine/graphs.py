@@ -14,7 +14,8 @@ read and write no live state. Elsewhere the same body runs eagerly at the exact 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +28,8 @@ from ninfer.model.layers.moe import ExpertPath, MoeWeights, decode_path
 from ninfer.model.qwen3_5 import Qwen3_5Model
 
 log = logging.getLogger("ninfer.engine.graphs")
+
+OnCapture = Callable[[int, int, float], None]  # (batch rows, page-table width, seconds)
 
 # Batch buckets: a step of B rows replays the graph of the smallest bucket >= B.
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
@@ -105,8 +108,12 @@ class DecodeStep:
         use_graphs: bool,
         dummy_slot: int | None = None,
         dummy_page: int | None = None,
+        on_capture: OnCapture | None = None,
     ) -> None:
+        """`on_capture` hears of each capture as it finishes (on the engine's worker thread):
+        graphs are captured on first use, so a first step at a new shape waits for one."""
         self.model = model
+        self.on_capture = on_capture
         self.cache = cache
         self.device = model.device
         self.max_batch = max_batch
@@ -275,8 +282,11 @@ class DecodeStep:
         key = (size, width)
         captured = self._graphs.get(key)
         if captured is None:
+            started = time.monotonic()
             captured = self._capture(size, width)
             self._graphs[key] = captured
+            if self.on_capture is not None:
+                self.on_capture(size, width, time.monotonic() - started)
         return captured
 
     def _capture(self, size: int, width: int) -> _Captured:

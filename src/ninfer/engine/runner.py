@@ -113,7 +113,6 @@ class ModelRunner:
         self.decode.record_samples(slots, token)
         return token
 
-
     def _media_chunk(self, row: Row) -> ForwardBatch:
         """[vision] A prefill chunk of a media prompt: the tower runs once, before the first
         chunk (or again if the request restarts its prompt); chunks take MRoPE positions and

@@ -8,7 +8,9 @@ worker is the extra thread. Startup, readiness and shutdown are operational stde
 from __future__ import annotations
 
 import logging
+import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +28,14 @@ def serve(
     *,
     log_level: str = "info",
     chat_template: Path | None = None,
+    sock: socket.socket | None = None,
+    load: Callable[[Path, dict[str, Any]], Any] | None = None,
 ) -> None:
-    """Blocks until SIGINT/SIGTERM; the engine is closed on the way out."""
+    """Blocks until SIGINT/SIGTERM; the engine is closed on the way out.
+
+    `sock` is an already listening socket (the CLI binds it before loading, so a busy port fails
+    fast); `load` replaces `Engine.load` (the CLI's loader reports progress).
+    """
     from ninfer.api import Engine
     from ninfer.chat.template import ChatTemplate
 
@@ -37,7 +45,10 @@ def serve(
         request_log = RequestLog.open(config.request_log_jsonl, artifact)
     log.info("loading %s", artifact)
     t0 = time.monotonic()
-    engine = Engine.load(artifact, **engine_options)
+    if load is None:
+        engine = Engine.load(artifact, **engine_options)
+    else:
+        engine = load(artifact, engine_options)
     try:
         if chat_template is not None:
             engine.template = ChatTemplate(chat_template.read_text(encoding="utf-8"))
@@ -51,20 +62,26 @@ def serve(
         )  # fmt: skip
         if engine.artifact.metadata.get("random_weights"):
             log.warning("%s has RANDOM weights: its output is meaningless", engine.model_id)
-        run_server(engine, config, request_log)
+        run_server(engine, config, request_log, sock=sock)
     finally:
         engine.close()
         log.info("shutdown complete")
 
 
-def run_server(engine: Any, config: ServerConfig, request_log: RequestLog | None = None) -> None:
+def run_server(
+    engine: Any,
+    config: ServerConfig,
+    request_log: RequestLog | None = None,
+    *,
+    sock: socket.socket | None = None,
+) -> None:
     """Serve an already loaded engine until SIGINT/SIGTERM (the caller closes the engine)."""
     from ninfer.server.app import create_app
 
     app = create_app(engine, config, request_log=request_log)
+    where: dict[str, Any] = {"sock": sock} if sock else {"host": config.host, "port": config.port}
     app.run(
-        host=config.host,
-        port=config.port,
+        **where,
         single_process=True,
         motd=False,
         access_log=False,

@@ -95,7 +95,7 @@ def test_count_tokens_matches_the_template_path(demo: Path, tmp_path: Path) -> N
         (["count-tokens", "--text", "a", "--messages", "x.json"], "exactly one of"),
         (["count-tokens", "--messages", "missing.json"], "not found"),
         (["inspect-artifact", "no/such/file.ninfer"], "no such artifact file"),
-        (["convert", "no/such/dir", "out.ninfer"], "no config.json"),
+        (["convert", "no/such/dir", "out.ninfer"], "no such checkpoint directory"),
     ],
 )
 def test_usage_errors_are_one_line(args: list[str], needle: str, demo: Path) -> None:
