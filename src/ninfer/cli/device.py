@@ -42,6 +42,7 @@ def check_device(device: str) -> str:
         raise UserError(
             f"--device {device}: this machine has {count} CUDA device(s), 0..{count - 1}"
         )
+    return device
 
 
 def cuda_device(text: str) -> str:

@@ -381,3 +381,18 @@ def test_convert_removes_its_partial_output_when_terminated(
         assert signal.getsignal(signal.SIGTERM) is not None  # convert restored ours
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+def test_check_device_keeps_a_present_cuda_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A named GPU the machine has passes through unchanged (serve hands it to the engine)."""
+    import torch
+
+    from ninfer.cli.device import check_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert check_device("cuda:1") == "cuda:1"
+    assert check_device("cuda") == "cuda"
+    assert check_device("auto") == "cuda:0"
+    with pytest.raises(UserError, match="2 CUDA device"):
+        check_device("cuda:2")
