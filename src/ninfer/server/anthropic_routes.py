@@ -30,9 +30,9 @@ from ninfer.protocol.anthropic_render import (
 )
 from ninfer.protocol.errors import SERVER, ProtocolError
 from ninfer.server import sse
+from ninfer.server.body import parse_body
 from ninfer.server.config import ServerConfig
 from ninfer.server.errors import to_protocol_error
-from ninfer.server.openai_routes import read_json
 
 log = logging.getLogger("ninfer.server")
 ANTHROPIC_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
@@ -64,11 +64,14 @@ class AnthropicRoutes:
         self.engine = engine
         self.config = config
 
-    def _parse(self, request: Request, *, count_only: bool) -> tuple[MessagesRequest, dict]:
-        parsed = parse_messages_request(
-            read_json(request),
-            default_max_tokens=self.config.default_max_tokens,
-            count_only=count_only,
+    async def _parse(
+        self, request: Request, *, count_only: bool
+    ) -> tuple[MessagesRequest, dict]:
+        parsed = await parse_body(
+            request,
+            lambda body: parse_messages_request(
+                body, default_max_tokens=self.config.default_max_tokens, count_only=count_only
+            ),
         )
         kwargs = parsed.render_kwargs(
             default_thinking=not self.config.no_thinking,
@@ -77,12 +80,12 @@ class AnthropicRoutes:
         return parsed, kwargs
 
     async def count_tokens(self, request: Request) -> HTTPResponse:
-        parsed, kwargs = self._parse(request, count_only=True)
+        parsed, kwargs = await self._parse(request, count_only=True)
         ids = await asyncio.to_thread(self.engine.render, parsed.messages, parsed.tools, **kwargs)
         return response.json({"input_tokens": len(ids)})
 
     async def messages(self, request: Request) -> HTTPResponse | None:
-        parsed, kwargs = self._parse(request, count_only=False)
+        parsed, kwargs = await self._parse(request, count_only=False)
         run = _MessageRun(request.ctx.request_id, parsed)
         enable_thinking = kwargs.pop("enable_thinking")
         events = self.engine.achat(

@@ -39,9 +39,9 @@ from ninfer.protocol.openai_responses_render import (
     status_for,
 )
 from ninfer.server import sse
+from ninfer.server.body import parse_body
 from ninfer.server.config import ServerConfig
 from ninfer.server.errors import to_protocol_error
-from ninfer.server.openai_routes import read_json
 from ninfer.server.response_store import ResponseStore, StoredResponse, record_size
 
 log = logging.getLogger("ninfer.server")
@@ -100,7 +100,7 @@ class ResponsesRoutes:
 
     # -- create --------------------------------------------------------------------------------
     async def create(self, request: Request) -> HTTPResponse | None:
-        req = parse_responses_request(read_json(request))
+        req = await parse_body(request, parse_responses_request)
         self._check_model(req.model)
         prep = self._prepare(req)
         if req.store:  # fail before generation when even the input cannot be kept
@@ -195,7 +195,7 @@ class ResponsesRoutes:
 
     # -- input tokens --------------------------------------------------------------------------
     async def input_tokens(self, request: Request) -> HTTPResponse:
-        req = parse_input_tokens_request(read_json(request))
+        req = await parse_body(request, parse_input_tokens_request)
         self._check_model(req.model)
         prep = self._prepare(req)
         kwargs = dict(prep.template_kwargs)
@@ -260,6 +260,7 @@ class ResponsesRoutes:
         )
 
     async def compact(self, request: Request) -> HTTPResponse:
+        await parse_body(request, lambda body: body)  # malformed text is reported as such first
         raise ProtocolError(
             "Response compaction is not supported", code="compaction_not_supported", param=None
         )

@@ -51,7 +51,8 @@ def fake_request(body: dict[str, Any], stream: FakeStream) -> Any:
     async def respond(**kwargs: Any) -> FakeStream:
         return stream
 
-    return SimpleNamespace(json=body, ctx=SimpleNamespace(request_id="req-1"), respond=respond)
+    raw = json.dumps(body).encode()
+    return SimpleNamespace(body=raw, ctx=SimpleNamespace(request_id="req-1"), respond=respond)
 
 
 def parse(stream: FakeStream) -> list[dict[str, Any]]:
