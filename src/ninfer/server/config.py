@@ -26,6 +26,8 @@ class ServerConfig:
     default_thinking_budget: int | None = None  # thinking cap for thinking-mode requests
     response_store_max_records: int = 1024  # the local Responses LRU (spec defaults)
     response_store_max_mib: int = 256
+    # Key of reasoning `encrypted_content`; None: $NINFER_REASONING_KEY, else a per-process key.
+    reasoning_key: bytes | None = None
 
     @property
     def max_request_bytes(self) -> int:

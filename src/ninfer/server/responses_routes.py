@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,7 @@ from ninfer.protocol.openai_responses_render import (
     response_object,
     status_for,
 )
+from ninfer.protocol.reasoning_seal import ReasoningSeal, key_from_text
 from ninfer.server import sse
 from ninfer.server.body import parse_body
 from ninfer.server.config import ServerConfig
@@ -45,6 +47,8 @@ from ninfer.server.errors import to_protocol_error
 from ninfer.server.response_store import ResponseStore, StoredResponse, record_size
 
 log = logging.getLogger("ninfer.server")
+IGNORED_TOOLS_HEADER = "x-ninfer-ignored-tools"
+REASONING_KEY_ENV = "NINFER_REASONING_KEY"
 MAX_LIST_LIMIT = 100
 DEFAULT_LIST_LIMIT = 20
 
@@ -63,6 +67,16 @@ class ResponsesRoutes:
         self.store = ResponseStore(
             config.response_store_max_records, config.response_store_max_mib << 20
         )
+        key = config.reasoning_key
+        if key is None and os.environ.get(REASONING_KEY_ENV):
+            key = key_from_text(os.environ[REASONING_KEY_ENV])
+        self.seal = ReasoningSeal(key, self.model_id)
+
+    def _parse(self, body: Any) -> ResponsesRequest:
+        return parse_responses_request(body, seal=self.seal)
+
+    def _parse_count(self, body: Any) -> ResponsesRequest:
+        return parse_input_tokens_request(body, seal=self.seal)
 
     # -- shared prompt path --------------------------------------------------------------------
     def _check_model(self, model: str | None) -> None:
@@ -100,12 +114,13 @@ class ResponsesRoutes:
 
     # -- create --------------------------------------------------------------------------------
     async def create(self, request: Request) -> HTTPResponse | None:
-        req = await parse_body(request, parse_responses_request)
+        req = await parse_body(request, self._parse)
         self._check_model(req.model)
         prep = self._prepare(req)
         if req.store:  # fail before generation when even the input cannot be kept
             self.store.check_fits(record_size({}, req.input_items, prep.conversation))
-        run = _ResponseRun(request.ctx.request_id, req, self.model_id, prep)
+        sealer = self.seal.seal if req.include_encrypted_reasoning else None
+        run = _ResponseRun(request.ctx.request_id, req, self.model_id, prep, sealer)
         max_tokens = req.max_output_tokens
         if max_tokens is None:
             max_tokens = self.config.default_max_tokens
@@ -116,6 +131,7 @@ class ResponsesRoutes:
             template_kwargs=prep.template_kwargs,
             max_tokens=max_tokens,
             request_id=run.request_id,
+            single_tool_call=not req.parallel_tool_calls,
             **req.sampling,
         )
         return await sse.serve_events(
@@ -140,7 +156,7 @@ class ResponsesRoutes:
         if run.req.store:
             self._keep(run, body)
         run.log(200)
-        return response.json(body, ensure_ascii=False)
+        return response.json(body, ensure_ascii=False, headers=_ignored_header(run.req))
 
     async def _stream(
         self,
@@ -149,9 +165,8 @@ class ResponsesRoutes:
         first: ChatEvent | None,
         source: AsyncIterator[ChatEvent | None],
     ) -> None:
-        stream = await request.respond(
-            content_type="text/event-stream", headers={"cache-control": "no-cache"}
-        )
+        headers = {"cache-control": "no-cache", **_ignored_header(run.req)}
+        stream = await request.respond(content_type="text/event-stream", headers=headers)
         assert stream is not None
         seq = EventSequencer()
 
@@ -195,7 +210,7 @@ class ResponsesRoutes:
 
     # -- input tokens --------------------------------------------------------------------------
     async def input_tokens(self, request: Request) -> HTTPResponse:
-        req = await parse_body(request, parse_input_tokens_request)
+        req = await parse_body(request, self._parse_count)
         self._check_model(req.model)
         prep = self._prepare(req)
         kwargs = dict(prep.template_kwargs)
@@ -266,6 +281,11 @@ class ResponsesRoutes:
         )
 
 
+def _ignored_header(req: ResponsesRequest) -> dict[str, str]:
+    """Hosted tools accepted but not offered to the model, so a client can tell."""
+    return {IGNORED_TOOLS_HEADER: ", ".join(req.tools.ignored)} if req.tools.ignored else {}
+
+
 def _reject_include(request: Request) -> None:
     for key, values in request.args.items():
         if key in ("include", "include[]") and any(values):
@@ -290,6 +310,7 @@ class _ResponseRun:
     req: ResponsesRequest
     model_id: str
     prep: _Prepared
+    sealer: Callable[[str], str] | None = None  # set when reasoning.encrypted_content is included
     response_id: str = field(default_factory=new_response_id)
     created_at: int = field(default_factory=lambda: int(time.time()))
     builder: OutputBuilder = field(init=False)
@@ -299,7 +320,8 @@ class _ResponseRun:
     t_start: float = field(default_factory=time.monotonic)
 
     def __post_init__(self) -> None:
-        self.builder = OutputBuilder(self.req.tools.identity)
+        tools = self.req.tools
+        self.builder = OutputBuilder(tools.identity, kind=tools.kind, seal=self.sealer)
 
     def apply(self, event: ChatEvent) -> list[dict[str, Any]]:
         """Account one engine event; returns its stream events (unnumbered)."""
@@ -365,10 +387,11 @@ class _ResponseRun:
             )  # fmt: skip
             return
         u = self.usage()
+        ignored = ",".join(self.req.tools.ignored) or "-"
         log.info(
             "request %s responses %s status=%d response=%s state=%s input=%d cached=%d "
-            "output=%d reasoning=%d items=%d elapsed=%.0fms",
+            "output=%d reasoning=%d items=%d ignored_tools=%s elapsed=%.0fms",
             self.request_id, kind, status, self.response_id, self.status.value, u.input_tokens,
             u.cached_tokens, u.output_tokens, u.reasoning_tokens, len(self.builder.output),
-            elapsed_ms,
+            ignored, elapsed_ms,
         )  # fmt: skip
