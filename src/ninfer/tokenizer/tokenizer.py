@@ -150,13 +150,14 @@ _ADDED_TOKENS_KEY = re.compile(r'"added_tokens"\s*:\s*')
 # Text longer than this is encoded in pieces (HF keeps ~0.5 KB of alignment and offset data per
 # input byte while encoding; a piece bounds that to tens of MB whatever the prompt's length).
 PIECE_CHARS = 1 << 16
-# Cut points where Qwen's pipeline never joins characters: NFC cannot compose across an ASCII
-# starter, and the split regex (`QWEN_SPLIT`) always ends a pre-token at a newline followed by a
-# letter (newline runs end there), between two digits (`\p{N}` is one digit per pre-token), and
-# after an ASCII letter followed by " letter" or by ASCII punctuation (a letter run stops there;
-# the next pre-token starts at the cut and depends only on the text after it). BPE merges only
-# inside a pre-token, so the piecewise ids equal the whole-text ids (tested against HF).
-SAFE_CUT = re.compile(r"\n(?=[A-Za-z])|[0-9](?=[0-9])|[A-Za-z](?= [A-Za-z]|[!-/:-@\[-`{-~])")
+# Cut points where Qwen's pipeline never joins characters. NFC: a newline composes with nothing,
+# and nothing composes across an ASCII starter. Split regex (`QWEN_SPLIT`): a pre-token always
+# ends after a newline followed by a printable ASCII character or a letter (newline runs end
+# there), between two digits (`\p{N}` is one digit per pre-token), and after an ASCII letter
+# followed by " letter" or ASCII punctuation (a letter run stops there); the next pre-token starts
+# at the cut and depends only on the text after it. BPE merges only inside a pre-token, so the
+# piecewise ids equal the whole-text ids (tested against HF).
+SAFE_CUT = re.compile(r"\n(?=[!-~]|[^\W\d_])|[0-9](?=[0-9])|[A-Za-z](?= [A-Za-z]|[!-/:-@\[-`{-~])")
 QWEN_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
     r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"

@@ -25,8 +25,12 @@ def whole(tok: Tokenizer, text: str) -> list[int]:
 
 # Characters that meet at cut points, plus ones that interact with NFC and the split regex:
 # combining marks, contractions, CJK, emoji, CR, tabs, punctuation runs, control spellings.
-ALPHABET = list("aZ09 \n\r\t'.,-_!?(){}[]:;\"/\\@#$%^&*~`|<>=+") + ["s", "ll", "'re", "é", "e\u0301", "\u0301", "漢", "字",
-    "\U0001f600", "<|im_end|>", "<think>", "\u00a0", "١٢", "Ⅻ", "ﬁ"]  # fmt: skip
+ALPHABET = [
+    *"aZ09 \n\r\t'.,-_!?(){}[]:;\"/\\@#$%^&*~`|<>=+",
+    *["s", "ll", "'re", "é", "e\u0301", "\u0301", "漢", "字", "\U0001f600", "<|im_end|>"],
+    *["<think>", "\u00a0", "١٢", "Ⅻ", "ﬁ", "。", "\u1100", "\u1161", "\u11a8", "\u0b47"],
+    *["\u0b3e", "\u2028", "\x85", "\x1c", "\u3000", "²", "\u200b", "\ufeff"],
+]
 
 
 @settings(max_examples=300, deadline=None)
