@@ -98,6 +98,7 @@ def main() -> None:
     ap.add_argument("--max-pending-requests", type=int, default=4)
     ap.add_argument("--step-delay", type=float, default=0.0)
     ap.add_argument("--first-token-delay", type=float, default=0.0)
+    ap.add_argument("--max-request-mib", type=int, default=ServerConfig.max_request_mib)
     args = ap.parse_args()
     configure_logging("info")
     engine = Engine.load(
@@ -114,7 +115,7 @@ def main() -> None:
         first_token_delay_s=args.first_token_delay,
     )
     try:
-        run_server(engine, ServerConfig(port=args.port))
+        run_server(engine, ServerConfig(port=args.port, max_request_mib=args.max_request_mib))
     finally:
         engine.close()
 

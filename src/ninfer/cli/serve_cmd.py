@@ -13,6 +13,7 @@ import typer
 
 from ninfer.cli.common import resolve_artifact
 from ninfer.cli.errors import UserError
+from ninfer.server.config import DEFAULT_MAX_REQUEST_MIB
 
 LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "critical", "off")
 
@@ -34,7 +35,9 @@ def serve(
     pending_timeout_ms: int = _opt(30000, "--pending-timeout-ms", help="Admission wait.", min=1),
     prefill_chunk: int = _opt(1024, "--prefill-chunk", help="Prefill chunk tokens.", min=1),
     device_state_slots: int | None = _opt(None, "--device-state-slots", help="Extra slots.", min=0),
-    max_request_mib: int = _opt(384, "--max-request-mib", help="Body size limit.", min=1),
+    max_request_mib: int = _opt(
+        DEFAULT_MAX_REQUEST_MIB, "--max-request-mib", help="Body size limit.", min=1
+    ),
     default_max_tokens: int = _opt(8192, "--default-max-tokens", help="Output limit.", min=0),
     no_thinking: bool = _opt(False, "--no-thinking", help="Thinking off by default."),
     preserve_thinking: bool = _opt(False, "--preserve-thinking", help="Keep past reasoning."),

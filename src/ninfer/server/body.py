@@ -144,6 +144,13 @@ async def parse_body(request: Any, parse: Callable[[Any], T]) -> T:
     return await off_loop(lambda: parse(decode_json(raw)))
 
 
+async def off_loop_if_large(request: Any, fn: Callable[[], T]) -> T:
+    """`fn()` (more work proportional to the body) inline for small bodies, else off the loop."""
+    if len(request.body or b"") < OFFLOAD_BYTES:
+        return fn()
+    return await off_loop(fn)
+
+
 async def off_loop(fn: Callable[[], T]) -> T:
     """Run `fn` on the body workers (at most NUM_WORKERS at once, FIFO)."""
     global _pool

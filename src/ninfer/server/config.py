@@ -9,6 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 KEEPALIVE_S = 5.0  # spec: ": keep-alive" after five seconds without a protocol event
+# Bodies of this size keep max_concurrency + max_pending_requests (1 + 16) worst-case requests
+# within about 4 GiB of host memory (measured per-MiB costs: docs/serving.md, Request size).
+DEFAULT_MAX_REQUEST_MIB = 8
 
 
 @dataclass(frozen=True)
@@ -18,7 +21,7 @@ class ServerConfig:
     model_id: str | None = None  # None: the artifact's name
     api_key: str | None = None
     cors: bool = False
-    max_request_mib: int = 384
+    max_request_mib: int = DEFAULT_MAX_REQUEST_MIB
     default_max_tokens: int = 8192
     no_thinking: bool = False
     preserve_thinking: bool = False

@@ -41,7 +41,7 @@ from ninfer.protocol.openai_responses_render import (
 )
 from ninfer.protocol.reasoning_seal import ReasoningSeal, key_from_text
 from ninfer.server import sse
-from ninfer.server.body import parse_body
+from ninfer.server.body import off_loop_if_large, parse_body
 from ninfer.server.config import ServerConfig
 from ninfer.server.errors import to_protocol_error
 from ninfer.server.response_store import ResponseStore, StoredResponse, record_size
@@ -88,11 +88,15 @@ class ResponsesRoutes:
                 param="model",
             )
 
-    def _prepare(self, req: ResponsesRequest) -> _Prepared:
-        """Parent lookup, history reconstruction and lowering: identical for Create and count."""
+    async def _prepare(self, request: Request, req: ResponsesRequest) -> _Prepared:
+        """Parent lookup (on the loop: the store is not thread-safe), then history reconstruction
+        and lowering (on a body worker when the body is large): identical for Create and count."""
         parent: StoredResponse | None = None
         if req.previous_response_id is not None:
             parent = self.store.get(req.previous_response_id, param="previous_response_id")
+        return await off_loop_if_large(request, lambda: self._lower(req, parent))
+
+    def _lower(self, req: ResponsesRequest, parent: StoredResponse | None) -> _Prepared:
         history = parent.history if parent is not None else []
         if not req.input_items and not has_user_message(history):
             raise invalid(
@@ -116,9 +120,12 @@ class ResponsesRoutes:
     async def create(self, request: Request) -> HTTPResponse | None:
         req = await parse_body(request, self._parse)
         self._check_model(req.model)
-        prep = self._prepare(req)
+        prep = await self._prepare(request, req)
         if req.store:  # fail before generation when even the input cannot be kept
-            self.store.check_fits(record_size({}, req.input_items, prep.conversation))
+            size = await off_loop_if_large(
+                request, lambda: record_size({}, req.input_items, prep.conversation)
+            )
+            self.store.check_fits(size)
         sealer = self.seal.seal if req.include_encrypted_reasoning else None
         run = _ResponseRun(request.ctx.request_id, req, self.model_id, prep, sealer)
         max_tokens = req.max_output_tokens
@@ -212,7 +219,7 @@ class ResponsesRoutes:
     async def input_tokens(self, request: Request) -> HTTPResponse:
         req = await parse_body(request, self._parse_count)
         self._check_model(req.model)
-        prep = self._prepare(req)
+        prep = await self._prepare(request, req)
         kwargs = dict(prep.template_kwargs)
         kwargs["enable_thinking"] = prep.enable_thinking
         ids = await asyncio.to_thread(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import threading
 from collections.abc import Sequence
 from functools import cached_property
 from typing import Any
@@ -91,13 +92,13 @@ class Tokenizer:
         """
         text = _scrub_surrogates(text)
         if not self._piecewise or len(text) <= PIECE_CHARS:
-            return _encode(self._text_mode, text)
+            return _encode_bounded(self._text_mode, text)
         ids: list[int] = []
         start = 0
         while start < len(text):
             cut = SAFE_CUT.search(text, start + PIECE_CHARS)
             end = cut.end() if cut is not None else len(text)
-            ids += _encode(self._text_mode, text[start:end])
+            ids += _encode_bounded(self._text_mode, text[start:end])
             start = end
         return ids
 
@@ -176,9 +177,23 @@ _QWEN_PIPELINE = {
 }  # fmt: skip
 
 
+# Text that cannot be cut (one giant "word", a long line without a cut point) costs HF up to
+# ~130 bytes per input byte while it is encoded; such pieces are encoded one at a time process-
+# wide, so concurrent hostile prompts cannot multiply that peak.
+HUGE_PIECE_CHARS = 4 * PIECE_CHARS
+_huge_pieces = threading.Lock()
+
+
 def _encode(hf: HFTokenizer, text: str) -> list[int]:
     # encode_batch releases the GIL while it works; encode() would hold it throughout.
     return hf.encode_batch([text], add_special_tokens=False)[0].ids
+
+
+def _encode_bounded(hf: HFTokenizer, text: str) -> list[int]:
+    if len(text) <= HUGE_PIECE_CHARS:
+        return _encode(hf, text)
+    with _huge_pieces:
+        return _encode(hf, text)
 
 
 def _is_qwen_text_pipeline(data: str) -> bool:

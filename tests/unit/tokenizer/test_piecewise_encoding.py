@@ -76,3 +76,22 @@ def test_other_pipelines_are_never_cut() -> None:
     assert not tokenizer_module._is_qwen_text_pipeline(
         json_text.replace('"type":"NFC"', '"type":"NFKC"', 1)
     )
+
+
+def test_uncuttable_huge_text_is_encoded_under_the_process_lock(
+    tok: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    held: list[tuple[int, bool]] = []
+    real = tokenizer_module._encode
+
+    def spy(hf, text):  # type: ignore[no-untyped-def]
+        held.append((len(text), tokenizer_module._huge_pieces.locked()))
+        return real(hf, text)
+
+    monkeypatch.setattr(tokenizer_module, "_encode", spy)
+    monkeypatch.setattr(tokenizer_module, "PIECE_CHARS", 10)
+    monkeypatch.setattr(tokenizer_module, "HUGE_PIECE_CHARS", 40)
+    word = "ab" * 50  # one letter run: no cut point
+    assert tok.encode_text("cut here. " * 3 + word) == whole(tok, "cut here. " * 3 + word)
+    assert all(locked == (size > 40) for size, locked in held)
+    assert any(locked for _, locked in held) and not tokenizer_module._huge_pieces.locked()
