@@ -1,11 +1,8 @@
 """OpenAI Responses request parsing: a JSON body -> `ResponsesRequest` or ProtocolError.
 
-Standard library and `protocol` only (no sanic, torch or engine). Unlike Chat Completions, every
-top-level field is known: an unknown one fails with `unknown_parameter`, and recognized features
-the engine cannot honour fail naming the field; independent fields are checked independently, so
-one 400 names every problem. Tools (functions, namespaced functions, freeform `custom` tools and
-`local_shell`) get one engine name each, so outputs can restore their Item shapes; hosted tools
-that no one here can run are accepted, listed in `ToolSet.ignored` and not offered to the model.
+Standard library and `protocol` only. Every top-level field is known (unknown ones fail), fields
+are checked independently so one 400 names every problem, and each client tool (function,
+namespace, custom, local_shell) gets one engine name; hosted tools are accepted but not offered.
 """
 
 from __future__ import annotations

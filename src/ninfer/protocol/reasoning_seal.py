@@ -1,13 +1,7 @@
-"""`encrypted_content` for Responses reasoning Items: an authenticated, versioned encoding.
-
-Standard library only. Clients such as Codex send `store: false` with
-`include: ["reasoning.encrypted_content"]` and later replay reasoning as `summary` plus
-`encrypted_content` alone, so the server must rebuild the raw reasoning from that string. The
-raw text is already in the Item's `content` (ninfer shows reasoning), so this encoding needs
-integrity, not secrecy: `nr1.<base64url(JSON)>.<base64url(HMAC-SHA256)>`, where the MAC covers the
-version, the payload and the served model id under the server's key. Anything that does not
-authenticate (another server, a restart with a fresh key, another model, a new format) opens to
-None, which callers treat as omitted reasoning, never as an error.
+"""`encrypted_content` of Responses reasoning Items, so Codex-style replays (summary + that string
+only) rebuild the raw reasoning. Standard library only. Integrity, not secrecy (the text is also
+in `content`): `nr1.<base64url JSON>.<base64url HMAC-SHA256>` over version, payload and served
+model id under the server key; anything that does not authenticate opens to None (omitted).
 """
 
 from __future__ import annotations

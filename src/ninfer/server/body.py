@@ -1,8 +1,7 @@
 """Request bodies: raw bytes -> one validated JSON value, the same strict rules for every endpoint.
 
-No sanic import: routes hand over `request.body`. Every string the protocol parsers, the chat
-template, the tokenizer, the Responses store and our JSON encoders ever see passed this gate, so
-each of them may assume text that round-trips through UTF-8. Bodies above OFFLOAD_BYTES are
+No sanic import: routes hand over the request. Every string later layers see passed this gate, so
+all of them may assume text that round-trips through UTF-8. Bodies above OFFLOAD_BYTES are
 decoded and validated on a small worker pool, never on the event loop.
 """
 

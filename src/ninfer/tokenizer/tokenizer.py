@@ -1,11 +1,8 @@
 """ninfer's tokenizer: HF `tokenizers` with two explicit encodings (message text vs. template).
 
-Imports `tokenizers` and this package only. Every added token is a control token: `encode_text`
-never produces one (its spelling is plain text there), `encode_template` does. The two modes are
-two HF instances, not one toggled flag, so concurrent callers never race on the mode. Encoding
-goes through `encode_batch`, which releases the GIL (plain `encode` holds it for the whole call,
-freezing a server's event loop on a long prompt), and long text is encoded in pieces cut where
-the Qwen pre-tokenizer cannot join characters, which bounds HF's per-character working memory.
+Imports `tokenizers` and this package only. Every added token is a control token in text mode;
+the two modes are two HF instances, so callers never race on a flag. Encoding releases the GIL
+(`encode_batch`), and long text is encoded in pieces cut where Qwen's pre-tokenizer cannot join.
 """
 
 from __future__ import annotations
