@@ -64,9 +64,7 @@ class AnthropicRoutes:
         self.engine = engine
         self.config = config
 
-    async def _parse(
-        self, request: Request, *, count_only: bool
-    ) -> tuple[MessagesRequest, dict]:
+    async def _parse(self, request: Request, *, count_only: bool) -> tuple[MessagesRequest, dict]:
         parsed = await parse_body(
             request,
             lambda body: parse_messages_request(
