@@ -226,7 +226,8 @@ class Engine:
         """Render, generate and decode into reasoning / content / tool-call events.
 
         `thinking_budget=N` (in kwargs) caps thinking at N model tokens when the output starts
-        in thinking mode; omitted, `default_thinking_budget` applies.
+        in thinking mode; omitted, `default_thinking_budget` applies. `single_tool_call=True`
+        ends the turn after its first complete tool call (parallel_tool_calls: false).
         """
         request, decoder, lease = self._chat_request(
             messages, tools, enable_thinking, template_kwargs, kwargs
@@ -346,19 +347,26 @@ class Engine:
         )
         starts_in_reasoning = enable_thinking and not continuing
         budget = kwargs.pop("thinking_budget", None) or self.default_thinking_budget
+        # single_tool_call (parallel_tool_calls: false): the decoder names the stop string that
+        # ends the turn at its first complete call, and restores it when the engine cuts there.
+        decoder = OutputDecoder(
+            tools=tools,
+            starts_in_reasoning=starts_in_reasoning,
+            single_call=bool(kwargs.pop("single_tool_call", False)),
+        )
         try:
             request = self.make_request(
                 ids,
                 thinking=enable_thinking,
                 thinking_budget=budget if starts_in_reasoning else None,
                 media=media,
+                stop=(*kwargs.pop("stop", ()), *decoder.stop_strings),
                 **kwargs,
             )
         except BaseException:
             if lease is not None:
                 lease.release()
             raise
-        decoder = OutputDecoder(tools=tools, starts_in_reasoning=starts_in_reasoning)
         return request, decoder, lease
 
     def stats(self) -> EngineStats:
@@ -405,8 +413,9 @@ class _ChatTracker:
             assert event.error is not None
             raise event.error
         if event.kind == EventKind.FINISHED:
+            own_stop = event.stop_string in self.decoder.stop_strings
             out = self._deltas(self.decoder.feed(event.text), [], self.num_output)
-            out += self._deltas(self.decoder.finish(), [], self.num_output)
+            out += self._deltas(self.decoder.finish(event.stop_string), [], self.num_output)
             usage = event.usage
             assert usage is not None
             out.append(
@@ -421,7 +430,7 @@ class _ChatTracker:
                     ),
                     timings=event.timings,
                     tool_parse=self.decoder.stats,
-                    stop_sequence=event.stop_string,
+                    stop_sequence=None if own_stop else event.stop_string,
                     stats=event.stats,
                 )
             )

@@ -39,6 +39,31 @@ NAMESPACED_CALL = (
 )
 
 
+# Agent tests (tests/e2e/test_serve_agents.py): a freeform apply_patch call, a local_shell call,
+# two calls in one turn (parallel_tool_calls), and Claude Code's Bash tool.
+PATCH_TEXT = "*** Begin Patch\n*** Add File: hello.txt\n+hello\n*** End Patch"
+CODEX_PATCH = (
+    "<think>\nTHOUGHT_MARK: add the file with apply_patch.\n</think>\n\n<tool_call>\n"
+    f"<function=apply_patch>\n<parameter=input>\n{PATCH_TEXT}\n</parameter>\n</function>\n"
+    "</tool_call>"
+)
+CODEX_SHELL = (
+    "<think>\nlist first\n</think>\n\n<tool_call>\n<function=local_shell>\n"
+    '<parameter=command>\n["ls", "-la"]\n</parameter>\n<parameter=working_directory>\n/tmp\n'
+    "</parameter>\n</function>\n</tool_call>"
+)
+TWO_CALLS = (
+    "<think>\ntwo\n</think>\n\n<tool_call>\n<function=shell>\n<parameter=command>\n"
+    '["ls"]\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=shell>\n'
+    '<parameter=command>\n["pwd"]\n</parameter>\n</function>\n</tool_call>'
+)
+CLAUDE_BASH = (
+    "<think>\nTHOUGHT_MARK run it\n</think>\n\nRunning the tests.\n\n<tool_call>\n"
+    "<function=Bash>\n<parameter=command>\npytest -q\n</parameter>\n<parameter=description>\n"
+    "Run tests\n</parameter>\n</function>\n</tool_call>"
+)
+
+
 def _probe_history(prompt: str) -> str:
     # lower-case names, so a probe answer replayed in history never reads as a marker
     found = [f"{m.lower()}={'yes' if m in prompt else 'no'}" for m in PROBE_MARKERS]
@@ -61,6 +86,10 @@ SCRIPTS = [
     ("BUDGETED", lambda p: "<think>\n" + " ".join(["step"] * 1500) + "\n</think>\n\ndone"),
     # Assistant-prefill tests: the continuation of an open assistant turn (no thinking block)
     ("CONTINUE_ME", lambda p: " and continued."),
+    ("CODEX_PATCH", lambda p: CODEX_PATCH),
+    ("CODEX_SHELL", lambda p: CODEX_SHELL),
+    ("TWO_CALLS", lambda p: TWO_CALLS),
+    ("CLAUDE_BASH", lambda p: CLAUDE_BASH),
 ]
 
 
@@ -77,6 +106,7 @@ def main() -> None:
     ap.add_argument("--request-log-jsonl", default=None)
     ap.add_argument("--log-stats-interval-ms", type=int, default=0)
     ap.add_argument("--pending-timeout-ms", type=int, default=30000)
+    ap.add_argument("--max-request-mib", type=int, default=ServerConfig.max_request_mib)
     args = ap.parse_args()
     configure_logging("info")
     engine = Engine.load(
@@ -100,6 +130,7 @@ def main() -> None:
         request_log_jsonl=args.request_log_jsonl,
         log_stats_interval_ms=args.log_stats_interval_ms,
         argv=tuple(sys.argv),
+        max_request_mib=args.max_request_mib,
     )
     request_log = RequestLog.open(args.request_log_jsonl) if args.request_log_jsonl else None
     try:

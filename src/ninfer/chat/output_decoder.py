@@ -352,12 +352,23 @@ class OutputDecoder:
     scanning resumes after the failing point; a region still well formed when the output ends
     becomes structured calls, also when it lies before `</think>`. Calls are therefore emitted by
     finish(): the region must end the output, because Qwen cannot replay content after calls.
+
+    `single_call` (parallel_tool_calls: false) ends the turn after its first call: generation
+    must stop at the first `</tool_call>`, so `stop_strings` names it for the engine's stop
+    matcher, and finish(stop=...) restores the marker the matcher withheld.
     """
 
     def __init__(
-        self, *, tools: Sequence[Mapping[str, Any]] | None, starts_in_reasoning: bool
+        self,
+        *,
+        tools: Sequence[Mapping[str, Any]] | None,
+        starts_in_reasoning: bool,
+        single_call: bool = False,
     ) -> None:
         self._catalog = ToolCatalog.from_tools(tools) if tools else None
+        self.stop_strings: tuple[str, ...] = (
+            (TOOL_CALL_CLOSE,) if single_call and self._catalog is not None else ()
+        )
         self._channels = {kind: _Channel(kind) for kind in (DeltaKind.REASONING, DeltaKind.CONTENT)}
         self._channel = self._channels[
             DeltaKind.REASONING if starts_in_reasoning else DeltaKind.CONTENT
@@ -388,10 +399,16 @@ class OutputDecoder:
         self._run(final=False)
         return self._take()
 
-    def finish(self) -> list[OutputDelta]:
-        """End of output: settle the held text and the open tool region (calls come out here)."""
+    def finish(self, stop: str | None = None) -> list[OutputDelta]:
+        """End of output: settle the held text and the open tool region (calls come out here).
+
+        `stop` is the stop string that ended the output; one of this decoder's own
+        `stop_strings` is part of the model's markup and is fed back before settling.
+        """
         if self._finished:
             raise OutputDecoderError("finish() called twice")
+        if stop is not None and stop in self.stop_strings:
+            self._buf += stop
         self._finished = True
         self._run(final=True)
         for channel in self._channels.values():

@@ -28,7 +28,7 @@ from ninfer.cli.device import check_device, parse_device
 from ninfer.cli.errors import UserError
 from ninfer.cli.listen import bind_listener
 from ninfer.cli.options import hidden, opt
-from ninfer.server.config import ServerConfig
+from ninfer.server.config import DEFAULT_MAX_REQUEST_MIB, ServerConfig
 from ninfer.server.request_log import RequestLogError, check_path
 
 LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "critical", "off")
@@ -82,7 +82,11 @@ def serve(
         None, "--device-state-slots", help="Extra state slots.", metavar="N", min=0
     ),
     max_request_mib: int = opt(
-        384, "--max-request-mib", help="Body size limit.", metavar="MIB", min=1
+        DEFAULT_MAX_REQUEST_MIB,
+        "--max-request-mib",
+        help="Body size limit (fits 1 + 16 worst-case bodies in ~4 GiB).",
+        metavar="MIB",
+        min=1,
     ),
     default_max_tokens: int = opt(
         8192,

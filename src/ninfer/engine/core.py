@@ -64,6 +64,10 @@ class EngineCore:
         self.overlap = overlap
         self._resolve_sampling = resolve_sampling
         self.thinking_control = ThinkingControl.from_tokenizer(tokenizer)
+        # Every request's detokenizer reads one byte table built from the whole vocabulary
+        # (~0.5 s for Qwen3.5): build it now, not inside the first submit, which runs on the
+        # caller's event loop and inside that request's pending deadline.
+        _ = tokenizer.byte_table
         self._lock = threading.Condition()
         self._inbox: list[_Live] = []
         self._cancels: set[str] = set()

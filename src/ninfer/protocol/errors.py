@@ -7,7 +7,8 @@ and name the offending field, so a client can fix its request without reading se
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 INVALID_REQUEST = "invalid_request_error"
@@ -29,6 +30,7 @@ class ProtocolError(Exception):
         type: str = INVALID_REQUEST,
     ) -> None:
         super().__init__(" ".join(message.split()))
+        self.parts: list[ProtocolError] = []  # the single errors a combined error lists
         self.status = status
         self.code = code
         self.param = param
@@ -98,3 +100,39 @@ def _kind(value: Any) -> str:
     if isinstance(value, dict):
         return "an object"
     return type(value).__name__
+
+
+class ErrorCollector:
+    """Gathers the errors of independent checks so one 400 names every problem at once.
+
+    `with errors.check(): ...` records a ProtocolError instead of raising it; `raise_any()`
+    raises the single error unchanged, or one error whose message lists all of them (status,
+    code and param of the first, so clients that read only those still see a real field).
+    """
+
+    def __init__(self) -> None:
+        self.errors: list[ProtocolError] = []
+
+    @contextlib.contextmanager
+    def check(self) -> Iterator[None]:
+        try:
+            yield
+        except ProtocolError as error:
+            self.errors += getattr(error, "parts", None) or [error]  # nested collectors flatten
+
+    def raise_any(self) -> None:
+        if not self.errors:
+            return
+        first = self.errors[0]
+        if len(self.errors) == 1:
+            raise first
+        listed = "; ".join(error.message for error in self.errors)
+        combined = ProtocolError(
+            f"{len(self.errors)} problems: {listed}",
+            status=first.status,
+            code=first.code,
+            param=first.param,
+            type=first.type,
+        )
+        combined.parts = list(self.errors)
+        raise combined

@@ -1,9 +1,8 @@
 """OpenAI Responses request parsing: a JSON body -> `ResponsesRequest` or ProtocolError.
 
-Standard library and `protocol` only (no sanic, torch or engine). Unlike Chat Completions, every
-top-level field is known: an unknown one fails with `unknown_parameter`, and recognized features
-the engine cannot honour fail naming the field. Tools (direct or namespaced functions) get one
-engine name per namespace/name pair, so outputs can restore the separate fields.
+Standard library and `protocol` only. Every top-level field is known (unknown ones fail), fields
+are checked independently so one 400 names every problem, and each client tool (function,
+namespace, custom, local_shell) gets one engine name; hosted tools are accepted but not offered.
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ninfer.protocol.errors import (
+    ErrorCollector,
     ProtocolError,
     invalid,
     invalid_type,
@@ -26,13 +26,66 @@ from ninfer.protocol.openai_chat import (
     TemplateOptions,
     parse_template_options,
 )
-from ninfer.protocol.openai_responses_items import normalize_input
+from ninfer.protocol.openai_responses_items import LOCAL_SHELL, normalize_input
+from ninfer.protocol.reasoning_seal import ReasoningSeal
 
 NAMESPACE_JOIN = "__"  # engine tool name = namespace + "__" + name (the MCP naming convention)
 MAX_METADATA = 16
 MAX_METADATA_KEY, MAX_METADATA_VALUE = 64, 512
 SERVICE_TIERS = ("auto", "default")
 CACHE_RETENTIONS = ("in-memory", "in_memory", "24h")
+VERBOSITIES = ("low", "medium", "high")
+ENCRYPTED_REASONING = "reasoning.encrypted_content"
+# `include` values naming output data ninfer cannot produce (rejected by name, never "unknown").
+UNSUPPORTED_INCLUDES = {
+    "message.output_text.logprobs": "log probabilities are not returned",
+    "message.input_image.image_url": "image input is not echoed",
+    "computer_call_output.output.image_url": "no computer-use tool runs here",
+    "code_interpreter_call.outputs": "no code interpreter runs here",
+    "file_search_call.results": "no file search runs here",
+    "web_search_call.results": "no web search runs here",
+    "web_search_call.action.sources": "no web search runs here",
+}
+# Tools that a hosted platform runs: accepted so agent tool sets work unchanged, never offered to
+# the model (nothing here could execute them), and named in the x-ninfer-ignored-tools header.
+HOSTED_TOOLS = frozenset(
+    {
+        "web_search",
+        "web_search_preview",
+        "web_search_2025_08_26",
+        "web_search_preview_2025_03_11",
+        "file_search",
+        "code_interpreter",
+        "image_generation",
+        "computer_use_preview",
+        "computer",
+        "mcp",
+        "tool_search",
+    }
+)
+LOCAL_SHELL_TOOL = {
+    "name": LOCAL_SHELL,
+    "description": "Runs a command on the user's machine and returns its output.",
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "command": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": 'The command and its arguments (argv), e.g. ["ls", "-la"].',
+            },
+            "working_directory": {"type": "string", "description": "Directory to run in."},
+            "timeout_ms": {"type": "integer", "description": "Time limit in milliseconds."},
+            "env": {
+                "type": "object",
+                "additionalProperties": {"type": "string"},
+                "description": "Extra environment variables.",
+            },
+            "user": {"type": "string", "description": "User to run the command as."},
+        },
+        "required": ["command"],
+    },
+}
 _NO_CONSTRAINT = "ninfer has no constrained decoding, so the output cannot be guaranteed to match"
 
 CREATE_FIELDS = frozenset(
@@ -101,10 +154,15 @@ class ToolSet:
     declared: list[dict[str, Any]] = field(default_factory=list)
     template_tools: list[dict[str, Any]] | None = None
     identities: dict[str, tuple[str | None, str]] = field(default_factory=dict)
+    kinds: dict[str, str] = field(default_factory=dict)  # engine name -> function|custom|...
+    ignored: tuple[str, ...] = ()  # hosted tool types accepted but not offered to the model
 
     def identity(self, engine_name: str) -> tuple[str | None, str]:
         """(namespace, name) of a parsed call; only declared names reach the output parser."""
         return self.identities.get(engine_name, (None, engine_name))
+
+    def kind(self, engine_name: str) -> str:
+        return self.kinds.get(engine_name, "function")
 
 
 def engine_tool_name(namespace: str | None, name: str) -> str:
@@ -132,6 +190,7 @@ class ResponsesRequest:
     tool_choice: Any = "auto"
     parallel_tool_calls: bool = True
     max_tool_calls: int | None = None
+    include_encrypted_reasoning: bool = False
     echo: dict[str, Any] = field(default_factory=dict)  # advisory fields the Response repeats
 
     def template_options(self, *, default_thinking: bool, preserve: bool) -> TemplateOptions:
@@ -149,57 +208,76 @@ class ResponsesRequest:
         return TemplateOptions(thinking, kwargs)
 
 
-def parse_responses_request(body: Any) -> ResponsesRequest:
-    """Validate a Create body; raise ProtocolError (HTTP 400) naming the first bad field."""
-    return _parse(body, CREATE_FIELDS, count_only=False)
+def parse_responses_request(body: Any, *, seal: ReasoningSeal | None = None) -> ResponsesRequest:
+    """Validate a Create body; raise one ProtocolError (HTTP 400) naming every bad field.
+
+    `seal` opens reasoning Items replayed with only this server's `encrypted_content`.
+    """
+    return _parse(body, CREATE_FIELDS, count_only=False, seal=seal)
 
 
-def parse_input_tokens_request(body: Any) -> ResponsesRequest:
+def parse_input_tokens_request(body: Any, *, seal: ReasoningSeal | None = None) -> ResponsesRequest:
     """Validate a POST /v1/responses/input_tokens body: the prompt-shaping subset of Create."""
-    return _parse(body, COUNT_FIELDS, count_only=True)
+    return _parse(body, COUNT_FIELDS, count_only=True, seal=seal)
 
 
-def _parse(body: Any, known: frozenset[str], *, count_only: bool) -> ResponsesRequest:
+def _parse(
+    body: Any, known: frozenset[str], *, count_only: bool, seal: ReasoningSeal | None
+) -> ResponsesRequest:
     if not isinstance(body, dict):
         raise invalid_type("body", "a JSON object", body)
+    errors = ErrorCollector()
     for name in body:
-        if name in UNSUPPORTED_FEATURES:
-            raise unsupported(name, UNSUPPORTED_FEATURES[name])
-        if name not in known:
-            raise ProtocolError(
-                f"{name}: unknown parameter", code="unknown_parameter", param=str(name)
-            )
+        with errors.check():
+            if name in UNSUPPORTED_FEATURES:
+                raise unsupported(name, UNSUPPORTED_FEATURES[name])
+            if name not in known:
+                raise ProtocolError(
+                    f"{name}: unknown parameter", code="unknown_parameter", param=str(name)
+                )
     model = body.get("model")
-    required = not count_only or model is not None  # input_tokens may omit the model
-    if required and (not isinstance(model, str) or not model):
-        raise missing_or_type(body, "model", "a non-empty string")
+    with errors.check():
+        required = not count_only or model is not None  # input_tokens may omit the model
+        if required and (not isinstance(model, str) or not model):
+            raise missing_or_type(body, "model", "a non-empty string")
     previous = body.get("previous_response_id")
-    if previous is not None and (not isinstance(previous, str) or not previous):
-        raise invalid_type("previous_response_id", "a non-empty string", previous)
+    with errors.check():
+        if previous is not None and (not isinstance(previous, str) or not previous):
+            raise invalid_type("previous_response_id", "a non-empty string", previous)
     instructions = body.get("instructions")
-    if instructions is not None and not isinstance(instructions, str):
-        raise invalid_type("instructions", "a string", instructions)
-    _check_text(body.get("text"))
-    truncation = body.get("truncation")
-    if truncation not in (None, "disabled"):
-        if truncation == "auto":
-            raise unsupported(
-                "truncation", "'auto' would silently drop Items; overlong input fails instead"
-            )
-        raise invalid("truncation", f"must be 'disabled' or 'auto', got {truncation!r}")
-    effort = _parse_reasoning(body.get("reasoning"))
-    merged = {k: body.get(k) for k in ("chat_template_kwargs", "preserve_thinking")}
-    merged["reasoning_effort"] = effort
-    enable, preserve, effort, kwargs = parse_template_options(merged)
-    tools = _parse_tools(body.get("tools"), body.get("tool_choice"))
-    parallel = opt_bool(body, "parallel_tool_calls")
-    if parallel is False and tools.template_tools:
-        raise unsupported(
-            "parallel_tool_calls", "false cannot be enforced: the model may emit several calls"
-        )
+    with errors.check():
+        if instructions is not None and not isinstance(instructions, str):
+            raise invalid_type("instructions", "a string", instructions)
+    verbosity = None
+    with errors.check():
+        verbosity = _check_text(body.get("text"))
+    with errors.check():
+        truncation = body.get("truncation")
+        if truncation not in (None, "disabled"):
+            if truncation == "auto":
+                raise unsupported(
+                    "truncation", "'auto' would silently drop Items; overlong input fails instead"
+                )
+            raise invalid("truncation", f"must be 'disabled' or 'auto', got {truncation!r}")
+    template: tuple[Any, ...] = (None, None, None, {})
+    with errors.check():
+        effort = _parse_reasoning(body.get("reasoning"))
+        merged = {k: body.get(k) for k in ("chat_template_kwargs", "preserve_thinking")}
+        merged["reasoning_effort"] = effort
+        template = parse_template_options(merged)
+    enable, preserve, effort, kwargs = template
+    tools = ToolSet()
+    with errors.check():
+        tools = _parse_tools(body.get("tools"), body.get("tool_choice"))
+    parallel = None
+    with errors.check():
+        parallel = opt_bool(body, "parallel_tool_calls")
+    items: list[dict[str, Any]] = []
+    with errors.check():
+        items = normalize_input(body.get("input"), seal=seal)
     request = ResponsesRequest(
         model=model,
-        input_items=normalize_input(body.get("input")),
+        input_items=items,
         instructions=instructions,
         previous_response_id=previous,
         reasoning_effort=effort,
@@ -209,58 +287,99 @@ def _parse(body: Any, known: frozenset[str], *, count_only: bool) -> ResponsesRe
         tools=tools,
         tool_choice=body.get("tool_choice") or "auto",
         parallel_tool_calls=parallel is not False,
+        echo={"verbosity": verbosity},
     )
-    if count_only:
-        return request
-    return _with_create_fields(request, body)
+    if not count_only:
+        with errors.check():
+            request = _with_create_fields(request, body, errors)
+    errors.raise_any()
+    return request
 
 
-def _with_create_fields(request: ResponsesRequest, body: Mapping[str, Any]) -> ResponsesRequest:
-    stream = opt_bool(body, "stream") or False
-    options = body.get("stream_options")
-    if options is not None:
-        if not isinstance(options, dict):
-            raise invalid_type("stream_options", "an object", options)
-        if not stream:
-            raise invalid("stream_options", "is only allowed when stream is true")
-        for name in options:
-            if name != "include_obfuscation":
-                raise ProtocolError(
-                    f"stream_options.{name}: unknown parameter",
-                    code="unknown_parameter",
-                    param=f"stream_options.{name}",
-                )
-        opt_bool(options, "include_obfuscation", "stream_options.")
-    if opt_bool(body, "background"):
-        raise unsupported("background", "background execution is not supported")
-    include = body.get("include")
-    if include is not None:
-        if not isinstance(include, list):
-            raise invalid_type("include", "an array", include)
-        if include:
-            raise unsupported("include", "no optional output data (include) can be added")
-    top = body.get("top_logprobs")
-    if top is not None and top != 0:
-        if not isinstance(top, int) or isinstance(top, bool):
-            raise invalid_type("top_logprobs", "an integer", top)
-        raise unsupported("top_logprobs", "log probabilities are not returned")
-    tier = body.get("service_tier")
-    if tier is not None and tier not in SERVICE_TIERS:
-        raise unsupported("service_tier", f"only auto or default is served, got {tier!r}")
-    client_metadata = body.get("client_metadata")
-    if client_metadata is not None and not isinstance(client_metadata, dict):
-        raise invalid_type("client_metadata", "an object or null", client_metadata)
-    echo = _parse_client_hints(body)
+def _with_create_fields(
+    request: ResponsesRequest, body: Mapping[str, Any], errors: ErrorCollector
+) -> ResponsesRequest:
+    stream = False
+    with errors.check():
+        stream = opt_bool(body, "stream") or False
+    with errors.check():
+        _check_stream_options(body.get("stream_options"), stream)
+    with errors.check():
+        if opt_bool(body, "background"):
+            raise unsupported("background", "background execution is not supported")
+    include = False
+    with errors.check():
+        include = _parse_include(body.get("include"))
+    with errors.check():
+        top = body.get("top_logprobs")
+        if top is not None and top != 0:
+            if not isinstance(top, int) or isinstance(top, bool):
+                raise invalid_type("top_logprobs", "an integer", top)
+            raise unsupported("top_logprobs", "log probabilities are not returned")
+    with errors.check():
+        tier = body.get("service_tier")
+        if tier is not None and tier not in SERVICE_TIERS:
+            raise unsupported("service_tier", f"only auto or default is served, got {tier!r}")
+    with errors.check():
+        client_metadata = body.get("client_metadata")
+        if client_metadata is not None and not isinstance(client_metadata, dict):
+            raise invalid_type("client_metadata", "an object or null", client_metadata)
+    echo = dict(request.echo)
+    with errors.check():
+        echo.update(_parse_client_hints(body))
+    fields: dict[str, Any] = {}
+    for name, parse in (
+        ("max_output_tokens", lambda: _opt_count(body, "max_output_tokens")),
+        ("store", lambda: opt_bool(body, "store") is not False),
+        ("sampling", lambda: _parse_sampling(body)),
+        ("metadata", lambda: _parse_metadata(body.get("metadata"))),
+        ("max_tool_calls", lambda: _opt_count(body, "max_tool_calls")),
+    ):
+        with errors.check():
+            fields[name] = parse()
     return replace(
         request,
-        max_output_tokens=_opt_count(body, "max_output_tokens"),
         stream=stream,
-        store=opt_bool(body, "store") is not False,
-        sampling=_parse_sampling(body),
-        metadata=_parse_metadata(body.get("metadata")),
-        max_tool_calls=_opt_count(body, "max_tool_calls"),
+        include_encrypted_reasoning=include,
         echo=echo,
+        **fields,
     )
+
+
+def _check_stream_options(options: Any, stream: bool) -> None:
+    if options is None:
+        return
+    if not isinstance(options, dict):
+        raise invalid_type("stream_options", "an object", options)
+    if not stream:
+        raise invalid("stream_options", "is only allowed when stream is true")
+    for name in options:
+        if name != "include_obfuscation":
+            raise ProtocolError(
+                f"stream_options.{name}: unknown parameter",
+                code="unknown_parameter",
+                param=f"stream_options.{name}",
+            )
+    opt_bool(options, "include_obfuscation", "stream_options.")
+
+
+def _parse_include(include: Any) -> bool:
+    """Whether reasoning Items carry `encrypted_content`; other output data is rejected."""
+    if include is None:
+        return False
+    if not isinstance(include, list):
+        raise invalid_type("include", "an array", include)
+    errors = ErrorCollector()
+    for i, value in enumerate(include):
+        with errors.check():
+            if not isinstance(value, str):
+                raise invalid_type(f"include[{i}]", "a string", value)
+            if value in UNSUPPORTED_INCLUDES:
+                raise unsupported(f"include[{i}]", f"{value!r}: {UNSUPPORTED_INCLUDES[value]}")
+            if value != ENCRYPTED_REASONING:
+                raise invalid(f"include[{i}]", f"unknown include value {value!r}")
+    errors.raise_any()
+    return ENCRYPTED_REASONING in include
 
 
 # -- scalars ------------------------------------------------------------------------------------
@@ -326,9 +445,10 @@ def _parse_client_hints(body: Mapping[str, Any]) -> dict[str, Any]:
     return echo
 
 
-def _check_text(text: Any) -> None:
+def _check_text(text: Any) -> str | None:
+    """The requested verbosity: a neutral hint (echoed, no effect on generation)."""
     if text is None:
-        return
+        return None
     if not isinstance(text, dict):
         raise invalid_type("text", "an object", text)
     fmt = text.get("format")
@@ -338,10 +458,11 @@ def _check_text(text: Any) -> None:
         if fmt.get("type") != "text":
             raise unsupported("text.format", f"only type 'text' is supported; {_NO_CONSTRAINT}")
     verbosity = text.get("verbosity")
-    if verbosity not in (None, "medium"):
-        raise unsupported(
-            "text.verbosity", "only 'medium' is supported; output length is not steered"
+    if verbosity is not None and verbosity not in VERBOSITIES:
+        raise invalid(
+            "text.verbosity", f"must be one of {', '.join(VERBOSITIES)}, got {verbosity!r}"
         )
+    return verbosity
 
 
 def _parse_reasoning(reasoning: Any) -> str | None:
@@ -372,42 +493,46 @@ def _parse_tools(tools: Any, choice: Any) -> ToolSet:
     if not isinstance(tools, list):
         raise invalid_type("tools", "an array", tools)
     declared: list[dict[str, Any]] = []
-    entries: list[tuple[str | None, dict[str, Any]]] = []  # (namespace, function definition)
+    # (namespace, kind, function definition the model is offered)
+    entries: list[tuple[str | None, str, dict[str, Any]]] = []
+    ignored: list[str] = []
+    errors = ErrorCollector()
     for i, tool in enumerate(tools):
-        param = f"tools[{i}]"
-        if not isinstance(tool, dict):
-            raise invalid_type(param, "an object", tool)
-        kind = tool.get("type")
-        if kind == "function":
-            entries.append((None, _check_function(param, tool)))
-        elif kind == "namespace":
-            name = tool.get("name")
-            if not isinstance(name, str) or not name:
-                raise invalid_type(f"{param}.name", "a non-empty string", name)
-            members = tool.get("tools")
-            if not isinstance(members, list) or not members:
-                raise invalid_type(f"{param}.tools", "a non-empty array of functions", members)
-            for j, member in enumerate(members):
-                where = f"{param}.tools[{j}]"
-                if not isinstance(member, dict) or member.get("type") != "function":
-                    raise unsupported(f"{where}.type", "namespaces may contain function tools only")
-                entries.append((name, _check_function(where, member)))
-        else:
-            raise unsupported(
-                f"{param}.type",
-                f"tool type {kind!r} is not supported: only client-executed function tools "
-                "(direct or in a namespace); ninfer runs no hosted, MCP or custom tools",
-            )
-        declared.append(tool)
+        with errors.check():
+            param = f"tools[{i}]"
+            if not isinstance(tool, dict):
+                raise invalid_type(param, "an object", tool)
+            kind = tool.get("type")
+            if kind == "function":
+                entries.append((None, "function", _check_function(param, tool)))
+            elif kind == "namespace":
+                entries += _namespace_entries(param, tool)
+            elif kind == "custom":
+                entries.append((None, "custom", _custom_function(param, tool)))
+            elif kind == "local_shell":
+                entries.append((None, "local_shell", dict(LOCAL_SHELL_TOOL)))
+            elif isinstance(kind, str) and kind in HOSTED_TOOLS:
+                ignored.append(kind)
+            else:
+                raise unsupported(
+                    f"{param}.type",
+                    f"tool type {kind!r} is not supported: function, namespace, custom and "
+                    "local_shell tools run on the client; hosted tools "
+                    f"({', '.join(sorted(HOSTED_TOOLS))}) are accepted and not offered",
+                )
+            declared.append(tool)
+    errors.raise_any()
     identities: dict[str, tuple[str | None, str]] = {}
+    kinds: dict[str, str] = {}
     template_tools = []
-    for namespace, fn in entries:
+    for namespace, kind, fn in entries:
         engine_name = engine_tool_name(namespace, fn["name"])
         if engine_name in identities:
             raise invalid(
                 "tools", f"the tool {engine_name!r} is declared more than once", "duplicate_tool"
             )
         identities[engine_name] = (namespace, fn["name"])
+        kinds[engine_name] = kind
         spec = {"name": engine_name}
         for key in ("description", "parameters"):
             if fn.get(key) is not None:
@@ -420,7 +545,65 @@ def _parse_tools(tools: Any, choice: Any) -> ToolSet:
                 raise invalid("tool_choice", f"allowed tool {name!r} is not declared in tools")
         names = {engine_tool_name(ns, n) for ns, n in allowed}
         template_tools = [t for t in template_tools if t["function"]["name"] in names]
-    return ToolSet(declared, template_tools or None, identities)
+    return ToolSet(
+        declared, template_tools or None, identities, kinds, tuple(dict.fromkeys(ignored))
+    )
+
+
+def _namespace_entries(
+    param: str, tool: Mapping[str, Any]
+) -> list[tuple[str | None, str, dict[str, Any]]]:
+    name = tool.get("name")
+    if not isinstance(name, str) or not name:
+        raise invalid_type(f"{param}.name", "a non-empty string", name)
+    members = tool.get("tools")
+    if not isinstance(members, list) or not members:
+        raise invalid_type(f"{param}.tools", "a non-empty array of functions", members)
+    out: list[tuple[str | None, str, dict[str, Any]]] = []
+    for j, member in enumerate(members):
+        where = f"{param}.tools[{j}]"
+        if not isinstance(member, dict) or member.get("type") != "function":
+            raise unsupported(f"{where}.type", "namespaces may contain function tools only")
+        out.append((name, "function", _check_function(where, member)))
+    return out
+
+
+def _custom_function(param: str, tool: Mapping[str, Any]) -> dict[str, Any]:
+    """A freeform tool offered as a function of one string `input` (the model cannot be held to
+    the grammar: there is no constrained decoding, so the grammar is shown, not enforced)."""
+    name = tool.get("name")
+    if not isinstance(name, str) or not name:
+        raise missing_or_type(tool, "name", "a non-empty string", prefix=f"{param}.")
+    desc = tool.get("description")
+    if desc is not None and not isinstance(desc, str):
+        raise invalid_type(f"{param}.description", "a string", desc)
+    if tool.get("defer_loading") is True:
+        raise unsupported(f"{param}.defer_loading", "deferred tool loading is not supported")
+    fmt = tool.get("format")
+    note = "This is a FREEFORM tool: its `input` is raw text, not JSON."
+    if fmt is not None:
+        if not isinstance(fmt, dict):
+            raise invalid_type(f"{param}.format", "an object", fmt)
+        kind = fmt.get("type")
+        if kind == "grammar":
+            syntax, definition = fmt.get("syntax"), fmt.get("definition")
+            if not isinstance(syntax, str) or not isinstance(definition, str):
+                raise invalid(
+                    f"{param}.format", "a grammar format needs string syntax and definition"
+                )
+            note += f" The input must follow this {syntax} grammar:\n{definition}"
+        elif kind != "text":
+            raise invalid(f"{param}.format.type", f"must be 'text' or 'grammar', got {kind!r}")
+    description = f"{desc}\n\n{note}" if desc else note
+    return {
+        "name": name,
+        "description": description,
+        "parameters": {
+            "type": "object",
+            "properties": {"input": {"type": "string", "description": "The raw input text."}},
+            "required": ["input"],
+        },
+    }
 
 
 def _check_function(param: str, tool: Mapping[str, Any]) -> dict[str, Any]:
@@ -468,9 +651,17 @@ def _allowed_tools(choice: Any) -> list[tuple[str | None, str]] | None:
         raise invalid_type("tool_choice.tools", "an array", entries)
     out = []
     for i, entry in enumerate(entries):
-        name = entry.get("name") if isinstance(entry, dict) else None
-        if not isinstance(name, str) or entry.get("type") != "function":
-            raise unsupported(f"tool_choice.tools[{i}]", "only function tools can be allowed")
+        if not isinstance(entry, dict):
+            raise invalid_type(f"tool_choice.tools[{i}]", "an object", entry)
+        name = entry.get("name")
+        if entry.get("type") == "local_shell":
+            out.append((None, LOCAL_SHELL))
+            continue
+        if not isinstance(name, str) or entry.get("type") not in ("function", "custom"):
+            raise unsupported(
+                f"tool_choice.tools[{i}]",
+                "only function, custom and local_shell tools can be allowed",
+            )
         namespace = entry.get("namespace")
         if namespace is not None and not isinstance(namespace, str):
             raise invalid_type(f"tool_choice.tools[{i}].namespace", "a string", namespace)

@@ -14,18 +14,33 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ninfer.protocol.errors import ProtocolError, invalid, invalid_type, unsupported
+from ninfer.protocol.errors import (
+    ErrorCollector,
+    ProtocolError,
+    invalid,
+    invalid_type,
+    unsupported,
+)
 from ninfer.protocol.media_parts import check_detail, joined, media_url, template_part, text_part
+from ninfer.protocol.reasoning_seal import ReasoningSeal
 
 ITEM_ID_PREFIX = {
     "message": "msg_",
     "reasoning": "rs_",
     "function_call": "fc_",
     "function_call_output": "fco_",
+    "custom_tool_call": "ctc_",
+    "custom_tool_call_output": "ctco_",
+    "local_shell_call": "lsh_",
+    "local_shell_call_output": "lsho_",
 }
 MESSAGE_ROLES = ("user", "assistant", "system", "developer")
+LOCAL_SHELL = "local_shell"  # the engine tool name of the local_shell tool
 # Assistant-owned Items in the one order a Qwen assistant turn can represent.
-_STAGE = {"reasoning": 0, "message": 1, "function_call": 2}
+_CALLS = ("function_call", "custom_tool_call", "local_shell_call")
+_RESULTS = ("function_call_output", "custom_tool_call_output", "local_shell_call_output")
+_STAGE = {"reasoning": 0, "message": 1, **dict.fromkeys(_CALLS, 2)}
+_ITEM_TYPES = ("message", "reasoning", *_CALLS, *_RESULTS)
 
 ToolNamer = Callable[[str | None, str], str]  # (namespace, name) -> the engine's tool name
 
@@ -34,15 +49,27 @@ def new_item_id(kind: str) -> str:
     return ITEM_ID_PREFIX[kind] + uuid.uuid4().hex
 
 
-def normalize_input(value: Any, param: str = "input") -> list[dict[str, Any]]:
-    """The request's `input` as canonical Items; string input is one user `input_text` message."""
+def normalize_input(
+    value: Any, param: str = "input", *, seal: ReasoningSeal | None = None
+) -> list[dict[str, Any]]:
+    """The request's `input` as canonical Items; string input is one user `input_text` message.
+
+    `seal` opens replayed reasoning that carries only `encrypted_content`; without one (or when
+    it does not authenticate) such an Item is kept as omitted reasoning. Every bad Item is
+    reported in one error.
+    """
     if value is None:
         return []
     if isinstance(value, str):
         return [_message_item(new_item_id("message"), "user", [_text_part("input_text", value)])]
     if not isinstance(value, list):
         raise invalid_type(param, "a string or an array of Items", value)
-    items = [_normalize_item(f"{param}[{i}]", item) for i, item in enumerate(value)]
+    errors = ErrorCollector()
+    items = []
+    for i, item in enumerate(value):
+        with errors.check():
+            items.append(_normalize_item(f"{param}[{i}]", item, seal))
+    errors.raise_any()
     seen: set[str] = set()
     for i, item in enumerate(items):
         if item["id"] in seen:
@@ -61,7 +88,7 @@ def _text_part(kind: str, text: str) -> dict[str, Any]:
     return {"type": kind, "text": text}
 
 
-def _normalize_item(param: str, item: Any) -> dict[str, Any]:
+def _normalize_item(param: str, item: Any, seal: ReasoningSeal | None) -> dict[str, Any]:
     if not isinstance(item, dict):
         raise invalid_type(param, "an Item object", item)
     kind = item.get("type")
@@ -73,17 +100,20 @@ def _normalize_item(param: str, item: Any) -> dict[str, Any]:
     if kind == "message":
         return _normalize_message(param, item, item_id)
     if kind == "reasoning":
-        return _normalize_reasoning(param, item, item_id)
+        return _normalize_reasoning(param, item, item_id, seal)
     if kind == "function_call":
         return _normalize_call(param, item, item_id)
-    if kind == "function_call_output":
-        return _normalize_output(param, item, item_id)
+    if kind == "custom_tool_call":
+        return _normalize_custom_call(param, item, item_id)
+    if kind == "local_shell_call":
+        return _normalize_shell_call(param, item, item_id)
+    if kind in _RESULTS:
+        return _normalize_output(param, item, item_id, kind)
     if not isinstance(kind, str):
         raise invalid(f"{param}.type", "is required (message, reasoning, function_call, ...)")
     raise unsupported(
         f"{param}.type",
-        f"Item type {kind!r} is not supported (message, reasoning, function_call and "
-        "function_call_output are)",
+        f"Item type {kind!r} is not supported (supported: {', '.join(_ITEM_TYPES)})",
     )
 
 
@@ -150,15 +180,26 @@ def _copy_breakpoint(param: str, part: Mapping[str, Any], out: dict[str, Any]) -
 
 
 def _normalize_reasoning(
-    param: str, item: Mapping[str, Any], item_id: str | None
+    param: str, item: Mapping[str, Any], item_id: str | None, seal: ReasoningSeal | None
 ) -> dict[str, Any]:
     content = item.get("content")
-    if content is None:
+    encrypted = item.get("encrypted_content")
+    if encrypted is not None and not isinstance(encrypted, str):
+        raise invalid_type(f"{param}.encrypted_content", "a string", encrypted)
+    if content is None and encrypted is not None:
+        # Replayed as summary + encrypted_content (Codex): ours opens to the raw reasoning;
+        # anything else is omitted reasoning, exactly as if the client had left the Item out.
+        text = seal.open(encrypted) if seal is not None else None
+        if text is not None:
+            content = [{"type": "reasoning_text", "text": text}]
+    elif content is None:
         raise unsupported(
             f"{param}.content",
-            "reasoning replay needs raw reasoning_text content; summaries or encrypted content "
-            "cannot reconstruct the model's reasoning",
+            "reasoning replay needs raw reasoning_text content or this server's "
+            "encrypted_content; a summary alone cannot reconstruct the model's reasoning",
         )
+    if content is None:
+        return _reasoning_item(item_id, item.get("summary", []), None, encrypted, param)
     if not isinstance(content, list):
         raise invalid_type(f"{param}.content", "an array of reasoning_text parts", content)
     parts = []
@@ -169,16 +210,28 @@ def _normalize_reasoning(
         if not isinstance(part.get("text"), str):
             raise invalid_type(f"{where}.text", "a string", part.get("text"))
         parts.append({"type": "reasoning_text", "text": part["text"]})
-    summary = item.get("summary", [])
+    return _reasoning_item(item_id, item.get("summary", []), parts, encrypted, param)
+
+
+def _reasoning_item(
+    item_id: str | None,
+    summary: Any,
+    parts: list[dict[str, Any]] | None,
+    encrypted: str | None,
+    param: str,
+) -> dict[str, Any]:
+    """`content` absent means omitted reasoning: kept in the history, never in the prompt."""
+    if summary is None:
+        summary = []
     if not isinstance(summary, list):
         raise invalid_type(f"{param}.summary", "an array", summary)
     out: dict[str, Any] = {
         "id": item_id or new_item_id("reasoning"),
         "type": "reasoning",
         "summary": summary,
-        "content": parts,
     }
-    encrypted = item.get("encrypted_content")
+    if parts is not None:
+        out["content"] = parts
     if encrypted is not None:
         out["encrypted_content"] = encrypted
     return out
@@ -226,9 +279,84 @@ def _normalize_call(param: str, item: Mapping[str, Any], item_id: str | None) ->
     return out
 
 
-def _normalize_output(param: str, item: Mapping[str, Any], item_id: str | None) -> dict[str, Any]:
+def _normalize_custom_call(
+    param: str, item: Mapping[str, Any], item_id: str | None
+) -> dict[str, Any]:
+    _completed_status(param, item)
+    call_id, name, text = item.get("call_id"), item.get("name"), item.get("input")
+    if not isinstance(call_id, str) or not call_id:
+        raise _required(param, item, "call_id", "a non-empty string")
+    if not isinstance(name, str) or not name:
+        raise _required(param, item, "name", "a non-empty string")
+    if not isinstance(text, str):
+        raise _required(param, item, "input", "a string")
+    return {
+        "id": item_id or new_item_id("custom_tool_call"),
+        "type": "custom_tool_call",
+        "status": "completed",
+        "call_id": call_id,
+        "name": name,
+        "input": text,
+    }
+
+
+def _normalize_shell_call(
+    param: str, item: Mapping[str, Any], item_id: str | None
+) -> dict[str, Any]:
+    _completed_status(param, item)
+    call_id = item.get("call_id") or item_id  # Chat-era Codex items carried only an id
+    if not isinstance(call_id, str) or not call_id:
+        raise _required(param, item, "call_id", "a non-empty string")
+    action = shell_action(item.get("action"))
+    if action is None:
+        raise invalid(
+            f"{param}.action",
+            "must be {type: 'exec', command: [strings], timeout_ms?, working_directory?, env?, "
+            "user?}",
+        )
+    return {
+        "id": item_id or new_item_id("local_shell_call"),
+        "type": "local_shell_call",
+        "status": "completed",
+        "call_id": call_id,
+        "action": action,
+    }
+
+
+def shell_action(raw: Any) -> dict[str, Any] | None:
+    """A local_shell `exec` action in its canonical form, or None when it is not one."""
+    if not isinstance(raw, dict) or raw.get("type", "exec") != "exec":
+        return None
+    command = raw.get("command")
+    if (
+        not isinstance(command, list)
+        or not command
+        or not all(isinstance(arg, str) for arg in command)
+    ):
+        return None
+    action: dict[str, Any] = {"type": "exec", "command": list(command)}
+    checks = {
+        "timeout_ms": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+        "working_directory": lambda v: isinstance(v, str),
+        "env": lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()),
+        "user": lambda v: isinstance(v, str),
+    }
+    for name, ok in checks.items():
+        value = raw.get(name)
+        if value is not None and not ok(value):
+            return None
+        action[name] = value
+    unknown = set(raw) - set(checks) - {"type", "command"}
+    return None if unknown else action
+
+
+def _normalize_output(
+    param: str, item: Mapping[str, Any], item_id: str | None, kind: str
+) -> dict[str, Any]:
     _completed_status(param, item)
     call_id = item.get("call_id")
+    if kind == "local_shell_call_output" and call_id is None:
+        call_id, item_id = item_id, None  # the API names the answered call by `id`
     if not isinstance(call_id, str) or not call_id:
         raise _required(param, item, "call_id", "a non-empty string")
     output = item.get("output")
@@ -239,8 +367,8 @@ def _normalize_output(param: str, item: Mapping[str, Any], item_id: str | None) 
     elif not isinstance(output, str):
         raise _required(param, item, "output", "a string or an array of content parts")
     out: dict[str, Any] = {
-        "id": item_id or new_item_id("function_call_output"),
-        "type": "function_call_output",
+        "id": item_id or new_item_id(kind),
+        "type": kind,
         "call_id": call_id,
         "output": output,
     }
@@ -348,9 +476,9 @@ def lower_items(
         if turn is not None:
             messages.append(_assistant_message(turn, tool_name))
             last_calls, turn = turn.calls, None
-        if kind == "function_call_output":
+        if kind in _RESULTS:
             end = i
-            while end < len(items) and items[end]["type"] == "function_call_output":
+            while end < len(items) and items[end]["type"] in _RESULTS:
                 end += 1
             messages += _tool_results(items[i:end], last_calls, [where(j) for j in range(i, end)])
             last_calls = []
@@ -367,7 +495,8 @@ def lower_items(
 
 def _add_to_turn(turn: _AssistantTurn, item: dict[str, Any], where: str, seen: set[str]) -> None:
     if item["type"] == "reasoning":
-        turn.reasoning = (turn.reasoning or []) + [p["text"] for p in item["content"]]
+        if "content" in item:  # omitted reasoning (unopened encrypted_content) adds nothing
+            turn.reasoning = (turn.reasoning or []) + [p["text"] for p in item["content"]]
     elif item["type"] == "message":
         turn.content += _parts(item["content"], f"{where}.content")
     else:
@@ -387,17 +516,26 @@ def _assistant_message(turn: _AssistantTurn, tool_name: ToolNamer) -> dict[str, 
         out["reasoning_content"] = "".join(turn.reasoning)
     if turn.calls:
         out["tool_calls"] = [
-            {
-                "id": call["call_id"],
-                "type": "function",
-                "function": {
-                    "name": tool_name(call.get("namespace"), call["name"]),
-                    "arguments": call["arguments"],
-                },
-            }
+            {"id": call["call_id"], "type": "function", "function": _call_function(call, tool_name)}
             for call in turn.calls
         ]
     return out
+
+
+def _call_function(call: dict[str, Any], tool_name: ToolNamer) -> dict[str, Any]:
+    """How the model wrote the call: custom tools take one `input` string, local_shell its
+    action's fields (the shapes their tool definitions offered)."""
+    if call["type"] == "custom_tool_call":
+        name = tool_name(None, call["name"])
+        arguments = json.dumps({"input": call["input"]}, ensure_ascii=False)
+    elif call["type"] == "local_shell_call":
+        name = LOCAL_SHELL
+        fields = {k: v for k, v in call["action"].items() if k != "type" and v is not None}
+        arguments = json.dumps(fields, ensure_ascii=False)
+    else:
+        name = tool_name(call.get("namespace"), call["name"])
+        arguments = call["arguments"]
+    return {"name": name, "arguments": arguments}
 
 
 def _tool_results(
@@ -411,7 +549,7 @@ def _tool_results(
         call = by_id.get(call_id)
         if call is None:
             raise _tool_history(
-                where, f"call_id {call_id!r} answers no function_call of the preceding turn"
+                where, f"call_id {call_id!r} answers no tool call of the preceding turn"
             )
         if call_id in matched:
             raise _tool_history(where, f"call_id {call_id!r} has more than one result")

@@ -8,14 +8,18 @@ aggregate body is by construction the terminal state of the stream (same ids, in
 from __future__ import annotations
 
 import enum
+import json
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ninfer.protocol.openai_responses_items import new_item_id
+from ninfer.protocol.openai_responses_items import new_item_id, shell_action
 
 Identity = Callable[[str], tuple[str | None, str]]  # engine tool name -> (namespace, name)
+ToolKind = Callable[[str], str]  # engine tool name -> "function" | "custom" | "local_shell"
+Sealer = Callable[[str], str]  # raw reasoning text -> encrypted_content
+CALL_TYPES = ("function_call", "custom_tool_call", "local_shell_call")
 
 
 class ResponseStatus(enum.StrEnum):
@@ -64,15 +68,19 @@ class OutputBuilder:
     A change of channel closes the open Item, so each Item's deltas concatenate to its text.
     """
 
-    def __init__(self, identity: Identity) -> None:
+    def __init__(
+        self, identity: Identity, *, kind: ToolKind | None = None, seal: Sealer | None = None
+    ) -> None:
         self.identity = identity
+        self.kind = kind or (lambda name: "function")
+        self.seal = seal  # set when the request includes reasoning.encrypted_content
         self.output: list[dict[str, Any]] = []
         self._open: dict[str, Any] | None = None  # the reasoning or message Item being written
         self._text: list[str] = []
 
     @property
     def has_tool_calls(self) -> bool:
-        return any(item["type"] == "function_call" for item in self.output)
+        return any(item["type"] in CALL_TYPES for item in self.output)
 
     def reasoning(self, text: str) -> list[dict[str, Any]]:
         return self._delta("reasoning", text)
@@ -144,6 +152,8 @@ class OutputBuilder:
         part = self._part(kind, text)
         item["content"] = [part]
         item["status"] = status.value
+        if kind == "reasoning" and self.seal is not None:
+            item["encrypted_content"] = self.seal(text)
         where = self._where(item)
         name = "reasoning_text" if kind == "reasoning" else "output_text"
         done = {"type": f"response.{name}.done", **where, "text": text}
@@ -160,7 +170,67 @@ class OutputBuilder:
         ]
 
     def tool_call(self, engine_name: str, arguments: str) -> list[dict[str, Any]]:
+        """The Item for one parsed call: a function call, or the custom / local_shell call its
+        tool's kind asks for (a call whose arguments do not fit that shape stays a function call,
+        so nothing the model wrote is lost)."""
         events = self._close(ResponseStatus.COMPLETED)
+        kind = self.kind(engine_name)
+        args = _json_object(arguments) if kind != "function" else None
+        if kind == "custom" and args is not None:
+            text = _single_string(args)
+            if text is not None:
+                return events + self._custom_call(self.identity(engine_name)[1], text)
+        if kind == "local_shell" and args is not None:
+            action = shell_action({"type": "exec", **args})
+            if action is not None:
+                return events + self._shell_call(action)
+        return events + self._function_call(engine_name, arguments)
+
+    def _added(self, item: dict[str, Any]) -> tuple[int, list[dict[str, Any]]]:
+        self.output.append(item)
+        index = len(self.output) - 1
+        return index, [
+            {"type": "response.output_item.added", "output_index": index, "item": _copy(item)}
+        ]
+
+    def _custom_call(self, name: str, text: str) -> list[dict[str, Any]]:
+        item: dict[str, Any] = {
+            "id": new_item_id("custom_tool_call"),
+            "type": "custom_tool_call",
+            "status": "in_progress",
+            "call_id": new_call_id(),
+            "name": name,
+            "input": "",
+        }
+        index, events = self._added(item)
+        where = {"item_id": item["id"], "output_index": index}
+        if text:
+            events.append({"type": "response.custom_tool_call_input.delta", **where, "delta": text})
+        item["input"], item["status"] = text, "completed"
+        events.append({"type": "response.custom_tool_call_input.done", **where, "input": text})
+        events.append(
+            {"type": "response.output_item.done", "output_index": index, "item": _copy(item)}
+        )
+        return events
+
+    def _shell_call(self, action: dict[str, Any]) -> list[dict[str, Any]]:
+        call_id = new_call_id()
+        item: dict[str, Any] = {
+            "id": new_item_id("local_shell_call"),
+            "type": "local_shell_call",
+            "status": "in_progress",
+            "call_id": call_id,
+            "action": action,
+        }
+        index, events = self._added(item)
+        item["status"] = "completed"
+        events.append(
+            {"type": "response.output_item.done", "output_index": index, "item": _copy(item)}
+        )
+        return events
+
+    def _function_call(self, engine_name: str, arguments: str) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
         namespace, name = self.identity(engine_name)
         item: dict[str, Any] = {
             "id": new_item_id("function_call"),
@@ -221,7 +291,29 @@ def _copy(item: dict[str, Any]) -> dict[str, Any]:
     out = dict(item)
     if "content" in out:
         out["content"] = [dict(p) for p in out["content"]]
+    if "action" in out:
+        out["action"] = json.loads(json.dumps(out["action"]))
     return out
+
+
+def _json_object(arguments: str) -> dict[str, Any] | None:
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _single_string(args: dict[str, Any]) -> str | None:
+    """A custom tool's raw input: its `input` string, or the one string the model wrote."""
+    value = args.get("input")
+    if isinstance(value, str):
+        return value
+    if len(args) == 1:
+        (only,) = args.values()
+        if isinstance(only, str):
+            return only
+    return None
 
 
 def response_object(
@@ -263,7 +355,7 @@ def response_object(
         "service_tier": "default",
         "store": request.store,
         "temperature": request.sampling.get("temperature"),
-        "text": {"format": {"type": "text"}, "verbosity": "medium"},
+        "text": {"format": {"type": "text"}, "verbosity": echo.get("verbosity") or "medium"},
         "tool_choice": request.tool_choice,
         "tools": request.tools.declared,
         "top_logprobs": 0,

@@ -29,10 +29,10 @@ from ninfer.protocol.anthropic_render import (
     stop_reason,
 )
 from ninfer.protocol.errors import SERVER, ProtocolError
+from ninfer.server.body import parse_body
 from ninfer.server.config import ServerConfig
 from ninfer.server.errors import to_protocol_error
 from ninfer.server.lifecycle import Observability, RequestShape
-from ninfer.server.openai_routes import read_json
 
 ANTHROPIC_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
 # Engine error code -> Anthropic HTTP status (spec: overload is 529, queue/media timeouts 504).
@@ -64,11 +64,12 @@ class AnthropicRoutes:
         self.config = config
         self.hub = hub
 
-    def _parse(self, request: Request, *, count_only: bool) -> tuple[MessagesRequest, dict]:
-        parsed = parse_messages_request(
-            read_json(request),
-            default_max_tokens=self.config.default_max_tokens,
-            count_only=count_only,
+    async def _parse(self, request: Request, *, count_only: bool) -> tuple[MessagesRequest, dict]:
+        parsed = await parse_body(
+            request,
+            lambda body: parse_messages_request(
+                body, default_max_tokens=self.config.default_max_tokens, count_only=count_only
+            ),
         )
         kwargs = parsed.render_kwargs(
             default_thinking=not self.config.no_thinking,
@@ -77,14 +78,14 @@ class AnthropicRoutes:
         return parsed, kwargs
 
     async def count_tokens(self, request: Request) -> HTTPResponse:
-        parsed, kwargs = self._parse(request, count_only=True)
+        parsed, kwargs = await self._parse(request, count_only=True)
         count = await asyncio.to_thread(
             self.engine.count_prompt_tokens, parsed.messages, parsed.tools, **kwargs
         )
         return response.json({"input_tokens": count})
 
     async def messages(self, request: Request) -> HTTPResponse | None:
-        parsed, kwargs = self._parse(request, count_only=False)
+        parsed, kwargs = await self._parse(request, count_only=False)
         enable_thinking = kwargs.pop("enable_thinking")
         budget = parsed.budget_tokens
         if budget is None and enable_thinking:

@@ -149,21 +149,15 @@ def create_app(
 
     @app.exception(Exception)
     async def on_error(request: Request, exc: Exception) -> HTTPResponse:
-        anthropic = is_anthropic_path(request.path)
-        if isinstance(exc, SanicException):
-            error = _sanic_error(exc, known_path=_is_known_path(request.path))
-        else:
-            error = anthropic_error(exc) if anthropic else to_protocol_error(exc)
-        if getattr(request.ctx, "outcome_logged", False):
-            pass  # a generation lifecycle already wrote this request's record
-        elif error.status >= 500 or request.path.startswith("/v1/"):
-            log_http_error(
-                _request_id(request), request.method, request.path, error.status, error.code
+        try:
+            return _error_response(request, exc)
+        except Exception as inner:  # never Sanic's plain-text "error while handling an error"
+            log.error("request %s: error rendering failed: %s", _request_id(request),
+                      type(inner).__name__)  # fmt: skip
+            fallback = ProtocolError(
+                "internal server error", status=500, code="internal_error", type="server_error"
             )
-            if error.status >= 500:
-                log.debug("request %s traceback", _request_id(request), exc_info=exc)
-        body = anthropic_error_body(error, _request_id(request)) if anthropic else error.body()
-        return response.json(body, status=error.status, ensure_ascii=False)
+            return response.json(fallback.body(), status=500)
 
     @app.after_server_start
     async def ready(app: Sanic) -> None:
@@ -189,6 +183,23 @@ def create_app(
         request_log.close()
 
     return app
+
+
+def _error_response(request: Request, exc: Exception) -> HTTPResponse:
+    anthropic = is_anthropic_path(request.path)
+    if isinstance(exc, SanicException):
+        error = _sanic_error(exc, known_path=_is_known_path(request.path))
+    else:
+        error = anthropic_error(exc) if anthropic else to_protocol_error(exc)
+    if getattr(request.ctx, "outcome_logged", False):
+        pass  # a generation lifecycle already wrote this request's record
+    elif error.status >= 500 or request.path.startswith("/v1/"):
+        log_http_error(_request_id(request), request.method, request.path, error.status, error.code)
+        if error.status >= 500:
+            log.debug("request %s traceback", _request_id(request), exc_info=exc)
+    body = anthropic_error_body(error, _request_id(request)) if anthropic else error.body()
+    # ASCII escapes: an error message may quote client text, and must always encode.
+    return response.json(body, status=error.status, ensure_ascii=True)
 
 
 def _tune_connection(request: Request) -> None:

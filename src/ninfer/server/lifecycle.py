@@ -186,12 +186,21 @@ class Lifecycle:
         self.delivery: str | None = None  # delivered | client_gone | cancelled
         self._last_write = self.t_start
         self._settled = False
+        self._headers: dict[str, str] = {}
 
     # -- the handler's side ----------------------------------------------------------------------
-    async def run(self, request: Any, events: AsyncIterator[ChatEvent], wire: Wire) -> None:
+    async def run(
+        self,
+        request: Any,
+        events: AsyncIterator[ChatEvent],
+        wire: Wire,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         """Serve one generation response; returns None (the response is written here) or raises
-        the HTTP error for a failure before any byte was sent."""
+        the HTTP error for a failure before any byte was sent. `headers` go on the response
+        (stream or body), e.g. x-ninfer-ignored-tools."""
         self.wire, self._request = wire, request
+        self._headers = dict(headers or {})
         self.hub.active.add(self)
         self.reader = asyncio.get_running_loop().create_task(self._read(events))
         try:
@@ -276,7 +285,7 @@ class Lifecycle:
     async def _open(self) -> bool:
         """Send the stream's headers and opening frames; True when frames were written."""
         self._stream = await self._request.respond(
-            content_type="text/event-stream", headers={"cache-control": "no-cache"}
+            content_type="text/event-stream", headers={"cache-control": "no-cache", **self._headers}
         )
         frames = self._wire.open()
         await self._send(frames or [b""])  # an empty write still puts the headers out
@@ -334,7 +343,8 @@ class Lifecycle:
                 self.response_failure = error
                 return await self._reject_http(error)
             data = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
-            self._stream = await self._request.respond(content_type="application/json")
+            extra = {"headers": self._headers} if self._headers else {}
+            self._stream = await self._request.respond(content_type="application/json", **extra)
             await self._send([data], end=True)
         await self._confirm_delivery()
 

@@ -28,6 +28,7 @@ from ninfer.protocol.openai_chat_render import (
     tool_call_dict,
 )
 from ninfer.server import sse
+from ninfer.server.body import parse_body
 from ninfer.server.config import ServerConfig
 from ninfer.server.errors import to_protocol_error
 from ninfer.server.lifecycle import Observability, RequestShape
@@ -35,13 +36,6 @@ from ninfer.server.lifecycle import Observability, RequestShape
 
 def new_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
-
-
-def read_json(request: Request) -> Any:
-    try:
-        return request.json
-    except Exception:  # sanic raises BadRequest; the message names no field
-        raise ProtocolError("the request body is not valid JSON", param=None) from None
 
 
 class OpenAIRoutes:
@@ -86,7 +80,7 @@ class OpenAIRoutes:
 
     # -- chat completions ------------------------------------------------------------------------
     async def chat_completions(self, request: Request) -> HTTPResponse | None:
-        chat = parse_chat_request(read_json(request))
+        chat = await parse_body(request, parse_chat_request)
         if chat.model != self.model_id:
             raise self._unknown_model(chat.model)
         template = chat.template_options(

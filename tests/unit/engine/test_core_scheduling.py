@@ -234,3 +234,15 @@ def test_a_failing_consumer_is_cancelled_not_the_engine(tokenizer) -> None:
         sched.check_integrity()
     finally:
         core.close()
+
+
+def test_detokenizer_table_is_built_with_the_core_not_by_the_first_submit() -> None:
+    # submit() runs on the caller's event loop and inside the request's pending deadline; the
+    # ~0.5 s vocabulary table once cost the first request of a busy server its 1 s budget.
+    fresh = Tokenizer.from_json(Tokenizer.qwen3_5().to_json())
+    assert "byte_table" not in vars(fresh)
+    core, _ = make_core(fresh, FakeRunner())
+    try:
+        assert vars(fresh)["byte_table"] is not None
+    finally:
+        core.close()

@@ -113,12 +113,14 @@ def test_every_table_field_is_accepted_at_a_supported_value() -> None:
         ({"reasoning": {"effort": "huge"}}, "reasoning.effort", "invalid_value"),
         ({"reasoning": {"summary": "detailed"}}, "reasoning.summary", "unsupported_parameter"),
         ({"text": {"format": {"type": "json_object"}}}, "text.format", "unsupported_parameter"),
-        ({"text": {"verbosity": "low"}}, "text.verbosity", "unsupported_parameter"),
+        ({"text": {"verbosity": "loud"}}, "text.verbosity", "invalid_value"),
         ({"truncation": "auto"}, "truncation", "unsupported_parameter"),
         ({"top_logprobs": 2}, "top_logprobs", "unsupported_parameter"),
         ({"service_tier": "flex"}, "service_tier", "unsupported_parameter"),
         ({"background": True}, "background", "unsupported_parameter"),
-        ({"include": ["reasoning.encrypted_content"]}, "include", "unsupported_parameter"),
+        ({"include": ["message.output_text.logprobs"]}, "include[0]", "unsupported_parameter"),
+        ({"include": ["reasoning.everything"]}, "include[0]", "invalid_value"),
+        ({"include": "reasoning.encrypted_content"}, "include", "invalid_type"),
         ({"stream_options": {"include_obfuscation": True}}, "stream_options", "invalid_value"),
         (
             {"stream": True, "stream_options": {"include_usage": True}},
@@ -231,9 +233,11 @@ def test_allowed_tools_filters_in_declaration_order_and_none_disables() -> None:
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
-        ({"tools": [{"type": "mcp", "server_label": "x"}]}, "tools[0].type"),
-        ({"tools": [{"type": "custom", "name": "x"}]}, "tools[0].type"),
+        ({"tools": [{"type": "computer_use_2099"}]}, "tools[0].type"),
+        (
+            {"tools": [{"type": "custom", "name": "x", "defer_loading": True}]},
+            "tools[0].defer_loading",
+        ),
         ({"tools": [{**WEATHER, "strict": True}]}, "tools[0].strict"),
         ({"tools": [{**WEATHER, "defer_loading": True}]}, "tools[0].defer_loading"),
         ({"tools": [{**WEATHER, "output_schema": {}}]}, "tools[0].output_schema"),
@@ -248,7 +252,6 @@ def test_allowed_tools_filters_in_declaration_order_and_none_disables() -> None:
             {"tools": [WEATHER], "tool_choice": {"type": "allowed_tools", "mode": "required"}},
             "tool_choice.mode",
         ),
-        ({"tools": [WEATHER], "parallel_tool_calls": False}, "parallel_tool_calls"),
     ],
 )
 def test_unsupported_tool_features_are_rejected(fields: dict[str, Any], param: str) -> None:

@@ -148,9 +148,9 @@ def test_status_phase_and_breakpoints_are_kept_as_metadata() -> None:
             "unsupported_parameter",
         ),
         (
-            {"type": "reasoning", "summary": [], "encrypted_content": "opaque"},
-            "input[0].content",
-            "unsupported_parameter",
+            {"type": "reasoning", "summary": [], "encrypted_content": 5},
+            "input[0].encrypted_content",
+            "invalid_type",
         ),
         (call("c", status="in_progress"), "input[0].status", "unsupported_parameter"),
         (call("c", args="[1]"), "input[0].arguments", "invalid_value"),

@@ -66,7 +66,8 @@ def fake_request(body: dict[str, Any], stream: FakeStream) -> Any:
         stream.content_type = kwargs.get("content_type")
         return stream
 
-    return SimpleNamespace(json=body, ctx=SimpleNamespace(request_id="req-1"), respond=respond)
+    raw = json.dumps(body).encode()
+    return SimpleNamespace(body=raw, ctx=SimpleNamespace(request_id="req-1"), respond=respond)
 
 
 def parse(stream: FakeStream) -> list[dict[str, Any]]:
