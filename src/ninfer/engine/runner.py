@@ -4,8 +4,10 @@ It turns plan rows into the decode step's inputs (`engine/graphs.py`: forward, s
 next step's feed inside one CUDA graph) and into prefill forwards, one per chunk (each chunk keeps
 the fast single-sequence attention path; a mixed step therefore computes exactly what separate
 steps compute). `launch` only enqueues device work: the sampled ids travel to pinned host memory
-behind an event, and `wait()` on the returned handle reads them. The runner owns the device-side
-cache and never decides policy.
+behind an event, and `wait()` on the returned handle reads them. The plan's copies (StateImage
+captures and restores, KV page copies, host transfers) run first, in order (`engine/copies.py`);
+a row with checkpoints captures its slot's state into an image slot right after its forward.
+The runner owns the device-side cache and never decides policy.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ninfer.engine.copies import CopyEngine
 from ninfer.engine.graphs import DecodeInput, DecodeStep
 from ninfer.engine.plan import FROM_DEVICE, Row, StepOutcome, StepPlan, outcome_of
 from ninfer.engine.sampling import row_fields
@@ -50,10 +53,19 @@ class ModelRunner:
         # two pinned result buffers, alternated like the decode step's staging buffers
         self._host = [torch.zeros(size, dtype=torch.int64, pin_memory=cuda) for _ in range(2)]
         self._turn = 0
+        self.copies = CopyEngine(cache, self.device)
 
     def launch(self, plan: StepPlan) -> _InFlight:
         """Enqueue the step; nothing here waits for the device."""
+        self.copies.run(plan.copies, plan.free_host)
+        # corrections for earlier occupants first: a slot may change hands within this plan
         self.decode.adjust_counts(plan.uncount_slots, plan.count_tokens)
+        for row in plan.rows:
+            if row.first:  # a new residency: counts start empty
+                self.decode.reset_counts(row.slot)
+                if row.fresh:
+                    self.cache.reset_slot(row.slot)
+        self.decode.adjust_counts((), plan.restore_counts)
         samples: list[torch.Tensor] = []
         if plan.decode:
             samples.append(self.decode.run([_decode_input(r) for r in plan.decode]))
@@ -75,9 +87,6 @@ class ModelRunner:
         return _InFlight(plan, host, num, event)
 
     def _prefill(self, row: Row) -> torch.Tensor | None:
-        if row.fresh:
-            self.cache.reset_slot(row.slot)
-            self.decode.reset_counts(row.slot)
         batch = ForwardBatch.prefill(
             row.token_ids,
             num_computed=row.start,
@@ -87,8 +96,10 @@ class ModelRunner:
         )
         if not row.samples:
             self.model.forward_hidden(batch, self.cache)
+            self._capture(row)
             return None
         logits = self.model.forward(batch, self.cache)  # [1, V]
+        self._capture(row)
         reals, ints = row_fields(row.seq.sampling, row.sample_index)
         slots = torch.tensor([row.slot], dtype=torch.int64).to(self.device)
         token = dispatch.sample_tokens(
@@ -100,6 +111,12 @@ class ModelRunner:
         )  # [1]
         self.decode.record_samples(slots, token)
         return token
+
+    def _capture(self, row: Row) -> None:
+        # NOTE: the scheduler ends every chunk at its checkpoint, so only the row's end is ever
+        # asked for; a capture inside a row would need its forward split there.
+        assert all(offset == row.num_new_tokens for offset in row.checkpoint_at)
+        self.copies.run(row.after)
 
 
 def _decode_input(row: Row) -> DecodeInput:

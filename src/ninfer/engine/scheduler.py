@@ -297,6 +297,7 @@ class Scheduler:
                     samples=samples,
                     sample_index=0,
                     logits="last" if samples else "none",
+                    first=start == 0,
                 )
             )
             seq.num_scheduled = start + n
