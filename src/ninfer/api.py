@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from ninfer.artifact.reader import Artifact
+from ninfer.chat.cache_hints import prompt_checkpoints
 from ninfer.chat.output_decoder import DeltaKind, OutputDecoder, ToolCall, ToolCallParseStats
-from ninfer.chat.template import ChatTemplate, load_default_template
+from ninfer.chat.template import ChatTemplate, ContentMark, load_default_template
 from ninfer.engine.build import EngineParts, assemble, build
 from ninfer.engine.handles import AsyncRequestHandle, RequestHandle
 from ninfer.engine.options import EngineOptions
@@ -51,6 +52,10 @@ class ChatEvent:
     num_output: int = 0  # committed output tokens so far (a commit may release no text yet)
     token_ids: list[int] = field(default_factory=list)
     stop_sequence: str | None = None  # finished: the stop string that ended the output
+    # admitted and finished: prompt tokens reused from the prefix cache, and the
+    # `x-ninfer-prefix-cache` header value (why a hit or a miss)
+    num_cached: int = 0
+    prefix_cache: str | None = None
 
 
 class Engine:
@@ -130,6 +135,7 @@ class Engine:
         request_id: str | None = None,
         ignore_eos: bool = False,
         thinking_budget: int | None = None,
+        cache_checkpoints: Sequence[int] = (),
         **sampling: Any,
     ) -> GenerationRequest:
         unknown = sorted(set(sampling) - set(SAMPLING_FIELDS))
@@ -145,6 +151,7 @@ class Engine:
             request_id=request_id,
             ignore_eos=ignore_eos,
             thinking_budget=thinking_budget,
+            cache_checkpoints=tuple(cache_checkpoints),
         )
 
     def generate(self, prompt: str | Sequence[int], **kwargs: Any) -> Iterator[EngineEvent]:
@@ -178,7 +185,9 @@ class Engine:
         """Render, generate and decode into reasoning / content / tool-call events.
 
         `thinking_budget=N` (in kwargs) caps thinking at N model tokens when the output starts
-        in thinking mode; omitted, `default_thinking_budget` applies.
+        in thinking mode; omitted, `default_thinking_budget` applies. `cache_marks` (explicit
+        prompt-cache boundaries as `ContentMark`s) and `cache_implicit` (the automatic candidate
+        at the end of the latest content part) choose where the prefix cache may write.
         """
         request, decoder = self._chat_request(
             messages, tools, enable_thinking, template_kwargs, kwargs
@@ -216,7 +225,21 @@ class Engine:
     ) -> tuple[GenerationRequest, OutputDecoder]:
         kw = dict(template_kwargs or {})
         kw["enable_thinking"] = enable_thinking
-        ids = self.render(messages, tools, **kw)
+        marks = [
+            ContentMark(*m) if isinstance(m, tuple) else m for m in kwargs.pop("cache_marks", ())
+        ]
+        implicit = kwargs.pop("cache_implicit", True)
+        ids, offsets = self.template.render_ids_marked(
+            self.tokenizer, messages, marks, tools=tools, **kw
+        )
+        specials = self.tokenizer.special_tokens
+        checkpoints = prompt_checkpoints(
+            ids,
+            im_start=specials.get("<|im_start|>"),
+            im_end=specials.get("<|im_end|>"),
+            markers=offsets,
+            implicit=implicit,
+        )
         # The template continues a final assistant message only without a generation prompt
         # (an assistant prefill); otherwise it opens a fresh assistant turn, thinking included.
         continuing = (
@@ -230,6 +253,7 @@ class Engine:
             ids,
             thinking=enable_thinking,
             thinking_budget=budget if starts_in_reasoning else None,
+            cache_checkpoints=checkpoints,
             **kwargs,
         )
         decoder = OutputDecoder(tools=tools, starts_in_reasoning=starts_in_reasoning)
@@ -257,7 +281,14 @@ class _ChatTracker:
 
     def on_event(self, event: EngineEvent) -> list[ChatEvent]:
         if event.kind == EventKind.ADMITTED:
-            return [ChatEvent("admitted", num_prompt=event.num_prompt)]
+            return [
+                ChatEvent(
+                    "admitted",
+                    num_prompt=event.num_prompt,
+                    num_cached=event.num_cached,
+                    prefix_cache=event.prefix_cache,
+                )
+            ]
         if event.kind == EventKind.PROGRESS:
             return [
                 ChatEvent(
@@ -290,6 +321,8 @@ class _ChatTracker:
                     timings=event.timings,
                     tool_parse=self.decoder.stats,
                     stop_sequence=event.stop_string,
+                    num_cached=event.num_cached,
+                    prefix_cache=event.prefix_cache,
                 )
             )
             return out

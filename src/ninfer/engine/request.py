@@ -27,6 +27,9 @@ class GenerationRequest:
 
     `sampling` holds the request's own sampler fields (SamplingParams names; None = not given):
     they override the process options, which override the artifact's preset for `thinking`.
+    `cache_checkpoints` are prompt token offsets where the prefix cache should capture a
+    checkpoint (the chat layer's candidates: cache markers, the implicit candidate, the input
+    checkpoint before the generation prologue); the engine adds the end of the conversation.
     """
 
     prompt_ids: tuple[int, ...]
@@ -41,6 +44,7 @@ class GenerationRequest:
     # Cap on model-sampled tokens while thinking is open; set only for requests whose output
     # starts inside `<think>`. At the cap the engine inserts Qwen's early-close suffix.
     thinking_budget: int | None = None
+    cache_checkpoints: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,15 @@ class EngineEvent:
     error: Exception | None = None
     stop_string: str | None = None  # FINISHED: the stop string that ended the output, if one did
     num_control: int = 0  # TOKENS: how many of token_ids were inserted without sampling
+    # ADMITTED and FINISHED: prompt tokens reused from the prefix cache, and the
+    # `x-ninfer-prefix-cache` value saying why (e.g. "hit=812; path=checkpoint", "miss=evicted")
+    num_cached: int = 0
+    prefix_cache: str | None = None
+    # FINISHED: how often this request was paused, and restored by snapshot or by replay
+    num_preemptions: int = 0
+    num_snapshot_restores: int = 0
+    num_replay_restores: int = 0
+    num_replayed_tokens: int = 0
 
     @property
     def is_terminal(self) -> bool:

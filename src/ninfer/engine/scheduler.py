@@ -8,7 +8,11 @@ committed tokens and decides finishes. A step fills a token budget: every decode
 token each, admission order), then prefill chunks of one or more requests (vLLM v1 style). Pages
 are reserved before a row is planned: a prompt's pages all at once with its first chunk, a decode
 row's one page at a time. Admission is FIFO; when the head cannot fit, up to
-`max_bypass` younger requests may pass it, then none until the head is admitted.
+`max_bypass` younger requests may pass it, then none until the head is admitted. With a prefix
+cache, admission starts a request from the longest checkpoint its prompt extends (shared KV
+pages, a copied tail page, a restored StateImage), prefill chunks end at the request's
+checkpoint offsets, and a finished conversation leaves its end as a checkpoint; copies travel
+in the plan, so every one is ordered behind the step that produced its source.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from dataclasses import dataclass, field
 from ninfer.engine.errors import ContextLengthExceeded, QueueTimeout
 from ninfer.engine.kv_pool import PagePool
 from ninfer.engine.output import OutputState
-from ninfer.engine.plan import FROM_DEVICE, Row, StepOutcome, StepPlan
+from ninfer.engine.plan import FROM_DEVICE, PAGES, CopyOp, Row, StepOutcome, StepPlan
+from ninfer.engine.prefix_cache import DISABLED, Checkpoint, PrefixCache, PrefixLookup
 from ninfer.engine.request import (
     EngineEvent,
     EventKind,
@@ -32,6 +37,7 @@ from ninfer.engine.request import (
     Usage,
 )
 from ninfer.engine.sampling import SamplingParams
+from ninfer.engine.state_images import StateImages
 from ninfer.engine.state_slots import SlotPool
 from ninfer.engine.thinking_budget import ThinkingBudget
 
@@ -72,6 +78,11 @@ class Sequence:
     t_admitted: float | None = None
     t_first_token: float | None = None
     t_last_token: float | None = None
+    prefix: PrefixLookup | None = None  # the admission's cache decision
+    num_cached: int = 0  # prompt tokens taken from the prefix cache
+    checkpoints: tuple[int, ...] = ()  # prompt offsets to capture while prefilling
+    first_row: bool = False  # the next planned row is the first of this residency
+    lookup_cache: tuple[int, PrefixLookup] | None = None  # (cache version, lookup) memo
 
     @property
     def num_output(self) -> int:
@@ -117,6 +128,9 @@ class Scheduler:
         pages: PagePool,
         slots: SlotPool,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        images: StateImages | None = None,
+        cache: PrefixCache | None = None,
     ) -> None:
         if not 1 <= config.max_concurrency <= MAX_CONCURRENCY:
             raise ValueError(f"max_concurrency must be in 1..{MAX_CONCURRENCY}")
@@ -127,9 +141,13 @@ class Scheduler:
                 f"max_batched_tokens {config.token_budget} must exceed max_concurrency "
                 f"{config.max_concurrency}: a step holds every decode row plus prefill"
             )
+        if cache is not None and (images is None or cache.images is not images):
+            raise ValueError("a prefix cache needs the scheduler's StateImages")
         self.config = config
         self.pages = pages
         self.slots = slots
+        self.images = images
+        self.cache = cache
         self.clock = clock
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order
@@ -137,6 +155,13 @@ class Scheduler:
         # penalty-count corrections for the next plan (see StepPlan)
         self._uncount: list[int] = []
         self._count: list[tuple[int, int]] = []
+        # copies for the next plan (before its forwards) and host blocks it releases
+        self._copies: list[CopyOp] = []
+        self._free_host: list[int] = []
+        # counters (plain ints: the observability layer publishes them)
+        self.num_prefix_hits = 0
+        self.num_prefix_hit_tokens = 0
+        self.num_tail_copies = 0
 
     # -- intake --------------------------------------------------------------------------------
     def check_fits(self, num_prompt: int, max_tokens: int) -> None:
@@ -166,9 +191,17 @@ class Scheduler:
         for seq in starved:
             events += self._finish(seq, FinishReason.CONTEXT)
         prefill = self._plan_prefill(budget - len(decode))
-        plan = StepPlan(decode, prefill, tuple(self._uncount), tuple(self._count))
+        plan = StepPlan(
+            decode,
+            prefill,
+            tuple(self._uncount),
+            tuple(self._count),
+            tuple(self._copies),
+            tuple(self._free_host),
+        )
         if not plan.is_empty:
             self._uncount, self._count = [], []
+            self._copies, self._free_host = [], []
         return plan, events
 
     def _reap(self) -> list[Event]:
@@ -192,7 +225,14 @@ class Scheduler:
             seq = self._admit_one()
             if seq is None:
                 break
-            admitted = EngineEvent(seq.request_id, EventKind.ADMITTED, num_prompt=seq.num_prompt)
+            assert seq.prefix is not None
+            admitted = EngineEvent(
+                seq.request_id,
+                EventKind.ADMITTED,
+                num_prompt=seq.num_prompt,
+                num_cached=seq.num_cached,
+                prefix_cache=seq.prefix.header(),
+            )
             out.append((seq, admitted))
         return out
 
@@ -201,11 +241,10 @@ class Scheduler:
         for i, seq in enumerate(self.waiting):
             if i > 0 and self._bypassed >= self.config.max_bypass:
                 return None  # the head has been passed often enough: it goes next
-            if not self.slots.num_free or self.pages.num_free < self.pages.pages_for(
-                seq.num_prompt
-            ):
+            if not self.slots.num_free:
+                return None
+            if not self._start(seq):
                 continue
-            seq.slot = self.slots.allocate()
             seq.status = SeqStatus.RUNNING
             seq.t_admitted = self.clock()
             del self.waiting[i]
@@ -214,14 +253,70 @@ class Scheduler:
             return seq
         return None
 
+    def _lookup(self, seq: Sequence) -> PrefixLookup:
+        if self.cache is None:
+            return DISABLED
+        memo = seq.lookup_cache
+        if memo is not None and memo[0] == self.cache.version:
+            return memo[1]
+        found = self.cache.lookup(seq.token_ids[: seq.num_prompt])
+        seq.lookup_cache = (self.cache.version, found)
+        return found
+
+    def _start(self, seq: Sequence) -> bool:
+        """Take seq's slot and its prompt's share of pages (checked, the rest reserved with the
+        first chunk), starting from the longest cached prefix; False (no change) if short."""
+        found = self._lookup(seq)
+        ck = found.checkpoint
+        size = self.pages.page_size
+        shared = ck.pages[: ck.length // size] if ck is not None else []
+        self.pages.retain(shared)  # pinned: reclaiming below must not free them
+        need = self.pages.pages_for(seq.num_prompt) - len(shared)
+        if not self._free_pages(need, keep=ck):
+            self.pages.release(shared)
+            return False
+        slot = self.slots.allocate()
+        assert slot is not None
+        seq.slot = slot
+        seq.prefix = found
+        seq.pages = list(shared)
+        seq.first_row = True
+        seq.lookup_cache = None
+        if ck is not None:
+            assert self.cache is not None and self.images is not None
+            if ck.length % size:  # the prefix ends inside a page: the writer gets a copy
+                tail = self.pages.allocate(1)
+                assert tail is not None
+                self._copies.append(CopyOp(PAGES, (ck.pages[len(shared)],), tuple(tail)))
+                seq.pages += tail
+                self.num_tail_copies += 1
+            self.images.restore(ck.image, slot, self._copies)
+            self.cache.use(ck)
+            seq.num_cached = seq.num_computed = seq.num_scheduled = ck.length
+            self.num_prefix_hits += 1
+            self.num_prefix_hit_tokens += ck.length
+        if self.cache is not None:
+            offsets = {int(t) for t in seq.request.cache_checkpoints}
+            seq.checkpoints = tuple(
+                sorted(t for t in offsets if seq.num_cached < t < seq.num_prompt)
+            )
+        return True
+
+    def _free_pages(self, need: int, keep: Checkpoint | None = None) -> bool:
+        """At least `need` free pages, reclaiming retained prefixes (LRU, never `keep`)."""
+        if self.pages.num_free >= need:
+            return True
+        return self.cache is not None and self.cache.reclaim(need, self._free_host, keep=keep)
+
     def _reserve(self, seq: Sequence, num_tokens: int) -> bool:
         """Make seq's pages cover its first `num_tokens` tokens; False (no change) if impossible."""
         extra = self.pages.pages_for(num_tokens) - len(seq.pages)
         if extra <= 0:
             return True
-        got = self.pages.allocate(extra)
-        if got is None:
+        if not self._free_pages(extra):
             return False
+        got = self.pages.allocate(extra)
+        assert got is not None
         seq.pages.extend(got)
         return True
 
@@ -279,32 +374,49 @@ class Scheduler:
             if start >= seq.num_prompt:
                 continue
             n = min(self.config.prefill_chunk, seq.num_prompt - start, budget)
+            # a chunk ends exactly at the next checkpoint: its state is captured right after
+            n = min([n] + [t - start for t in seq.checkpoints if t > start])
             # NOTE: the whole prompt's pages are reserved with its first chunk: several prompts
             # prefill at once, and two half-reserved prompts could otherwise wait on each other
             # forever (until pause / replay exists to break such a wait).
             if not self._reserve(seq, seq.num_prompt):
                 break  # wait for pages (FIFO): decodes may finish and free some
-            last = start + n == seq.num_prompt
+            end = start + n
+            last = end == seq.num_prompt
             samples = last and seq.request.max_tokens > 0
+            after: list[CopyOp] = []
+            if end in seq.checkpoints:
+                self._checkpoint(seq, end, after)
             assert seq.slot is not None
             rows.append(
                 Row(
                     seq,
                     start=start,
-                    token_ids=tuple(seq.token_ids[start : start + n]),
+                    token_ids=tuple(seq.token_ids[start:end]),
                     pages=tuple(seq.pages),
                     slot=seq.slot,
                     samples=samples,
                     sample_index=0,
                     logits="last" if samples else "none",
-                    first=start == 0,
+                    checkpoint_at=(n,) if after else (),
+                    after=tuple(after),
+                    first=seq.first_row,
                 )
             )
-            seq.num_scheduled = start + n
+            seq.first_row = False
+            seq.num_scheduled = end
             if samples:
-                seq.sampled_until = start + n + 1
+                seq.sampled_until = end + 1
             budget -= n
         return tuple(rows)
+
+    def _checkpoint(self, seq: Sequence, end: int, capture: list[CopyOp]) -> None:
+        """Retain seq's first `end` tokens (computed, or launched before `capture` runs)."""
+        assert self.cache is not None and seq.slot is not None
+        pages = seq.pages[: self.pages.pages_for(end)]
+        self.cache.publish(
+            seq.token_ids[:end], pages, seq.slot, capture, self._copies, self._free_host
+        )
 
     # -- commit --------------------------------------------------------------------------------
     def update(self, plan: StepPlan, outcome: StepOutcome) -> list[Event]:
@@ -402,6 +514,8 @@ class Scheduler:
         """Release seq and return its terminal event (none if it had already finished)."""
         if seq.status == SeqStatus.FINISHED:
             return []
+        if isinstance(why, FinishReason) and why != FinishReason.CANCELLED:
+            self._keep_conversation(seq)
         self.finish(seq)
         if isinstance(why, BaseException):
             return [(seq, EngineEvent(seq.request_id, EventKind.ERROR, error=why))]  # type: ignore[arg-type]
@@ -411,11 +525,23 @@ class Scheduler:
             EventKind.FINISHED,
             text=text,
             finish_reason=why,
-            usage=Usage(seq.num_prompt, seq.num_output),
+            usage=Usage(seq.num_prompt, seq.num_output, seq.num_cached),
             timings=timings_of(seq),
             stop_string=seq.output.stop_string if seq.output is not None else None,
+            num_cached=seq.num_cached,
+            prefix_cache=seq.prefix.header() if seq.prefix is not None else None,
         )
         return [(seq, event)]
+
+    def _keep_conversation(self, seq: Sequence) -> None:
+        """The end of a finished conversation becomes a checkpoint: every token fed to the
+        device (a row still in flight may feed the last committed one)."""
+        if self.cache is None or seq.status != SeqStatus.RUNNING or seq.slot is None:
+            return
+        end = seq.num_scheduled
+        if end <= seq.num_cached or end > len(seq.token_ids):
+            return  # nothing new, or the device was fed a token that was not committed
+        self._checkpoint(seq, end, self._copies)
 
     def fail(self, seq: Sequence, error: BaseException) -> list[Event]:
         """End one request with an error (engine-wide failure or shutdown)."""
@@ -438,10 +564,18 @@ class Scheduler:
         seq.status = SeqStatus.FINISHED
 
     def check_integrity(self) -> None:
-        self.pages.check_integrity()
+        """Every page, state slot, StateImage and host block is held by exactly the owners that
+        reference it (running sequences, retained checkpoints), or free."""
+        owners = [s.pages for s in self.running]
+        if self.cache is not None:
+            self.cache.check_integrity()
+            owners += self.cache.page_owners()
+        self.pages.check_integrity(owners)
         self.slots.check_integrity()
-        held = sum(len(s.pages) for s in self.running)
-        assert held + self.pages.num_free == self.pages.num_pages, "pages leaked"
+        if self.images is not None:
+            images = self.cache.image_owners() if self.cache is not None else []
+            self.images.check_integrity(images)
+            self.images.host.check_integrity(i.block for i in images if i.block is not None)
         slots = sum(1 for s in self.running if s.slot is not None)
         assert slots + self.slots.num_free == self.slots.num_slots, "slots leaked"
         for s in self.running:
@@ -455,8 +589,8 @@ def timings_of(seq: Sequence) -> Timings:
     last = seq.t_last_token
     predicted_ms = (last - first) * 1000.0 if first is not None and last is not None else 0.0
     return Timings(
-        cache_n=0,
-        prompt_n=seq.num_prompt,
+        cache_n=seq.num_cached,
+        prompt_n=seq.num_prompt - seq.num_cached,
         prompt_ms=prompt_ms,
         predicted_n=seq.num_output,
         predicted_ms=predicted_ms,
