@@ -34,6 +34,7 @@ class ChatUsage:
     completion_tokens: int
     cached_tokens: int = 0
     reasoning_tokens: int = 0
+    cache_creation_tokens: int = 0
 
 
 @dataclass
@@ -317,6 +318,7 @@ class _ChatTracker:
                         usage.completion_tokens,
                         usage.cached_tokens,
                         self.num_reasoning,
+                        usage.cache_creation_tokens,
                     ),
                     timings=event.timings,
                     tool_parse=self.decoder.stats,

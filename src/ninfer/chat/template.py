@@ -53,10 +53,15 @@ _RESERVED_NAMES = frozenset({"messages", "tools", "add_generation_prompt"})
 @dataclass(frozen=True)
 class ContentMark:
     """A boundary inside message `message`'s content: after its first `offset` characters, or,
-    with None, at the end of its text (trailing whitespace excluded: the template trims it)."""
+    with None, at the end of its text (trailing whitespace excluded: the template trims it).
+    `message=TOOLS` is the end of the tool declarations."""
 
     message: int
     offset: int | None = None
+
+
+TOOLS = -1  # ContentMark.message of "after the tool declarations"
+_CLOSE = "<|im_end|>"
 
 
 class TemplateError(Exception):
@@ -155,6 +160,12 @@ class ChatTemplate:
         escaped = (_escape(messages), _escape(tools), _escape(template_kwargs))
         text = self._render(escaped[0], escaped[1], add_generation_prompt, escaped[2])
         positions: list[int | None] = [None] * len(marks)
+        marks = [_tools_mark(m, messages, tools) for m in marks]
+        for i, mark in enumerate(marks):
+            if mark is not None and mark.message == TOOLS:  # the tools-only opening turn
+                end = text.find(_CLOSE)
+                positions[i] = end if end >= 0 else None
+        marks = [m if m is not None and m.message != TOOLS else ContentMark(-2) for m in marks]
         if marks:
             found = self._mark_positions(messages, escaped, add_generation_prompt, marks, text)
             if found is None and len(marks) > 1:  # one mark disturbed rendering: try each alone
@@ -166,7 +177,8 @@ class ChatTemplate:
                     if one:
                         found[i] = one[0]
             for i, pos in (found or {}).items():
-                positions[i] = pos
+                if positions[i] is None:
+                    positions[i] = pos
         return _tokenize(tokenizer, text, positions)
 
     def _mark_positions(
@@ -240,6 +252,21 @@ class ChatTemplate:
         # (e.g. str + int, `items` on a non-mapping); report them all the same way.
         except (jinja2.TemplateError, TypeError, ValueError, LookupError, AttributeError) as exc:
             raise TemplateError(_one_line(f"chat template failed: {exc}")) from exc
+
+
+def _tools_mark(
+    mark: ContentMark, messages: list[dict], tools: list[dict] | None
+) -> ContentMark | None:
+    """Where "after the tools" lies in ninfer's Qwen3.5 template: the declarations open the
+    system turn, followed by a leading system / developer message's text when there is one
+    (its start), else by the turn's closing token."""
+    if mark.message != TOOLS:
+        return mark
+    if not tools:
+        return None
+    if messages and messages[0].get("role") in ("system", "developer"):
+        return ContentMark(0, 0)
+    return mark
 
 
 def _escaped_length(content: str, cut: int) -> int:

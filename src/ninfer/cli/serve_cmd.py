@@ -42,7 +42,9 @@ def serve(
     max_pending: int = _opt(16, "--max-pending-requests", help="Waiting requests.", min=0),
     pending_timeout_ms: int = _opt(30000, "--pending-timeout-ms", help="Admission wait.", min=1),
     prefill_chunk: int = _opt(1024, "--prefill-chunk", help="Prefill chunk tokens.", min=1),
-    device_state_slots: int | None = _opt(None, "--device-state-slots", help="Extra slots.", min=0),
+    device_state_slots: int | None = _opt(
+        None, "--device-state-slots", help="Device StateImages beyond the lanes.", min=0
+    ),
     max_request_mib: int = _opt(384, "--max-request-mib", help="Body size limit.", min=1),
     default_max_tokens: int = _opt(8192, "--default-max-tokens", help="Output limit.", min=0),
     no_thinking: bool = _opt(False, "--no-thinking", help="Thinking off by default."),
@@ -65,7 +67,7 @@ def serve(
     device: str | None = _opt(None, "--device", help="CUDA index N, or cpu (default: auto)."),
     chat_template: Path | None = _opt(None, "--chat-template", help="Jinja template file."),
     no_cuda_graph: bool = _opt(False, "--no-cuda-graph", help="Decode without CUDA graphs."),
-    no_prefix_reuse: bool = _opt(False, "--no-prefix-reuse", help="(no prefix reuse yet)"),
+    no_prefix_reuse: bool = _opt(False, "--no-prefix-reuse", help="No cross-request reuse."),
     log_stats_interval_ms: int | None = _opt(None, "--log-stats-interval-ms", help="Not built."),
     kv_dtype: str | None = _opt(None, "--kv-dtype", help="Only bf16 is built."),
     spec: str | None = _opt(None, "--spec", help="Not built."),
@@ -76,7 +78,9 @@ def serve(
     default_thinking_budget: int | None = _opt(
         None, "--default-thinking-budget", help="Thinking-token cap (thinking mode).", min=1
     ),
-    host_context_mib: int | None = _opt(None, "--host-context-mib", help="Not built."),
+    host_context_mib: int | None = _opt(
+        None, "--host-context-mib", help="Pinned host MiB (default 8192 + 8 images).", min=0
+    ),
     context_cost_presets: Path | None = _opt(None, "--context-cost-presets", help="Not built."),
     media_cache_mib: int | None = _opt(None, "--media-cache-mib", help="Not built."),
     media_live_mib: int | None = _opt(None, "--media-live-mib", help="Not built."),
@@ -94,7 +98,6 @@ def serve(
         "--vision": vision,
         "--kv-dtype": kv_dtype not in (None, "bf16"),
         "--request-log-jsonl": request_log_jsonl is not None,
-        "--host-context-mib": host_context_mib is not None,
         "--context-cost-presets": context_cost_presets is not None,
         "--media-cache-mib": media_cache_mib is not None,
         "--media-live-mib": media_live_mib is not None,
@@ -145,6 +148,8 @@ def serve(
         "pending_timeout_ms": pending_timeout_ms,
         "prefill_chunk": prefill_chunk,
         "device_state_slots": device_state_slots,
+        "host_context_mib": host_context_mib,
+        "no_prefix_reuse": no_prefix_reuse,
         "dtype": dtype,
         "device": _device(device),
         "no_cuda_graph": no_cuda_graph,

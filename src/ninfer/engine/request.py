@@ -49,9 +49,13 @@ class GenerationRequest:
 
 @dataclass(frozen=True)
 class Usage:
+    """`cached_tokens`: prompt tokens read from the prefix cache; `cache_creation_tokens`:
+    prompt tokens beyond them that this request's checkpoints now hold for later requests."""
+
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+    cache_creation_tokens: int = 0
 
 
 @dataclass(frozen=True)

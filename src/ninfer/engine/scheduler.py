@@ -80,6 +80,7 @@ class Sequence:
     t_last_token: float | None = None
     prefix: PrefixLookup | None = None  # the admission's cache decision
     num_cached: int = 0  # prompt tokens taken from the prefix cache
+    num_cache_written: int = 0  # the longest prompt prefix this request's checkpoints hold
     checkpoints: tuple[int, ...] = ()  # prompt offsets to capture while prefilling
     first_row: bool = False  # the next planned row is the first of this residency
     lookup_cache: tuple[int, PrefixLookup] | None = None  # (cache version, lookup) memo
@@ -414,9 +415,11 @@ class Scheduler:
         """Retain seq's first `end` tokens (computed, or launched before `capture` runs)."""
         assert self.cache is not None and seq.slot is not None
         pages = seq.pages[: self.pages.pages_for(end)]
-        self.cache.publish(
+        kept = self.cache.publish(
             seq.token_ids[:end], pages, seq.slot, capture, self._copies, self._free_host
         )
+        if kept is not None:
+            seq.num_cache_written = max(seq.num_cache_written, min(end, seq.num_prompt))
 
     # -- commit --------------------------------------------------------------------------------
     def update(self, plan: StepPlan, outcome: StepOutcome) -> list[Event]:
@@ -525,7 +528,12 @@ class Scheduler:
             EventKind.FINISHED,
             text=text,
             finish_reason=why,
-            usage=Usage(seq.num_prompt, seq.num_output, seq.num_cached),
+            usage=Usage(
+                seq.num_prompt,
+                seq.num_output,
+                seq.num_cached,
+                max(0, seq.num_cache_written - seq.num_cached),
+            ),
             timings=timings_of(seq),
             stop_string=seq.output.stop_string if seq.output is not None else None,
             num_cached=seq.num_cached,

@@ -24,6 +24,7 @@ from ninfer.protocol.errors import (
 from ninfer.protocol.openai_chat import (
     REASONING_EFFORTS,
     TemplateOptions,
+    cache_implicit,
     parse_template_options,
 )
 from ninfer.protocol.openai_responses_items import normalize_input
@@ -133,6 +134,7 @@ class ResponsesRequest:
     parallel_tool_calls: bool = True
     max_tool_calls: int | None = None
     echo: dict[str, Any] = field(default_factory=dict)  # advisory fields the Response repeats
+    cache_implicit: bool = True  # prompt_cache_options.mode != "explicit"
 
     def template_options(self, *, default_thinking: bool, preserve: bool) -> TemplateOptions:
         """`preserve` is already resolved (request, parent Response, or server default)."""
@@ -260,6 +262,7 @@ def _with_create_fields(request: ResponsesRequest, body: Mapping[str, Any]) -> R
         metadata=_parse_metadata(body.get("metadata")),
         max_tool_calls=_opt_count(body, "max_tool_calls"),
         echo=echo,
+        cache_implicit=cache_implicit(body),
     )
 
 

@@ -106,6 +106,8 @@ class OpenAIRoutes:
             max_tokens=max_tokens,
             stop=chat.stop,
             request_id=run.request_id,
+            cache_marks=chat.cache_marks,
+            cache_implicit=chat.cache_implicit,
             **chat.sampling,
         )
         return await sse.serve_events(
@@ -135,7 +137,9 @@ class OpenAIRoutes:
             timings=run.final_timings(),
         )
         run.log(200)
-        return response.json(body, ensure_ascii=False)
+        return response.json(
+            body, ensure_ascii=False, headers=sse.prefix_headers(run.finished, first)
+        )
 
     async def _stream(
         self,
@@ -145,7 +149,8 @@ class OpenAIRoutes:
         source: AsyncIterator[ChatEvent | None],
     ) -> None:
         stream = await request.respond(
-            content_type="text/event-stream", headers={"cache-control": "no-cache"}
+            content_type="text/event-stream",
+            headers={"cache-control": "no-cache", **sse.prefix_headers(first)},
         )
         assert stream is not None
         await stream.send(sse.data_frame(run.renderer.role_chunk()))
@@ -184,6 +189,7 @@ class _ChatRun:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     finished: ChatEvent | None = None
     num_prompt: int = 0
+    num_cached: int = 0
     num_output: int = 0
     progress_started: bool = False
     t_start: float = field(default_factory=time.monotonic)
@@ -211,6 +217,7 @@ class _ChatRun:
             self.num_prompt = event.num_prompt
             if event.kind == "admitted":
                 self.t_admitted = now
+                self.num_cached = event.num_cached
         elif event.kind in ("reasoning", "content"):
             # num_output is the committed frontier, including commits whose text is still held
             if event.num_output > self.num_output:
@@ -237,7 +244,7 @@ class _ChatRun:
             out = []
             if not self.progress_started:  # the initial event: processed == cache
                 self.progress_started = True
-                out.append(r.progress_chunk(self._progress(0)))
+                out.append(r.progress_chunk(self._progress(self.num_cached)))
             if event.kind == "progress":
                 out.append(r.progress_chunk(self._progress(event.num_processed)))
             return out
@@ -259,13 +266,18 @@ class _ChatRun:
     def _progress(self, processed: int) -> dict[str, Any]:
         # spec: time_ms is elapsed wall time since committed admission
         elapsed_ms = int((time.monotonic() - (self.t_admitted or self.t_start)) * 1000)
-        return {"total": self.num_prompt, "cache": 0, "processed": processed, "time_ms": elapsed_ms}
+        return {
+            "total": self.num_prompt,
+            "cache": self.num_cached,
+            "processed": processed,
+            "time_ms": elapsed_ms,
+        }
 
     def _snapshot(self) -> dict[str, Any]:
         first, last = self.t_first, self.t_last
         return Timings(
-            cache_n=0,
-            prompt_n=self.num_prompt,
+            cache_n=self.num_cached,
+            prompt_n=self.num_prompt - self.num_cached,
             prompt_ms=((first or self.t_start) - self.t_start) * 1000.0,
             predicted_n=self.num_output,
             predicted_ms=((last or 0.0) - (first or 0.0)) * 1000.0,
@@ -274,7 +286,7 @@ class _ChatRun:
     def usage(self) -> CompletionUsage:
         usage = self.finished.usage if self.finished else None
         if usage is None:
-            return CompletionUsage(self.num_prompt, self.num_output)
+            return CompletionUsage(self.num_prompt, self.num_output, self.num_cached)
         return CompletionUsage(
             usage.prompt_tokens,
             usage.completion_tokens,

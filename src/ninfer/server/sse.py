@@ -17,8 +17,18 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 DONE = b"data: [DONE]\n\n"
+PREFIX_CACHE_HEADER = "x-ninfer-prefix-cache"  # every generation response: hit or why a miss
 KEEPALIVE = b": keep-alive\n\n"
 END: Any = object()  # `anext(source, END)`: the source is exhausted
+
+
+def prefix_headers(*events: Any) -> dict[str, str]:
+    """The prefix-cache header from the first event that carries it (admission, terminal)."""
+    for event in events:
+        value = getattr(event, "prefix_cache", None)
+        if value:
+            return {PREFIX_CACHE_HEADER: value}
+    return {}
 
 
 def data_frame(obj: Any) -> bytes:

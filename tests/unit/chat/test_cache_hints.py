@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from ninfer.chat.cache_hints import prompt_checkpoints
-from ninfer.chat.template import ChatTemplate, ContentMark, load_default_template
+from ninfer.chat.template import TOOLS, ChatTemplate, ContentMark, load_default_template
 from ninfer.tokenizer import Tokenizer
 
 
@@ -93,3 +93,17 @@ def test_prompt_checkpoints_precedence(tokenizer, template) -> None:
     assert prompt_checkpoints(ids, markers=[3, 4, 5, 6, 7], **kw) == (4, 5, 6, 7, prologue)
     # offsets outside the prompt are not candidates
     assert prompt_checkpoints(ids, markers=[0, len(ids)], implicit=False, **kw) == (prologue,)
+
+
+def test_the_tools_mark_ends_the_tool_declarations(tokenizer, template) -> None:
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    user = [{"role": "user", "content": "hi"}]
+    ids, offsets = _ids(tokenizer, template, user, [ContentMark(TOOLS)], tools=tools)
+    assert offsets[0] == ids.index(tokenizer.special_tokens["<|im_end|>"])  # tools-only turn
+    system = [{"role": "system", "content": "Rules."}] + user
+    ids, offsets = _ids(tokenizer, template, system, [ContentMark(TOOLS)], tools=tools)
+    assert offsets[0] is not None
+    assert tokenizer.decode(ids[: offsets[0]]).endswith("</IMPORTANT>\n\n")
+    assert tokenizer.decode(ids[offsets[0] :]).startswith("Rules.<|im_end|>")
+    _, offsets = _ids(tokenizer, template, user, [ContentMark(TOOLS)])  # no tools: no boundary
+    assert offsets == [None]
