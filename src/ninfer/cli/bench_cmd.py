@@ -63,6 +63,18 @@ def bench(
     e2e_long: int = typer.Option(
         8192, "--e2e-long-prompt", min=0, help="--e2e: prompt arriving during decode (0: skip)."
     ),
+    context_cache: bool = typer.Option(
+        False,
+        "--context-cache",
+        help="Also time a second turn's TTFT with a prefix hit against a cold run, and one "
+        "sequence's snapshot to pinned host memory and restore.",
+    ),
+    cache_turn: int = typer.Option(
+        16384, "--cache-turn-tokens", min=64, help="--context-cache: first-turn prompt tokens."
+    ),
+    cache_snapshot: int = typer.Option(
+        32768, "--cache-snapshot-tokens", min=1, help="--context-cache: snapshot context."
+    ),
 ) -> None:
     """Benchmark prefill and decode of a real-shape model with random weights (needs a GPU)."""
     from ninfer.bench.hf_compare import HfCompareError, require_hf
@@ -91,6 +103,9 @@ def bench(
         e2e_prompt_tokens=e2e_prompt,
         e2e_output_tokens=e2e_output,
         e2e_long_prompt=e2e_long,
+        context_cache=context_cache,
+        cache_turn_tokens=cache_turn,
+        cache_snapshot_tokens=cache_snapshot,
     )
     err = Console(stderr=True)
     try:

@@ -112,7 +112,8 @@ def assemble(
     pages = PagePool(num_pages, options.page_size)
     image_bytes = ModelCache.bytes_per_slot(config, dtype)
     host_bytes = host_context_bytes(options, image_bytes)
-    images = StateImages(range(lanes, num_slots), HostPool(host_bytes), image_bytes)
+    page_bytes = ModelCache.bytes_per_page(config, options.page_size, dtype)
+    images = StateImages(range(lanes, num_slots), HostPool(host_bytes), image_bytes, page_bytes)
     scheduler = Scheduler(
         SchedulerConfig(
             max_concurrency=lanes,

@@ -100,9 +100,9 @@ class StepPlan:
     `uncount_slots`: state slots whose most recent sample (made by the step in flight) turned out
     to be discarded; the runner removes it from the penalty counts before this step samples.
     `count_tokens`: (slot, token id) pairs committed without sampling (inserted control tokens)
-    that the penalty counts must add. `restore_counts`: the same for sequences resuming after a
-    pause (their committed output), applied after the first rows cleared their slots' counts.
-    `copies` run first, in order; `free_host` lists host blocks released after them.
+    that the penalty counts must add. `recount`: (slot, output ids) of sequences resuming after a
+    pause: the slot's counts are set to exactly those ids. `copies` run first, in order;
+    `free_host` lists host blocks released after them.
     """
 
     decode: tuple[Row, ...] = ()
@@ -111,7 +111,7 @@ class StepPlan:
     count_tokens: tuple[tuple[int, int], ...] = ()
     copies: tuple[CopyOp, ...] = ()
     free_host: tuple[int, ...] = ()
-    restore_counts: tuple[tuple[int, int], ...] = ()
+    recount: tuple[tuple[int, tuple[int, ...]], ...] = ()
 
     @property
     def rows(self) -> tuple[Row, ...]:

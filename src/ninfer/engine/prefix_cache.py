@@ -83,13 +83,15 @@ class PrefixCache:
         return len(self._entries)
 
     # -- reads ---------------------------------------------------------------------------------
-    def lookup(self, prompt: Sequence[int]) -> PrefixLookup:
+    def lookup(self, prompt: Sequence[int], *, whole: bool = False) -> PrefixLookup:
         """The longest checkpoint whose tokens are exactly a proper prefix of `prompt` (at least
-        one prompt token is left to compute: its logits draw the first output token)."""
+        one prompt token is left to compute: its logits draw the first output token); with
+        `whole`, the prefix may be all of `prompt` (a replay needs no logits)."""
         self.num_lookups += 1
         prompt = tuple(prompt)
+        limit = len(prompt) + (1 if whole else 0)
         for ck in sorted(self._entries.values(), key=lambda c: -c.length):
-            if ck.length < len(prompt) and prompt[: ck.length] == ck.tokens:
+            if ck.length < limit and prompt[: ck.length] == ck.tokens:
                 return PrefixLookup(ck)
         return PrefixLookup(None, self._why_not(prompt))
 
@@ -170,6 +172,20 @@ class PrefixCache:
             return False
         return None
 
+    def host_room(self, need: int, free_host: list[int]) -> bool:
+        """Evict host-resident checkpoints (least recent first) until `need` bytes of the host
+        pool are free; evicts nothing when even all of them would not be enough."""
+        host = self.images.host
+        held = sum(self.images.image_bytes for c in self._entries.values() if not c.image.on_device)
+        if host.num_free_bytes >= need or host.num_free_bytes + held < need:
+            return host.num_free_bytes >= need
+        for ck in sorted(self._entries.values(), key=lambda c: c.image.last_used):
+            if host.num_free_bytes >= need:
+                break
+            if not ck.image.on_device:
+                self.evict(ck, free_host)
+        return host.num_free_bytes >= need
+
     def _host_room(self, older_than: int | None, free_host: list[int]) -> bool:
         """Evict host-resident entries (least recent first, only those used before
         `older_than` when given) until one image fits in the host pool."""
@@ -219,12 +235,13 @@ class PrefixCache:
             return True
         if self.pages.num_free + self.reclaimable_pages(keep) < need:
             return False
-        for ck in sorted(self._entries.values(), key=lambda c: c.image.last_used):
-            if self.pages.num_free >= need:
-                break
-            if ck is not keep:
-                self.evict(ck, free_host)
-        assert self.pages.num_free >= need
+        while self.pages.num_free < need:
+            # least recently used first, among those whose eviction frees a page now (a page
+            # shared only by checkpoints frees once the last of them goes)
+            lru = sorted((c for c in self._entries.values() if c is not keep),
+                         key=lambda c: c.image.last_used)  # fmt: skip
+            frees = [c for c in lru if any(self.pages.refcount(p) == 1 for p in c.pages)]
+            self.evict((frees or lru)[0], free_host)
         return True
 
     # -- integrity -----------------------------------------------------------------------------

@@ -65,7 +65,9 @@ class ModelRunner:
                 self.decode.reset_counts(row.slot)
                 if row.fresh:
                     self.cache.reset_slot(row.slot)
-        self.decode.adjust_counts((), plan.restore_counts)
+        for slot, ids in plan.recount:  # a sequence resumed after a pause
+            self.decode.reset_counts(slot)
+            self.decode.adjust_counts((), [(slot, t) for t in ids])
         samples: list[torch.Tensor] = []
         if plan.decode:
             samples.append(self.decode.run([_decode_input(r) for r in plan.decode]))

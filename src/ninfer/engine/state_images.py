@@ -13,7 +13,7 @@ import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ninfer.engine.plan import STATE, CopyOp
+from ninfer.engine.plan import PAGES, STATE, CopyOp
 
 
 class HostPool:
@@ -80,10 +80,13 @@ class StateImages:
     The caller (the prefix cache) chooses what to evict; this pool only accounts.
     """
 
-    def __init__(self, slots: Iterable[int], host: HostPool, image_bytes: int) -> None:
+    def __init__(
+        self, slots: Iterable[int], host: HostPool, image_bytes: int, page_bytes: int = 0
+    ) -> None:
         self.slots = tuple(slots)
         self.host = host
         self.image_bytes = image_bytes
+        self.page_bytes = page_bytes  # one KV page of every full-attention layer
         self._free = list(reversed(self.slots))
         self._live: set[StateImage] = set()
         self._tick = itertools.count(1)
@@ -144,6 +147,22 @@ class StateImages:
         else:
             copies.append(CopyOp(STATE, (image.block,), (lane_slot,), src_host=True))  # type: ignore[arg-type]
         self.num_restores += 1
+
+    # -- host KV (pause snapshots) ------------------------------------------------------------
+    def pages_to_host(self, pages: list[int], copies: list[CopyOp]) -> int | None:
+        """One host block holding `pages` in order, or None without host room."""
+        block = self.host.allocate(len(pages) * self.page_bytes)
+        if block is None:
+            return None
+        copies.append(CopyOp(PAGES, tuple(pages), (block,), dst_host=True))
+        return block
+
+    def pages_from_host(self, block: int, pages: list[int], copies: list[CopyOp]) -> None:
+        copies.append(CopyOp(PAGES, (block,), tuple(pages), src_host=True))
+
+    def free_block(self, block: int, free_host: list[int]) -> None:
+        self.host.free(block)
+        free_host.append(block)
 
     def retain(self, image: StateImage) -> None:
         assert image in self._live and image.refs > 0

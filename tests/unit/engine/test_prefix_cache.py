@@ -12,20 +12,10 @@ import time
 
 import pytest
 
-from ninfer.engine.core import EngineCore
-from ninfer.engine.kv_pool import PagePool
-from ninfer.engine.plan import PAGES, STATE, StepOutcome, StepPlan
-from ninfer.engine.prefix_cache import PrefixCache
-from ninfer.engine.request import EngineEvent, EventKind, FinishReason, GenerationRequest
-from ninfer.engine.sampling import SamplingParams
-from ninfer.engine.scheduler import Scheduler, SchedulerConfig
-from ninfer.engine.state_images import HostPool, StateImages
-from ninfer.engine.state_slots import SlotPool
+from ninfer.engine.plan import PAGES, STATE
+from ninfer.engine.request import EngineEvent, EventKind, FinishReason
 from ninfer.tokenizer import Tokenizer
-from support.sim_runner import EOS, SimRunner
-
-PAGE = 4
-IMAGE_BYTES = 100
+from support.sim_runner import EOS, PAGE, SimEngine, admitted, out, prompt, req
 
 
 @pytest.fixture(scope="module")
@@ -33,108 +23,17 @@ def tokenizer() -> Tokenizer:
     return Tokenizer.qwen3_5()
 
 
-class Engine:
-    """A scheduler + core over the simulated device, integrity checked after every step."""
-
-    def __init__(
-        self,
-        tokenizer,
-        *,
-        lanes=2,
-        pages=64,
-        extra_slots=2,
-        host_images=4,
-        chunk=8,
-        max_context=128,
-        budget=None,
-        cache=True,
-        overlap=True,
-    ) -> None:
-        self.pages = PagePool(pages, PAGE)
-        self.images = StateImages(
-            range(lanes, lanes + extra_slots), HostPool(host_images * IMAGE_BYTES), IMAGE_BYTES
-        )
-        self.cache = PrefixCache(self.pages, self.images) if cache else None
-        self.sched = Scheduler(
-            SchedulerConfig(
-                max_concurrency=lanes,
-                max_pending=400,
-                prefill_chunk=chunk,
-                max_context=max_context,
-                max_batched_tokens=budget,
-            ),
-            self.pages,
-            SlotPool(lanes),
-            images=self.images,
-            cache=self.cache,
-        )
-        update = self.sched.update
-
-        def checked(plan: StepPlan, outcome: StepOutcome):
-            events = update(plan, outcome)
-            self.sched.check_integrity()
-            return events
-
-        self.sched.update = checked  # type: ignore[method-assign]
-        self.runner = SimRunner(PAGE)
-        self.core = EngineCore(
-            self.sched,
-            self.runner,
-            tokenizer,
-            eos_token_ids=frozenset({EOS}),
-            resolve_sampling=lambda r: SamplingParams(greedy=True),
-            overlap=overlap,
-        )
-
-    def run(self, request: GenerationRequest) -> list[EngineEvent]:
-        events: list[EngineEvent] = []
-        self.core.submit(request, events.append)
-        self.wait_idle()
-        return events
-
-    def wait_idle(self) -> None:
-        for _ in range(3000):
-            if self.core._num_live == 0 and not self.sched.has_work:
-                return
-            time.sleep(0.005)
-        raise AssertionError("engine did not go idle")
-
-    def close(self) -> None:
-        self.core.close()
-        assert not self.runner.errors, self.runner.errors[:5]
-        self.sched.check_integrity()
-
-
 @pytest.fixture
 def engines(tokenizer):
-    made: list[Engine] = []
+    made: list[SimEngine] = []
 
-    def make(**kw) -> Engine:
-        made.append(Engine(tokenizer, **kw))
+    def make(**kw) -> SimEngine:
+        made.append(SimEngine(tokenizer, **kw))
         return made[-1]
 
     yield make
     for e in made:
         e.close()
-
-
-def req(prompt, max_tokens=6, checkpoints=(), **kw) -> GenerationRequest:
-    sampling = {"eos_at": kw.pop("eos_at")} if "eos_at" in kw else {}
-    return GenerationRequest(
-        tuple(prompt), max_tokens, sampling=sampling, cache_checkpoints=tuple(checkpoints), **kw
-    )
-
-
-def out(events: list[EngineEvent]) -> list[int]:
-    return [t for e in events if e.kind == EventKind.TOKENS for t in e.token_ids]
-
-
-def admitted(events: list[EngineEvent]) -> EngineEvent:
-    return next(e for e in events if e.kind == EventKind.ADMITTED)
-
-
-def prompt(n: int, base: int = 10) -> list[int]:
-    return list(range(base, base + n))
 
 
 @pytest.mark.parametrize("cut", [8, 7, 9, 19, 20])  # page-aligned, one before/after a boundary
