@@ -91,3 +91,53 @@ def test_paused_equals_unpaused(artifact, solo, sampler, host_context_mib) -> No
         assert snapshots > 0 and replays == 0
     else:
         assert replays > 0 and snapshots == 0
+
+
+def test_soak_on_the_model_shared_prefixes_cancellations_tiny_pool(artifact) -> None:
+    """40 greedy requests over three shared stems, a fifth of them cancelled, 4 lanes over a pool
+    of 8 pages and a host budget that takes some snapshots and not others: every finished
+    request equals its cold solo run, and the pools are whole at the end."""
+    import random
+
+    rng = random.Random(5)
+    stems = [_prompt(90 + i) for i in range(3)]
+    bodies = [
+        stems[rng.randrange(3)][: rng.randint(4, 18)] + _prompt(200 + i)[: rng.randint(1, 6)]
+        for i in range(40)
+    ]
+    limits = [rng.randint(1, 40) for _ in bodies]
+    with Engine.load(
+        artifact,
+        max_concurrency=4,
+        max_pending_requests=64,
+        kv_capacity=128,
+        host_context_mib=1,
+        **BASE,
+    ) as engine:
+        # room for about two snapshots of this tiny model (24 KiB state + 8 KiB a page): the
+        # others replay
+        engine.core.scheduler.images.host.budget = 100_000
+        handles = []
+        for i, (body, limit) in enumerate(zip(bodies, limits, strict=True)):
+            request = engine.make_request(
+                body, max_tokens=limit, ignore_eos=True, greedy=True, request_id=f"s{i}",
+                cache_checkpoints=(len(body) // 2,),
+            )  # fmt: skip
+            handles.append(RequestHandle(engine.core, request))
+            if rng.random() < 0.2:
+                handles[rng.randrange(len(handles))].cancel()
+        results = [list(h) for h in handles]
+        sched = engine.core.scheduler
+        routes = (sched.num_preemptions, sched.num_snapshot_restores, sched.num_replay_restores)
+        engine.core.close()
+        sched.check_integrity()
+        assert not sched.running and not sched.paused and sched.slots.num_free == 4
+    with Engine.load(artifact, max_concurrency=1, **BASE) as solo:
+        for body, limit, events in zip(bodies, limits, results, strict=True):
+            assert events[-1].kind == EventKind.FINISHED
+            if events[-1].finish_reason == FinishReason.CANCELLED:
+                continue
+            request = solo.make_request(body, max_tokens=limit, ignore_eos=True, greedy=True)
+            assert _tokens(events) == _tokens(list(RequestHandle(solo.core, request)))
+    preemptions, snapshot_restores, replay_restores = routes
+    assert preemptions > 0 and snapshot_restores > 0 and replay_restores > 0, routes
