@@ -17,8 +17,9 @@ import torch
 
 from ninfer.artifact.media_settings import IMAGE_DEFAULTS, VIDEO_DEFAULTS
 from ninfer.artifact.reader import Artifact
+from ninfer.chat.cache_hints import prompt_checkpoints
 from ninfer.chat.output_decoder import DeltaKind, OutputDecoder, ToolCall, ToolCallParseStats
-from ninfer.chat.template import ChatTemplate, load_default_template
+from ninfer.chat.template import ChatTemplate, ContentMark, load_default_template
 from ninfer.engine.build import EngineParts, assemble, build
 from ninfer.engine.handles import AsyncRequestHandle, RequestHandle
 from ninfer.engine.options import EngineOptions
@@ -51,6 +52,7 @@ class ChatUsage:
     completion_tokens: int
     cached_tokens: int = 0
     reasoning_tokens: int = 0
+    cache_creation_tokens: int = 0
 
 
 @dataclass
@@ -77,6 +79,10 @@ class ChatEvent:
     stop_sequence: str | None = None  # finished: the stop string that ended the output
     request_id: str = ""  # submitted: the engine's request id
     stats: RequestStats | None = None  # admitted and finished: the engine's per-request facts
+    # admitted and finished: prompt tokens reused from the prefix cache, and the
+    # `x-ninfer-prefix-cache` header value (why a hit or a miss)
+    num_cached: int = 0
+    prefix_cache: str | None = None
 
 
 class Engine:
@@ -177,6 +183,7 @@ class Engine:
         ignore_eos: bool = False,
         thinking_budget: int | None = None,
         media: MediaPrompt | None = None,
+        cache_checkpoints: Sequence[int] = (),
         **sampling: Any,
     ) -> GenerationRequest:
         unknown = sorted(set(sampling) - set(SAMPLING_FIELDS))
@@ -193,6 +200,7 @@ class Engine:
             ignore_eos=ignore_eos,
             thinking_budget=thinking_budget,
             media=media,
+            cache_checkpoints=tuple(cache_checkpoints),
         )
 
     def generate(self, prompt: str | Sequence[int], **kwargs: Any) -> Iterator[EngineEvent]:
@@ -228,6 +236,9 @@ class Engine:
         `thinking_budget=N` (in kwargs) caps thinking at N model tokens when the output starts
         in thinking mode; omitted, `default_thinking_budget` applies. `single_tool_call=True`
         ends the turn after its first complete tool call (parallel_tool_calls: false).
+        `cache_marks` (explicit prompt-cache boundaries as `ContentMark`s) and `cache_implicit`
+        (the automatic candidate at the end of the latest content part) choose where the prefix
+        cache may write.
         """
         request, decoder, lease = self._chat_request(
             messages, tools, enable_thinking, template_kwargs, kwargs
@@ -337,7 +348,26 @@ class Engine:
     ) -> tuple[GenerationRequest, OutputDecoder, MediaLease | None]:
         kw = dict(template_kwargs or {})
         kw["enable_thinking"] = enable_thinking
-        ids, media, lease = self.prepare_prompt(self.render(messages, tools, **kw), messages)
+        marks = [
+            ContentMark(*m) if isinstance(m, tuple) else m for m in kwargs.pop("cache_marks", ())
+        ]
+        implicit = kwargs.pop("cache_implicit", True)
+        ids, offsets = self.template.render_ids_marked(
+            self.tokenizer, messages, marks, tools=tools, **kw
+        )
+        specials = self.tokenizer.special_tokens
+        checkpoints = prompt_checkpoints(
+            ids,
+            im_start=specials.get("<|im_start|>"),
+            im_end=specials.get("<|im_end|>"),
+            markers=offsets,
+            implicit=implicit,
+        )
+        ids, media, lease = self.prepare_prompt(ids, messages)
+        if media is not None:
+            # NOTE: the prefix identity does not cover media yet (pads of two different images
+            # are the same ids): a multimodal prompt neither reads nor writes the prefix cache.
+            checkpoints = ()
         # The template continues a final assistant message only without a generation prompt
         # (an assistant prefill); otherwise it opens a fresh assistant turn, thinking included.
         continuing = (
@@ -360,6 +390,7 @@ class Engine:
                 thinking=enable_thinking,
                 thinking_budget=budget if starts_in_reasoning else None,
                 media=media,
+                cache_checkpoints=checkpoints,
                 stop=(*kwargs.pop("stop", ()), *decoder.stop_strings),
                 **kwargs,
             )
@@ -397,7 +428,15 @@ class _ChatTracker:
 
     def on_event(self, event: EngineEvent) -> list[ChatEvent]:
         if event.kind == EventKind.ADMITTED:
-            return [ChatEvent("admitted", num_prompt=event.num_prompt, stats=event.stats)]
+            return [
+                ChatEvent(
+                    "admitted",
+                    num_prompt=event.num_prompt,
+                    num_cached=event.num_cached,
+                    prefix_cache=event.prefix_cache,
+                    stats=event.stats,
+                )
+            ]
         if event.kind == EventKind.PROGRESS:
             return [
                 ChatEvent(
@@ -427,11 +466,14 @@ class _ChatTracker:
                         usage.completion_tokens,
                         usage.cached_tokens,
                         self.num_reasoning,
+                        usage.cache_creation_tokens,
                     ),
                     timings=event.timings,
                     tool_parse=self.decoder.stats,
                     stop_sequence=None if own_stop else event.stop_string,
                     stats=event.stats,
+                    num_cached=event.num_cached,
+                    prefix_cache=event.prefix_cache,
                 )
             )
             return out

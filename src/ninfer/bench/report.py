@@ -70,6 +70,8 @@ def print_report(report: BenchReport, console: Console) -> None:
             _print_profile(profile, console)
     if report.e2e:
         _print_e2e(report, console)
+    if report.context_cache is not None:
+        _print_context_cache(report, console)
     if report.hf is not None:
         _print_hf(report, report.hf, console)
     for note in report.notes:
@@ -160,3 +162,27 @@ def _print_hf(report: BenchReport, hf: HfComparison, console: Console) -> None:
             f"{c.max_abs_diff:.3g} against HF logits up to {c.max_abs_logit:.3g}; relative L2 "
             f"{c.rel_l2:.2e}; same greedy token at {c.argmax_agree:.0%} of the positions"
         )
+
+
+def _print_context_cache(report: BenchReport, console: Console) -> None:
+    c = report.context_cache
+    assert c is not None
+    table = Table(title="context cache (second turn: greedy, through the public Engine)")
+    for col in ("turn tokens", "2nd prompt", "cached", "TTFT cold ms", "TTFT warm ms", "warm/cold"):
+        table.add_column(col, justify="right")
+    table.add_row(
+        str(c.turn_tokens),
+        str(c.second_turn_prompt),
+        str(c.cached_tokens),
+        f"{c.cold_ttft_ms:,.1f}",
+        f"{c.warm_ttft_ms:,.1f}",
+        f"{100 * c.ttft_ratio:.1f} %" + ("" if c.same_output else " (first tokens differ)"),
+    )
+    console.print(table)
+    gib = c.snapshot_bytes / 2**30
+    console.print(
+        f"snapshot + restore at {c.snapshot_tokens} tokens ({gib:.2f} GiB, pinned host): "
+        f"{c.snapshot_ms:.1f} + {c.restore_ms:.1f} ms "
+        f"({gib / (c.snapshot_ms / 1000):.1f} / {gib / (c.restore_ms / 1000):.1f} GiB/s); "
+        f"first round {c.first_snapshot_ms:.1f} + {c.first_restore_ms:.1f} ms"
+    )

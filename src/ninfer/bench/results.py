@@ -130,6 +130,29 @@ class InterferenceResult:
     chunk_prefill_ms: float  # one prefill chunk of `prefill_chunk` tokens alone
 
 
+@dataclass(frozen=True)
+class ContextCacheResult:
+    """`--context-cache`: a second turn's time to first token cold and with a prefix hit, and
+    one sequence's snapshot to pinned host memory and restore, timed on the device."""
+
+    turn_tokens: int  # the first turn's prompt
+    second_turn_prompt: int
+    cached_tokens: int  # reused by the warm second turn
+    cold_ttft_ms: float
+    warm_ttft_ms: float
+    same_output: bool  # the warm and cold second turns drew the same first tokens
+    snapshot_tokens: int
+    snapshot_bytes: int  # StateImage + KV pages
+    snapshot_ms: float  # device to pinned host, best round
+    restore_ms: float  # pinned host to device, best round
+    first_snapshot_ms: float  # the first round (pinned blocks allocated on the way)
+    first_restore_ms: float
+
+    @property
+    def ttft_ratio(self) -> float:
+        return self.warm_ttft_ms / self.cold_ttft_ms if self.cold_ttft_ms else 0.0
+
+
 @dataclass
 class BenchReport:
     model: str
@@ -152,10 +175,13 @@ class BenchReport:
     hf: HfComparison | None = None
     e2e: list[E2eResult] = field(default_factory=list)  # `--e2e`: through the public Engine
     interference: InterferenceResult | None = None
+    context_cache: ContextCacheResult | None = None  # `--context-cache`
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["e2e"] = [asdict(r) | {"ratio": r.ratio} for r in self.e2e]
+        if self.context_cache is not None:
+            out["context_cache"]["ttft_ratio"] = self.context_cache.ttft_ratio
         if self.hf is not None:
             out["compare_hf"] = [asdict(row) for row in comparison_rows(self)]
         return out

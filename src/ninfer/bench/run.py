@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ninfer.bench.ceilings import measure_ceilings
+from ninfer.bench.context_cache import run_context_cache
 from ninfer.bench.e2e import run_e2e
 from ninfer.bench.hf_compare import require_hf, run_hf_compare
 from ninfer.bench.model_bench import ModelBench, run_matrix
@@ -63,6 +64,10 @@ class BenchOptions:
     e2e_prompt_tokens: int = 1000
     e2e_output_tokens: int = 256
     e2e_long_prompt: int = 8192
+    # `--context-cache`: second-turn TTFT with a prefix hit; snapshot + restore time
+    context_cache: bool = False
+    cache_turn_tokens: int = 16384
+    cache_snapshot_tokens: int = 32768
 
 
 def run_bench(opts: BenchOptions, on_progress: Callable[[str], None]) -> BenchReport:
@@ -156,6 +161,19 @@ def run_bench(opts: BenchOptions, on_progress: Callable[[str], None]) -> BenchRe
         gc.collect()
         torch.cuda.empty_cache()
         report.e2e, report.interference = _run_e2e(model, opts, decode_batches, report, on_progress)
+        bench = None
+    if opts.context_cache:
+        del bench  # its cache and graphs; the engines below size their own
+        gc.collect()
+        torch.cuda.empty_cache()
+        report.context_cache = run_context_cache(
+            model,
+            opts.synthetic,
+            turn_tokens=opts.cache_turn_tokens,
+            snapshot_tokens=opts.cache_snapshot_tokens,
+            prefill_chunk=min(opts.prefill_chunk, 1024),
+            on_progress=on_progress,
+        )
         bench = None
     if opts.compare == "hf":
         del bench  # its cache and captured graphs; the model (the shared weights) stays

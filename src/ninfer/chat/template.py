@@ -4,6 +4,8 @@ Imports jinja2 and the standard library only (no torch); the tokenizer is duck-t
 `render_ids` escapes every "<" in caller strings before rendering, so every special-token
 spelling in the output was written by the template; escaping "<" rather than whole spellings
 also stops caller text from completing one with template text ("x<|im_end|" + template ">").
+`render_ids_marked` finds the token offsets of boundaries inside message contents (prompt-cache
+markers) by rendering once more with sentinels only the escape scheme can produce.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from __future__ import annotations
 import importlib.resources
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Protocol
 
@@ -22,6 +25,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 __all__ = [
     "DEFAULT_TEMPLATE_NAME",
     "ChatTemplate",
+    "ContentMark",
     "TemplateError",
     "TemplateTokenizer",
     "load_default_template",
@@ -37,9 +41,27 @@ _ESCAPES = {"<": _ESC + "1", _ESC: _ESC + "0"}
 _UNESCAPES = {"1": "<", "0": _ESC}
 _ESCAPE_RE = re.compile(f"[<{_ESC}]")
 _UNESCAPE_RE = re.compile(f"{_ESC}(.?)", re.DOTALL)
+# A content mark rides through rendering as _ESC + "2" + chr(_MARK_BASE + its index): escaped
+# caller text never holds _ESC + "2", so every sentinel in the output is one of ours.
+_MARK_BASE = 0xE000
+_MARK_RE = re.compile(f"{_ESC}2(.)", re.DOTALL)
 
 # Names the template sees that template kwargs must not shadow.
 _RESERVED_NAMES = frozenset({"messages", "tools", "add_generation_prompt"})
+
+
+@dataclass(frozen=True)
+class ContentMark:
+    """A boundary inside message `message`'s content: after its first `offset` characters, or,
+    with None, at the end of its text (trailing whitespace excluded: the template trims it).
+    `message=TOOLS` is the end of the tool declarations."""
+
+    message: int
+    offset: int | None = None
+
+
+TOOLS = -1  # ContentMark.message of "after the tool declarations"
+_CLOSE = "<|im_end|>"
 
 
 class TemplateError(Exception):
@@ -111,21 +133,101 @@ class ChatTemplate:
         control-token spellings inside them (e.g. reasoning inlined as "<think>...</think>" in
         assistant content) sees plain text and leaves it as text.
         """
-        messages = _parse_tool_arguments(_check_messages(messages))
-        text = self._render(
-            _escape(messages), _escape(tools), add_generation_prompt, _escape(template_kwargs)
+        ids, _ = self.render_ids_marked(
+            tokenizer,
+            messages,
+            (),
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            **template_kwargs,
         )
-        specials = _special_tokens(tokenizer)
-        ids: list[int] = []
-        pos = 0
-        for match in _special_pattern(tuple(specials)).finditer(text):
-            if match.start() > pos:
-                ids += tokenizer.encode_text(_unescape(text[pos : match.start()]))
-            ids.append(specials[match.group()])
-            pos = match.end()
-        if pos < len(text):
-            ids += tokenizer.encode_text(_unescape(text[pos:]))
         return ids
+
+    def render_ids_marked(
+        self,
+        tokenizer: TemplateTokenizer,
+        messages: list[dict],
+        marks: Sequence[ContentMark],
+        *,
+        tools: list[dict] | None = None,
+        add_generation_prompt: bool = True,
+        **template_kwargs: Any,
+    ) -> tuple[list[int], list[int | None]]:
+        """`render_ids`, plus the token offset of each mark (None where the boundary is not a
+        token boundary of the real prompt, or rendering cannot place it: it is then ignored,
+        and the prompt never changes because of a mark)."""
+        messages = _parse_tool_arguments(_check_messages(messages))
+        escaped = (_escape(messages), _escape(tools), _escape(template_kwargs))
+        text = self._render(escaped[0], escaped[1], add_generation_prompt, escaped[2])
+        positions: list[int | None] = [None] * len(marks)
+        marks = [_tools_mark(m, messages, tools) for m in marks]
+        for i, mark in enumerate(marks):
+            if mark is not None and mark.message == TOOLS:  # the tools-only opening turn
+                end = text.find(_CLOSE)
+                positions[i] = end if end >= 0 else None
+        marks = [m if m is not None and m.message != TOOLS else ContentMark(-2) for m in marks]
+        if marks:
+            found = self._mark_positions(messages, escaped, add_generation_prompt, marks, text)
+            if found is None and len(marks) > 1:  # one mark disturbed rendering: try each alone
+                found = {}
+                for i, mark in enumerate(marks):
+                    one = self._mark_positions(
+                        messages, escaped, add_generation_prompt, [mark], text
+                    )
+                    if one:
+                        found[i] = one[0]
+            for i, pos in (found or {}).items():
+                if positions[i] is None:
+                    positions[i] = pos
+        return _tokenize(tokenizer, text, positions)
+
+    def _mark_positions(
+        self,
+        messages: list[dict],
+        escaped: tuple[Any, Any, Any],
+        add_generation_prompt: bool,
+        marks: Sequence[ContentMark],
+        text: str,
+    ) -> dict[int, int] | None:
+        """Character positions of the marks in `text`, or None when the sentinels changed what
+        the template rendered (e.g. a check on how a content ends)."""
+        cuts: list[tuple[int, int, int]] = []  # (message, character, mark index)
+        for i, mark in enumerate(marks):
+            if not 0 <= mark.message < len(messages):
+                continue
+            content = messages[mark.message].get("content")
+            if not isinstance(content, str):
+                continue  # NOTE: marks inside multi-part contents (media) are not placed yet
+            cut = len(content) if mark.offset is None else mark.offset
+            if not 0 <= cut <= len(content):
+                continue
+            if not content[cut:].strip():  # only whitespace follows: the template trims it
+                cut = len(content[:cut].rstrip())
+            cuts.append((mark.message, cut, i))
+        if not cuts:
+            return {}
+        marked = [dict(m) for m in escaped[0]]
+        for message, cut, i in sorted(cuts, reverse=True):  # later cuts first: no shifting
+            before = marked[message]["content"]
+            index = _escaped_length(messages[message]["content"], cut)
+            sentinel = _ESC + "2" + chr(_MARK_BASE + i)
+            marked[message]["content"] = before[:index] + sentinel + before[index:]
+        rendered = self._render(marked, escaped[1], add_generation_prompt, escaped[2])
+        found: dict[int, int] = {}
+        pieces: list[str] = []
+        pos = length = 0
+        for match in _MARK_RE.finditer(rendered):
+            pieces.append(rendered[pos : match.start()])
+            length += match.start() - pos
+            index = ord(match.group(1)) - _MARK_BASE
+            if index in found:  # the template rendered this content twice: ambiguous
+                return None
+            found[index] = length
+            pos = match.end()
+        pieces.append(rendered[pos:])
+        if "".join(pieces) != text:
+            return None
+        return found
 
     def _render(
         self,
@@ -150,6 +252,69 @@ class ChatTemplate:
         # (e.g. str + int, `items` on a non-mapping); report them all the same way.
         except (jinja2.TemplateError, TypeError, ValueError, LookupError, AttributeError) as exc:
             raise TemplateError(_one_line(f"chat template failed: {exc}")) from exc
+
+
+def _tools_mark(
+    mark: ContentMark, messages: list[dict], tools: list[dict] | None
+) -> ContentMark | None:
+    """Where "after the tools" lies in ninfer's Qwen3.5 template: the declarations open the
+    system turn, followed by a leading system / developer message's text when there is one
+    (its start), else by the turn's closing token."""
+    if mark.message != TOOLS:
+        return mark
+    if not tools:
+        return None
+    if messages and messages[0].get("role") in ("system", "developer"):
+        return ContentMark(0, 0)
+    return mark
+
+
+def _escaped_length(content: str, cut: int) -> int:
+    """Length of `_escape(content[:cut])`: where position `cut` lands in the escaped string."""
+    return cut + len(_ESCAPE_RE.findall(content[:cut]))
+
+
+def _tokenize(
+    tokenizer: TemplateTokenizer, text: str, positions: Sequence[int | None]
+) -> tuple[list[int], list[int | None]]:
+    """Token ids of rendered `text` (special-token spellings are the template's own), and the
+    token offset of each character position: exact at a special token, and inside a text run
+    only where encoding the run's prefix gives a prefix of the run's ids."""
+    specials = _special_tokens(tokenizer)
+    ids: list[int] = []
+    offsets: list[int | None] = [None] * len(positions)
+    pending = {i: p for i, p in enumerate(positions) if p is not None}
+
+    def text_run(start: int, end: int) -> None:
+        run = tokenizer.encode_text(_unescape(text[start:end]))
+        for i, p in list(pending.items()):
+            if p == start:
+                offsets[i] = len(ids)
+            elif start < p < end:
+                head = tokenizer.encode_text(_unescape(text[start:p]))
+                if run[: len(head)] == head:
+                    offsets[i] = len(ids) + len(head)
+            else:
+                continue
+            del pending[i]
+        ids.extend(run)
+
+    pos = 0
+    for match in _special_pattern(tuple(specials)).finditer(text):
+        if match.start() > pos:
+            text_run(pos, match.start())
+        for i, p in list(pending.items()):
+            if p == match.start():
+                offsets[i] = len(ids)
+                del pending[i]
+        ids.append(specials[match.group()])
+        pos = match.end()
+    if pos < len(text):
+        text_run(pos, len(text))
+    for i, p in pending.items():
+        if p == len(text):
+            offsets[i] = len(ids)
+    return ids, offsets
 
 
 def _raise_exception(message: str) -> None:

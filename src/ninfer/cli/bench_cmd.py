@@ -97,6 +97,18 @@ def bench(
         "1,4,8", "--vision-batches", help="Images per call.", metavar="N,N,..."
     ),
     no_ttft: bool = opt(False, "--no-ttft", help="--vision: skip the TTFT run."),
+    context_cache: bool = opt(
+        False,
+        "--context-cache",
+        help="Also time a second turn's TTFT with a prefix hit against a cold run, and one "
+        "sequence's snapshot to pinned host memory and restore.",
+    ),
+    cache_turn: int = opt(
+        16384, "--cache-turn-tokens", min=64, help="--context-cache: first turn.", metavar="N"
+    ),
+    cache_snapshot: int = opt(
+        32768, "--cache-snapshot-tokens", min=1, help="--context-cache: context.", metavar="N"
+    ),
 ) -> None:
     """Benchmark prefill and decode of a real-shape model with random weights (needs a GPU)."""
     if vision:
@@ -129,6 +141,9 @@ def bench(
         e2e_prompt_tokens=e2e_prompt,
         e2e_output_tokens=e2e_output,
         e2e_long_prompt=e2e_long,
+        context_cache=context_cache,
+        cache_turn_tokens=cache_turn,
+        cache_snapshot_tokens=cache_snapshot,
     )
     err = Console(stderr=True)
     try:

@@ -113,9 +113,7 @@ def serve(
     device: str = o.device(),
     chat_template: Path | None = o.chat_template(),
     no_cuda_graph: bool = opt(False, "--no-cuda-graph", help="Decode without CUDA graphs."),
-    no_prefix_reuse: bool = opt(
-        False, "--no-prefix-reuse", help="Disable prefix reuse (none is built yet: no effect)."
-    ),
+    no_prefix_reuse: bool = opt(False, "--no-prefix-reuse", help="No cross-request reuse."),
     log_stats_interval_ms: int = opt(
         5000,
         "--log-stats-interval-ms",
@@ -138,7 +136,13 @@ def serve(
         metavar="N",
         min=1,
     ),
-    host_context_mib: int | None = hidden(None, "--host-context-mib"),
+    host_context_mib: int | None = opt(
+        None,
+        "--host-context-mib",
+        help="Pinned host budget for StateImages and snapshots (default 8192 + 8 images).",
+        metavar="MIB",
+        min=0,
+    ),
     context_cost_presets: Path | None = hidden(None, "--context-cost-presets"),
     media_cache_mib: int = opt(
         1024, "--media-cache-mib", help="Retained prepared media.", metavar="MIB", min=0
@@ -176,7 +180,6 @@ def serve(
         "--draft-tokens": draft_tokens is not None,
         "--lm-head-draft": lm_head_draft,
         "--kv-dtype " + str(kv_dtype): kv_dtype not in (None, "bf16"),
-        "--host-context-mib": host_context_mib is not None,
         "--context-cost-presets": context_cost_presets is not None,
     }
     for flag, given in not_built.items():
@@ -207,6 +210,8 @@ def serve(
         "kv_capacity": int(kv_capacity) if kv_capacity and kv_capacity.isdigit() else kv_capacity,
         "max_concurrency": max_concurrency,
         "max_batched_tokens": max_batched_tokens,
+        "host_context_mib": host_context_mib,
+        "no_prefix_reuse": no_prefix_reuse,
         "max_pending_requests": max_pending,
         "pending_timeout_ms": pending_timeout_ms,
         "prefill_chunk": prefill_chunk,

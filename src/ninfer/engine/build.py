@@ -3,7 +3,8 @@
 Imports engine/, model/, artifact/ and tokenizer/ (never api.py, chat/ or anything above). The
 public `ninfer.Engine` (api.py) keeps only the user-facing surface; everything that turns options
 into running parts lives here, so benches and tests build engines the same way. Sizing rules
-(KV pages, state slots, the `auto` KV capacity) are written once, here.
+(KV pages, lane slots and device StateImage slots, the host context budget, the `auto` KV
+capacity) are written once, here.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from ninfer.engine.core import EngineCore
 from ninfer.engine.graphs import DecodeStep, OnCapture, unsupported_reason
 from ninfer.engine.kv_pool import PagePool
 from ninfer.engine.options import KV_AUTO, EngineOptions, resolve_device
+from ninfer.engine.prefix_cache import PrefixCache
 from ninfer.engine.runner import ModelRunner
 from ninfer.engine.sampling import (
     NON_THINKING,
@@ -29,6 +31,7 @@ from ninfer.engine.sampling import (
     presets_for,
 )
 from ninfer.engine.scheduler import Scheduler, SchedulerConfig
+from ninfer.engine.state_images import HostPool, StateImages
 from ninfer.engine.state_slots import SlotPool
 from ninfer.model.cache import ModelCache
 from ninfer.model.config import TextConfig
@@ -41,6 +44,9 @@ GIB = 1 << 30
 # `--kv-capacity auto` stops here: 64M tokens at 64 per page, far beyond any context of the family
 # (a tiny test model on a large GPU would otherwise ask the page pool for billions of pages).
 MAX_PAGES = 1 << 20
+MIB = 1 << 20
+DEFAULT_HOST_MIB = 8192  # plus DEFAULT_HOST_IMAGES StateImages (the spec's default budget)
+DEFAULT_HOST_IMAGES = 8
 log = logging.getLogger("ninfer.engine")
 
 
@@ -57,7 +63,8 @@ class EngineParts:
     eos_token_ids: frozenset[int]
     graph_status: str  # "on", "off" or "off: <why the model cannot>"
     num_pages: int  # KV pages the scheduler hands out
-    num_slots: int  # state slots the scheduler hands out
+    num_slots: int  # state slots: lanes, then device StateImage slots
+    host_context_bytes: int  # the pinned host budget for StateImages, KV and snapshots
 
 
 def build(
@@ -127,6 +134,11 @@ def assemble(
         dtype=dtype,
         device=device,
     )
+    pages = PagePool(num_pages, options.page_size)
+    image_bytes = ModelCache.bytes_per_slot(config, dtype)
+    host_bytes = host_context_bytes(options, image_bytes)
+    page_bytes = ModelCache.bytes_per_page(config, options.page_size, dtype)
+    images = StateImages(range(lanes, num_slots), HostPool(host_bytes), image_bytes, page_bytes)
     scheduler = Scheduler(
         SchedulerConfig(
             max_concurrency=lanes,
@@ -136,8 +148,10 @@ def assemble(
             max_context=options.max_context,
             max_batched_tokens=options.max_batched_tokens,
         ),
-        PagePool(num_pages, options.page_size),
-        SlotPool(num_slots),
+        pages,
+        SlotPool(lanes),
+        images=images,
+        cache=None if options.no_prefix_reuse else PrefixCache(pages, images),
     )
     decode = DecodeStep(
         model,
@@ -171,7 +185,15 @@ def assemble(
         graph_status,
         num_pages,
         num_slots,
+        host_bytes,
     )
+
+
+def host_context_bytes(options: EngineOptions, image_bytes: int) -> int:
+    """`--host-context-mib`, or the default 8192 MiB plus eight StateImages."""
+    if options.host_context_mib is not None:
+        return options.host_context_mib * MIB
+    return DEFAULT_HOST_MIB * MIB + DEFAULT_HOST_IMAGES * image_bytes
 
 
 def _num_pages(

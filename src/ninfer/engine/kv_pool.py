@@ -1,7 +1,8 @@
 """The Main Text KV page pool: a free list and refcounts, no policy.
 
 Pages are the unit of KV storage for every full-attention layer (64 tokens by default). A page may
-be shared (prefix reuse, later), so it returns to the free list only when its last reference drops.
+be shared (running sequences and retained prefix checkpoints hold references to the same page),
+so it returns to the free list only when its last reference drops.
 The pool never touches device memory; `model.cache.ModelCache` owns the tensors these ids index.
 """
 
@@ -47,9 +48,20 @@ class PagePool:
             if self._refs[p] == 0:
                 self._free.append(p)
 
-    def check_integrity(self) -> None:
-        """Every page is either free with refcount 0 or in use with a positive count."""
+    def refcount(self, page: int) -> int:
+        return self._refs[page]
+
+    def check_integrity(self, owners: list[list[int]] | None = None) -> None:
+        """Every page is either free with refcount 0 or in use with a positive count; with
+        `owners` (every holder's page list), each refcount equals the number of holders."""
         free = set(self._free)
         assert len(free) == len(self._free), "a page is on the free list twice"
         for p, r in enumerate(self._refs):
             assert (p in free) == (r == 0), f"page {p}: refcount {r}, free={p in free}"
+        if owners is not None:
+            counts = [0] * self.num_pages
+            for pages in owners:
+                for p in pages:
+                    counts[p] += 1
+            for p, (want, got) in enumerate(zip(counts, self._refs, strict=True)):
+                assert want == got, f"page {p}: refcount {got} but {want} holders"

@@ -20,7 +20,9 @@ class EngineOptions:
     max_pending_requests: int = 16
     pending_timeout_ms: int = 30000
     prefill_chunk: int = 1024
-    device_state_slots: int | None = None  # None: max_concurrency
+    device_state_slots: int | None = None  # extra device StateImages; None: max_concurrency
+    host_context_mib: int | None = None  # pinned host budget; None: 8192 MiB + 8 StateImages
+    no_prefix_reuse: bool = False  # no cross-request prefix reads or writes
     page_size: int = 64
     dtype: str = "bf16"  # bf16 | fp32 (compute and KV dtype of the torch reference path)
     device: str = "cpu"  # cpu | cuda | cuda:N | auto (CUDA when a GPU is present)
@@ -75,6 +77,11 @@ class EngineOptions:
         need(
             self.device_state_slots is None or self.device_state_slots >= 0,
             "device_state_slots must be >= 0",
+        )
+        need(
+            self.host_context_mib is None
+            or (isinstance(self.host_context_mib, int) and self.host_context_mib >= 0),
+            "host_context_mib must be >= 0",
         )
         need(self.dtype in ("bf16", "fp32"), "dtype must be bf16 or fp32")
         need(self.media_cache_mib >= 0, "media_cache_mib must be >= 0")

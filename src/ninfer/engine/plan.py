@@ -5,6 +5,8 @@ still be executing it while the next plan is written: the overlapped loop), `Sch
 reads the `StepOutcome` and is the only code that advances a sequence's computed and committed
 tokens. Prefill chunks, decode rows, and later verify and replay rows are one shape: a row feeds
 `num_new_tokens` tokens of one sequence starting at `start` and may sample the next token.
+Copies between state slots, StateImages, KV pages and the host pool are `CopyOp`s the runner
+performs, in plan order, before the step's forwards (captures at checkpoints: after their row).
 """
 
 from __future__ import annotations
@@ -18,6 +20,32 @@ from typing import Any, Protocol
 FROM_DEVICE = -1
 
 
+STATE = "state"  # CopyOp kind: one StateImage (conv + recurrent state of every linear layer)
+PAGES = "pages"  # CopyOp kind: KV pages (K and V of every full-attention layer)
+
+
+@dataclass(frozen=True)
+class CopyOp:
+    """One copy the runner performs before the step's forwards, in plan order.
+
+    STATE: `src[0]` -> `dst[0]`, each a device state slot, or a host block id when the side's
+    `*_host` flag is set. PAGES: device pages `src[i]` -> `dst[i]`; towards the host, `dst[0]`
+    is one host block holding the pages in order; from the host, `src[0]` is that block and
+    `dst` the device pages.
+    """
+
+    kind: str
+    src: tuple[int, ...]
+    dst: tuple[int, ...]
+    src_host: bool = False
+    dst_host: bool = False
+
+    def __post_init__(self) -> None:
+        assert self.kind in (STATE, PAGES), self.kind
+        if self.kind == STATE or not (self.src_host or self.dst_host):
+            assert len(self.src) == len(self.dst), (self.src, self.dst)
+
+
 @dataclass(frozen=True)
 class Row:
     """One sequence's part of a step.
@@ -28,7 +56,10 @@ class Row:
     `logits` is "last" (the row's last column) or "all" (every column: a verify row) or "none".
     A sampling row draws output token number `sample_index` (0 = the request's first) from its
     last column. `checkpoint_at` lists token offsets (relative to `start`) after which the
-    recurrent state is to be captured.
+    recurrent state is captured, by the copies in `after` (run right after the row's forward);
+    the scheduler ends chunks at checkpoints, so the only offset used today is the row's end.
+    `first` marks the first row of a residency: the runner clears the slot's
+    penalty counts (and, when `start == 0`, its state; otherwise a restore op filled it).
     """
 
     seq: Any  # the scheduler's Sequence (plain data; typed Any to keep this module a leaf)
@@ -41,6 +72,8 @@ class Row:
     logits: str = "last"
     count_sample: bool = True  # the sample may be kept: penalty counts include it
     checkpoint_at: tuple[int, ...] = ()
+    after: tuple[CopyOp, ...] = ()
+    first: bool = False
 
     @property
     def num_new_tokens(self) -> int:
@@ -56,8 +89,8 @@ class Row:
 
     @property
     def fresh(self) -> bool:
-        """The row starts the sequence: its state slot must be reset first."""
-        return self.start == 0
+        """The row starts the sequence from nothing: its state slot must be zeroed first."""
+        return self.first and self.start == 0
 
 
 @dataclass(frozen=True)
@@ -67,13 +100,18 @@ class StepPlan:
     `uncount_slots`: state slots whose most recent sample (made by the step in flight) turned out
     to be discarded; the runner removes it from the penalty counts before this step samples.
     `count_tokens`: (slot, token id) pairs committed without sampling (inserted control tokens)
-    that the penalty counts must add.
+    that the penalty counts must add. `recount`: (slot, output ids) of sequences resuming after a
+    pause: the slot's counts are set to exactly those ids. `copies` run first, in order;
+    `free_host` lists host blocks released after them.
     """
 
     decode: tuple[Row, ...] = ()
     prefill: tuple[Row, ...] = ()
     uncount_slots: tuple[int, ...] = ()
     count_tokens: tuple[tuple[int, int], ...] = ()
+    copies: tuple[CopyOp, ...] = ()
+    free_host: tuple[int, ...] = ()
+    recount: tuple[tuple[int, tuple[int, ...]], ...] = ()
 
     @property
     def rows(self) -> tuple[Row, ...]:
@@ -81,6 +119,7 @@ class StepPlan:
 
     @property
     def is_empty(self) -> bool:
+        """Nothing to compute (copies alone travel with the next plan that computes)."""
         return not self.decode and not self.prefill
 
     @property

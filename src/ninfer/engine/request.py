@@ -30,6 +30,9 @@ class GenerationRequest:
 
     `sampling` holds the request's own sampler fields (SamplingParams names; None = not given):
     they override the process options, which override the artifact's preset for `thinking`.
+    `cache_checkpoints` are prompt token offsets where the prefix cache should capture a
+    checkpoint (the chat layer's candidates: cache markers, the implicit candidate, the input
+    checkpoint before the generation prologue); the engine adds the end of the conversation.
     """
 
     prompt_ids: tuple[int, ...]
@@ -47,13 +50,18 @@ class GenerationRequest:
     # [vision] Prepared media of a multimodal prompt: `prompt_ids` are then its expanded ids
     # (media.token_ids); the runner encodes the media before the first prefill chunk.
     media: MediaPrompt | None = None
+    cache_checkpoints: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
 class Usage:
+    """`cached_tokens`: prompt tokens read from the prefix cache; `cache_creation_tokens`:
+    prompt tokens beyond them that this request's checkpoints now hold for later requests."""
+
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+    cache_creation_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -147,6 +155,15 @@ class EngineEvent:
     stop_string: str | None = None  # FINISHED: the stop string that ended the output, if one did
     num_control: int = 0  # TOKENS: how many of token_ids were inserted without sampling
     stats: RequestStats | None = None  # ADMITTED and terminal events: the engine's facts
+    # ADMITTED and FINISHED: prompt tokens reused from the prefix cache, and the
+    # `x-ninfer-prefix-cache` value saying why (e.g. "hit=812; path=checkpoint", "miss=evicted")
+    num_cached: int = 0
+    prefix_cache: str | None = None
+    # FINISHED: how often this request was paused, and restored by snapshot or by replay
+    num_preemptions: int = 0
+    num_snapshot_restores: int = 0
+    num_replay_restores: int = 0
+    num_replayed_tokens: int = 0
 
     @property
     def is_terminal(self) -> bool:

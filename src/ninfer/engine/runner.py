@@ -4,8 +4,10 @@ It turns plan rows into the decode step's inputs (`engine/graphs.py`: forward, s
 next step's feed inside one CUDA graph) and into prefill forwards, one per chunk (each chunk keeps
 the fast single-sequence attention path; a mixed step therefore computes exactly what separate
 steps compute). `launch` only enqueues device work: the sampled ids travel to pinned host memory
-behind an event, and `wait()` on the returned handle reads them. The runner owns the device-side
-cache and never decides policy.
+behind an event, and `wait()` on the returned handle reads them. The plan's copies (StateImage
+captures and restores, KV page copies, host transfers) run first, in order (`engine/copies.py`);
+a row with checkpoints captures its slot's state into an image slot right after its forward.
+The runner owns the device-side cache and never decides policy.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ninfer.engine.copies import CopyEngine
 from ninfer.engine.graphs import DecodeInput, DecodeStep
 from ninfer.engine.media_join import TowerCache, chunk_inputs, encode_media
 from ninfer.engine.plan import FROM_DEVICE, Row, StepOutcome, StepPlan, outcome_of
@@ -52,19 +55,30 @@ class ModelRunner:
         self.model = model
         self.cache = cache
         self.decode = decode
+        self.sampler = Sampler(decode.num_sampleable)  # a prompt's first token, outside the step
         self.vision = vision  # [vision] None: media requests are refused before submit
         self.tower_cache = TowerCache(tower_cache_bytes) if vision is not None else None
-        self.sampler = Sampler(decode.num_sampleable)  # a prompt's first token, outside the step
         self.device = model.device
         cuda = self.device.type == "cuda"
         size = decode.max_batch
         # two pinned result buffers, alternated like the decode step's staging buffers
         self._host = [torch.zeros(size, dtype=torch.int64, pin_memory=cuda) for _ in range(2)]
         self._turn = 0
+        self.copies = CopyEngine(cache, self.device)
 
     def launch(self, plan: StepPlan) -> _InFlight:
         """Enqueue the step; nothing here waits for the device."""
+        self.copies.run(plan.copies, plan.free_host)
+        # corrections for earlier occupants first: a slot may change hands within this plan
         self.decode.adjust_counts(plan.uncount_slots, plan.count_tokens)
+        for row in plan.rows:
+            if row.first:  # a new residency: counts start empty
+                self.decode.reset_counts(row.slot)
+                if row.fresh:
+                    self.cache.reset_slot(row.slot)
+        for slot, ids in plan.recount:  # a sequence resumed after a pause
+            self.decode.reset_counts(slot)
+            self.decode.adjust_counts((), [(slot, t) for t in ids])
         samples: list[torch.Tensor] = []
         if plan.decode:
             samples.append(self.decode.run([_decode_input(r) for r in plan.decode]))
@@ -86,9 +100,6 @@ class ModelRunner:
         return _InFlight(plan, host, num, event)
 
     def _prefill(self, row: Row) -> torch.Tensor | None:
-        if row.fresh:
-            self.cache.reset_slot(row.slot)
-            self.decode.reset_counts(row.slot)
         seq = row.seq
         if seq.request.media is None:
             batch = ForwardBatch.prefill(
@@ -104,8 +115,10 @@ class ModelRunner:
             seq.media = None  # [vision] the last chunk is enqueued with the tower output
         if not row.samples:
             self.model.forward_hidden(batch, self.cache)
+            self._capture(row)
             return None
         logits = self.model.forward(batch, self.cache)  # [1, V]
+        self._capture(row)
         slots = torch.tensor([row.slot], dtype=torch.int64).to(self.device)
         token = self.sampler.sample(
             logits, [row.seq.sampling], [row.sample_index], self.decode.counts, slots
@@ -115,8 +128,8 @@ class ModelRunner:
 
     def _media_chunk(self, row: Row) -> ForwardBatch:
         """[vision] A prefill chunk of a media prompt: the tower runs once, before the first
-        chunk (or again if the request restarts its prompt); chunks take MRoPE positions and
-        the media rows that fall inside them."""
+        chunk computed (or again if the request restarts its prompt); chunks take MRoPE
+        positions and the media rows that fall inside them."""
         seq = row.seq
         if self.vision is None:
             raise RuntimeError("a media request reached an engine without a vision tower")
@@ -134,6 +147,12 @@ class ModelRunner:
             embed_index=embed_index,
             embed_rows=embed_rows,
         )
+
+    def _capture(self, row: Row) -> None:
+        # NOTE: the scheduler ends every chunk at its checkpoint, so only the row's end is ever
+        # asked for; a capture inside a row would need its forward split there.
+        assert all(offset == row.num_new_tokens for offset in row.checkpoint_at)
+        self.copies.run(row.after)
 
 
 def _decode_input(row: Row) -> DecodeInput:

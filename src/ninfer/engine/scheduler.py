@@ -8,22 +8,32 @@ committed tokens and decides finishes. A step fills a token budget: every decode
 token each, admission order), then prefill chunks of one or more requests (vLLM v1 style). Pages
 are reserved before a row is planned: a prompt's pages all at once with its first chunk, a decode
 row's one page at a time. Admission is FIFO; when the head cannot fit, up to
-`max_bypass` younger requests may pass it, then none until the head is admitted.
+`max_bypass` younger requests may pass it, then none until the head is admitted. With a prefix
+cache, admission starts a request from the longest checkpoint its prompt extends (shared KV
+pages, a copied tail page, a restored StateImage), prefill chunks end at the request's
+checkpoint offsets, and a finished conversation leaves its end as a checkpoint; copies travel
+in the plan, so every one is ordered behind the step that produced its source. When a unit
+cannot get its pages, retained prefixes are reclaimed, then the youngest resident request is
+paused (a host snapshot when the budget allows, else a later replay of its committed tokens);
+paused requests resume in their original order once their frontier and one more unit fit.
 """
 
 from __future__ import annotations
 
 import enum
+import itertools
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ninfer.engine import snapshots
 from ninfer.engine.errors import ContextLengthExceeded, QueueTimeout
 from ninfer.engine.kv_pool import PagePool
 from ninfer.engine.output import OutputState
-from ninfer.engine.plan import FROM_DEVICE, Row, StepOutcome, StepPlan
+from ninfer.engine.plan import FROM_DEVICE, PAGES, CopyOp, Row, StepOutcome, StepPlan
+from ninfer.engine.prefix_cache import DISABLED, Checkpoint, PrefixCache, PrefixLookup
 from ninfer.engine.request import (
     EngineEvent,
     EventKind,
@@ -33,6 +43,7 @@ from ninfer.engine.request import (
     Usage,
 )
 from ninfer.engine.sampling import SamplingParams
+from ninfer.engine.state_images import StateImages
 from ninfer.engine.state_slots import SlotPool
 from ninfer.engine.thinking_budget import ThinkingBudget
 
@@ -45,6 +56,7 @@ if TYPE_CHECKING:
 class SeqStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
+    PAUSED = "paused"  # admitted, then preempted: no slot, no device pages; its stream stays open
     FINISHED = "finished"
 
 
@@ -77,6 +89,22 @@ class Sequence:
     t_first_token: float | None = None
     t_last_token: float | None = None
     media: EncodedMedia | None = None  # [vision] tower output, held from first to last chunk
+    prefix: PrefixLookup | None = None  # the admission's cache decision
+    num_cached: int = 0  # prompt tokens taken from the prefix cache
+    num_cache_written: int = 0  # the longest prompt prefix this request's checkpoints hold
+    checkpoints: tuple[int, ...] = ()  # prompt offsets to capture while prefilling
+    first_row: bool = False  # the next planned row is the first of this residency
+    lookup_cache: tuple[int, PrefixLookup] | None = None  # (cache version, lookup) memo
+    order: int = -1  # admission ticket: "youngest" and "original order" for pause and resume
+    paused_at: int = 0  # PAUSED: the frontier (tokens fed to the device) when it paused
+    snapshot: snapshots.Snapshot | None = None  # PAUSED: its host snapshot (None: replay)
+    replay_to: int = 0  # rows rebuild the state up to here without sampling (a replay)
+    recount: bool = False  # resumed: its first row's plan resets the slot's penalty counts
+    num_progress: int = 0  # the highest prompt progress reported (never reported twice)
+    num_preemptions: int = 0
+    num_snapshot_restores: int = 0
+    num_replay_restores: int = 0
+    num_replayed_tokens: int = 0
 
     @property
     def num_output(self) -> int:
@@ -93,6 +121,11 @@ class Sequence:
     @property
     def num_inflight(self) -> int:
         return self.num_scheduled - self.num_computed
+
+    @property
+    def prefill_to(self) -> int:
+        """Rows up to here are chunked prefill rows (the prompt, or a replay beyond it)."""
+        return max(self.num_prompt, self.replay_to)
 
 
 @dataclass(frozen=True)
@@ -122,6 +155,9 @@ class Scheduler:
         pages: PagePool,
         slots: SlotPool,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        images: StateImages | None = None,
+        cache: PrefixCache | None = None,
     ) -> None:
         if not 1 <= config.max_concurrency <= MAX_CONCURRENCY:
             raise ValueError(f"max_concurrency must be in 1..{MAX_CONCURRENCY}")
@@ -132,16 +168,35 @@ class Scheduler:
                 f"max_batched_tokens {config.token_budget} must exceed max_concurrency "
                 f"{config.max_concurrency}: a step holds every decode row plus prefill"
             )
+        if cache is not None and (images is None or cache.images is not images):
+            raise ValueError("a prefix cache needs the scheduler's StateImages")
         self.config = config
         self.pages = pages
         self.slots = slots
+        self.images = images
+        self.cache = cache
         self.clock = clock
         self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []  # admission order
+        self.running: list[Sequence] = []  # admission order (`order`)
+        self.paused: list[Sequence] = []  # admission order
+        self._tickets = itertools.count()
+        self._planned: set[int] = set()  # ids of sequences with a row in the plan being built
         self._bypassed = 0
         # penalty-count corrections for the next plan (see StepPlan)
         self._uncount: list[int] = []
         self._count: list[tuple[int, int]] = []
+        # copies for the next plan (before its forwards) and host blocks it releases
+        self._copies: list[CopyOp] = []
+        self._free_host: list[int] = []
+        self._recount: list[tuple[int, tuple[int, ...]]] = []
+        # counters (plain ints: the observability layer publishes them)
+        self.num_prefix_hits = 0
+        self.num_prefix_hit_tokens = 0
+        self.num_tail_copies = 0
+        self.num_preemptions = 0
+        self.num_snapshot_restores = 0
+        self.num_replay_restores = 0
+        self.num_replayed_tokens = 0
 
     # -- intake --------------------------------------------------------------------------------
     def check_fits(self, num_prompt: int, max_tokens: int) -> None:
@@ -158,12 +213,13 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.paused)
 
     # -- planning ------------------------------------------------------------------------------
     def schedule(self) -> tuple[StepPlan, list[Event]]:
         """Plan one step; also returns the events decided while planning (admissions, reaped
         and starved requests). Rows of a step still in flight are accounted for."""
+        self._planned = set()
         events = self._reap()
         events += self._admit()
         budget = self.config.token_budget
@@ -171,9 +227,18 @@ class Scheduler:
         for seq in starved:
             events += self._finish(seq, FinishReason.CONTEXT)
         prefill = self._plan_prefill(budget - len(decode))
-        plan = StepPlan(decode, prefill, tuple(self._uncount), tuple(self._count))
+        plan = StepPlan(
+            decode,
+            prefill,
+            tuple(self._uncount),
+            tuple(self._count),
+            tuple(self._copies),
+            tuple(self._free_host),
+            tuple(self._recount),
+        )
         if not plan.is_empty:
             self._uncount, self._count = [], []
+            self._copies, self._free_host, self._recount = [], [], []
         return plan, events
 
     def _reap(self) -> list[Event]:
@@ -186,18 +251,33 @@ class Scheduler:
             elif now >= seq.deadline:
                 error = QueueTimeout("the request was not admitted before its deadline")
                 out += self._finish(seq, error)
-        for seq in list(self.running):
+        for seq in list(self.running) + list(self.paused):
             if seq.cancelled:
                 out += self._finish(seq, FinishReason.CANCELLED)
         return out
 
     def _admit(self) -> list[Event]:
         out: list[Event] = []
+        # paused requests first, in their original order (a younger one never overtakes)
+        while self.paused and len(self.running) < self.config.max_concurrency:
+            seq = self.paused[0]
+            if self.pages.pages_for(self._resume_tokens(seq)) > self.pages.num_pages:
+                out += self._finish(seq, FinishReason.CONTEXT)  # its next token cannot fit
+                continue
+            if not self._resume(seq):
+                break
         while len(self.running) < self.config.max_concurrency:
             seq = self._admit_one()
             if seq is None:
                 break
-            admitted = EngineEvent(seq.request_id, EventKind.ADMITTED, num_prompt=seq.num_prompt)
+            assert seq.prefix is not None
+            admitted = EngineEvent(
+                seq.request_id,
+                EventKind.ADMITTED,
+                num_prompt=seq.num_prompt,
+                num_cached=seq.num_cached,
+                prefix_cache=seq.prefix.header(),
+            )
             out.append((seq, admitted))
         return out
 
@@ -206,33 +286,101 @@ class Scheduler:
         for i, seq in enumerate(self.waiting):
             if i > 0 and self._bypassed >= self.config.max_bypass:
                 return None  # the head has been passed often enough: it goes next
-            if not self.slots.num_free or self.pages.num_free < self.pages.pages_for(
-                seq.num_prompt
-            ):
+            if not self.slots.num_free:
+                return None
+            if not self._start(seq):
                 continue
-            seq.slot = self.slots.allocate()
             seq.status = SeqStatus.RUNNING
             seq.t_admitted = self.clock()
+            seq.order = next(self._tickets)
             del self.waiting[i]
             self.running.append(seq)
             self._bypassed = self._bypassed + 1 if i > 0 else 0
             return seq
         return None
 
+    def _lookup(self, seq: Sequence) -> PrefixLookup:
+        # NOTE: a media prompt's identity is more than its ids (pads of two different images are
+        # the same ids) and the prefix identity does not cover media yet: it never reads the cache.
+        if self.cache is None or seq.request.media is not None:
+            return DISABLED
+        memo = seq.lookup_cache
+        if memo is not None and memo[0] == self.cache.version:
+            return memo[1]
+        found = self.cache.lookup(seq.token_ids[: seq.num_prompt])
+        seq.lookup_cache = (self.cache.version, found)
+        return found
+
+    def _start(self, seq: Sequence) -> bool:
+        """Take seq's slot and its prompt's share of pages (checked, the rest reserved with the
+        first chunk), starting from the longest cached prefix; False (no change) if short."""
+        found = self._lookup(seq)
+        if not self._take(seq, found, seq.num_prompt):
+            return False
+        seq.prefix = found
+        seq.first_row = True
+        seq.lookup_cache = None
+        if found.checkpoint is not None:
+            seq.num_cached = found.checkpoint.length
+            self.num_prefix_hits += 1
+            self.num_prefix_hit_tokens += seq.num_cached
+        if self.cache is not None:
+            offsets = {int(t) for t in seq.request.cache_checkpoints}
+            wanted = (t for t in offsets if seq.num_cached < t < seq.num_prompt)
+            seq.checkpoints = tuple(sorted(wanted))
+        return True
+
+    def _take(self, seq: Sequence, found: PrefixLookup, num_tokens: int) -> bool:
+        """A lane slot, and free pages for `num_tokens` tokens beyond those shared with the
+        checkpoint `found` names (whose restore copies then enter the plan); False, with no
+        change, when they are not there even after reclaiming other checkpoints."""
+        ck = found.checkpoint
+        size = self.pages.page_size
+        shared = ck.pages[: ck.length // size] if ck is not None else []
+        self.pages.retain(shared)  # pinned: reclaiming below must not free them
+        need = self.pages.pages_for(num_tokens) - len(shared)
+        if not self.slots.num_free or not self._free_pages(need, keep=ck):
+            self.pages.release(shared)
+            return False
+        slot = self.slots.allocate()
+        assert slot is not None
+        seq.slot = slot
+        seq.pages = list(shared)
+        seq.num_computed = seq.num_scheduled = 0
+        if ck is not None:
+            assert self.cache is not None and self.images is not None
+            if ck.length % size:  # the prefix ends inside a page: the writer gets a copy
+                tail = self.pages.allocate(1)
+                assert tail is not None
+                self._copies.append(CopyOp(PAGES, (ck.pages[len(shared)],), tuple(tail)))
+                seq.pages += tail
+                self.num_tail_copies += 1
+            self.images.restore(ck.image, slot, self._copies)
+            self.cache.use(ck)
+            seq.num_computed = seq.num_scheduled = ck.length
+        return True
+
+    def _free_pages(self, need: int, keep: Checkpoint | None = None) -> bool:
+        """At least `need` free pages, reclaiming retained prefixes (LRU, never `keep`)."""
+        if self.pages.num_free >= need:
+            return True
+        return self.cache is not None and self.cache.reclaim(need, self._free_host, keep=keep)
+
     def _reserve(self, seq: Sequence, num_tokens: int) -> bool:
         """Make seq's pages cover its first `num_tokens` tokens; False (no change) if impossible."""
         extra = self.pages.pages_for(num_tokens) - len(seq.pages)
         if extra <= 0:
             return True
-        got = self.pages.allocate(extra)
-        if got is None:
+        if not self._free_pages(extra):
             return False
+        got = self.pages.allocate(extra)
+        assert got is not None
         seq.pages.extend(got)
         return True
 
     def _decode_position(self, seq: Sequence) -> int | None:
         """The position seq's next decode row feeds, or None when it has none to run now."""
-        if seq.num_scheduled < seq.num_prompt:
+        if seq.num_scheduled < seq.prefill_to:
             return None
         q = seq.num_scheduled
         if q < len(seq.token_ids):
@@ -248,13 +396,16 @@ class Scheduler:
     def _plan_decode(self, budget: int) -> tuple[tuple[Row, ...], list[Sequence]]:
         rows: list[Row] = []
         starved: list[Sequence] = []
-        for seq in self.running:
+        for seq in list(self.running):
+            if seq.status != SeqStatus.RUNNING:
+                continue  # paused for an older request earlier in this loop
             q = self._decode_position(seq)
             if q is None or len(rows) >= budget:
                 continue
-            if not self._reserve(seq, q + 1):
-                if seq.num_inflight == 0:
-                    starved.append(seq)  # KV pool exhausted: finish with reason `context`
+            if not self._reserve_or_pause(seq, q + 1):
+                alone = len(self.running) == 1 and seq.status == SeqStatus.RUNNING
+                if alone and seq.num_inflight == 0:
+                    starved.append(seq)  # alone and out of pages: reason `context`
                 continue  # its step in flight lands first; the next plan decides
             known = q < len(seq.token_ids)
             assert seq.slot is not None
@@ -269,46 +420,182 @@ class Scheduler:
                     sample_index=q + 1 - seq.num_prompt,
                     # the next token is already known (a control token): the sample is discarded
                     count_sample=q + 1 >= len(seq.token_ids),
+                    first=self._first_row(seq),
                 )
             )
             seq.num_scheduled = q + 1
             seq.sampled_until = max(seq.sampled_until, q + 2)
+            self._planned.add(id(seq))
         return tuple(rows), starved
 
     def _plan_prefill(self, budget: int) -> tuple[Row, ...]:
         rows: list[Row] = []
-        for seq in self.running:
+        for seq in list(self.running):
             if budget <= 0:
                 break
-            start = seq.num_scheduled
-            if start >= seq.num_prompt:
+            start, target = seq.num_scheduled, seq.prefill_to
+            if seq.status != SeqStatus.RUNNING or start >= target:
                 continue
-            n = min(self.config.prefill_chunk, seq.num_prompt - start, budget)
-            # NOTE: the whole prompt's pages are reserved with its first chunk: several prompts
-            # prefill at once, and two half-reserved prompts could otherwise wait on each other
-            # forever (until pause / replay exists to break such a wait).
-            if not self._reserve(seq, seq.num_prompt):
+            n = min(self.config.prefill_chunk, target - start, budget)
+            # a chunk ends exactly at the next checkpoint: its state is captured right after
+            n = min([n] + [t - start for t in seq.checkpoints if t > start])
+            # NOTE: the whole prompt's pages (a replay's: up to its frontier) are reserved with
+            # its first chunk: two half-reserved prompts could otherwise wait on each other
+            # forever.
+            if not self._reserve_or_pause(seq, target):
+                if seq.status != SeqStatus.RUNNING:
+                    continue  # it paused itself for older requests
                 break  # wait for pages (FIFO): decodes may finish and free some
-            last = start + n == seq.num_prompt
-            samples = last and seq.request.max_tokens > 0
+            end = start + n
+            # the prompt's last chunk samples, unless the output already began (a replay)
+            samples = (
+                end == seq.num_prompt
+                and seq.request.max_tokens > 0
+                and len(seq.token_ids) == seq.num_prompt
+            )
+            after: list[CopyOp] = []
+            if end in seq.checkpoints:
+                self._checkpoint(seq, end, after)
             assert seq.slot is not None
             rows.append(
                 Row(
                     seq,
                     start=start,
-                    token_ids=tuple(seq.token_ids[start : start + n]),
+                    token_ids=tuple(seq.token_ids[start:end]),
                     pages=tuple(seq.pages),
                     slot=seq.slot,
                     samples=samples,
                     sample_index=0,
                     logits="last" if samples else "none",
+                    checkpoint_at=(n,) if after else (),
+                    after=tuple(after),
+                    first=self._first_row(seq),
                 )
             )
-            seq.num_scheduled = start + n
+            self._planned.add(id(seq))
+            seq.num_scheduled = end
             if samples:
-                seq.sampled_until = start + n + 1
+                seq.sampled_until = end + 1
             budget -= n
         return tuple(rows)
+
+    def _first_row(self, seq: Sequence) -> bool:
+        """Whether the row being planned is seq's first of this residency (and, after a pause,
+        queue the count rebuild that must follow the runner's reset in the same plan)."""
+        first, seq.first_row = seq.first_row, False
+        if first and seq.recount:
+            assert seq.slot is not None
+            self._recount.append((seq.slot, tuple(seq.output_ids)))
+            seq.recount = False
+        return first
+
+    # -- pause and resume ----------------------------------------------------------------------
+    def _reserve_or_pause(self, seq: Sequence, num_tokens: int) -> bool:
+        """Pages for seq's next unit: reclaim retained prefixes, then pause the youngest
+        resident request (seq itself when it is the youngest) until they fit. False when seq
+        must wait (no younger request can give way now) or paused itself."""
+        while not self._reserve(seq, num_tokens):
+            victim = self._victim(seq)
+            if victim is None:
+                return False
+            self._pause(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def _victim(self, seq: Sequence) -> Sequence | None:
+        """The youngest request younger than seq without a row in this plan; else seq itself
+        when it is the youngest of several residents; else None."""
+        younger = [s for s in self.running if s.order > seq.order and id(s) not in self._planned]
+        if younger:
+            return max(younger, key=lambda s: s.order)
+        if len(self.running) > 1 and seq is max(self.running, key=lambda s: s.order):
+            return seq if id(seq) not in self._planned else None
+        return None
+
+    def _pause(self, seq: Sequence) -> None:
+        """Free seq's slot and pages. Its state as of every launched row (copies are ordered
+        behind them) goes to a host snapshot when the budget holds it, else it is replayed on
+        resume; a sample still in flight is committed when its step lands."""
+        assert seq.slot is not None and seq.status == SeqStatus.RUNNING
+        frontier = seq.num_scheduled
+        seq.snapshot = None
+        if self.images is not None and frontier > 0:
+            kept = seq.pages[: self.pages.pages_for(frontier)]
+            if self.cache is not None:  # live requests come before retained host images
+                need = self.images.image_bytes + len(kept) * self.images.page_bytes
+                self.cache.host_room(need, self._free_host)
+            seq.snapshot = snapshots.take(self.images, seq.slot, kept, frontier, self._copies)
+        self.pages.release(seq.pages)
+        seq.pages = []
+        self.slots.release(seq.slot)
+        seq.slot = None
+        seq.paused_at = frontier
+        seq.status = SeqStatus.PAUSED
+        self.running.remove(seq)
+        self.paused.append(seq)
+        self.paused.sort(key=lambda s: s.order)
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+
+    @staticmethod
+    def _resume_tokens(seq: Sequence) -> int:
+        """Tokens a resumed request must hold pages for: its frontier (or its whole prompt, or
+        its replay) and the next token it computes."""
+        frontier = max(seq.paused_at, seq.num_prompt, seq.replay_to)
+        return frontier + (1 if seq.request.max_tokens > 0 else 0)
+
+    def _resume(self, seq: Sequence) -> bool:
+        """Back into a lane: the snapshot restored, or a replay from the longest checkpoint of
+        its own tokens (no sampling, nothing re-emitted). Needs room for its frontier and one
+        more token; waits while a sample of its is still in flight."""
+        frontier = seq.paused_at
+        if seq.num_computed < frontier or seq.sampled_until > len(seq.token_ids):
+            return False  # its last step has not landed yet
+        if seq.snapshot is not None:
+            assert self.images is not None
+            if not self._take(seq, DISABLED, self._resume_tokens(seq)):
+                return False
+            assert seq.slot is not None
+            got = self.pages.allocate(self.pages.pages_for(self._resume_tokens(seq)))
+            assert got is not None and len(got) >= seq.snapshot.num_pages
+            seq.pages += got
+            snapshots.restore(
+                self.images, seq.snapshot, seq.slot, seq.pages, self._copies, self._free_host
+            )
+            seq.snapshot = None
+            seq.num_computed = seq.num_scheduled = frontier
+            seq.num_snapshot_restores += 1
+            self.num_snapshot_restores += 1
+        else:
+            found = DISABLED
+            if self.cache is not None and seq.request.media is None:
+                found = self.cache.lookup(seq.token_ids[:frontier], whole=True)
+            if not self._take(seq, found, self._resume_tokens(seq)):
+                return False
+            seq.replay_to = max(seq.replay_to, frontier)  # a pause inside a replay keeps its end
+            if frontier > 0:  # (paused before anything ran: simply started again)
+                replayed = frontier - seq.num_computed
+                seq.num_replay_restores += 1
+                seq.num_replayed_tokens += replayed
+                self.num_replay_restores += 1
+                self.num_replayed_tokens += replayed
+        seq.first_row = seq.recount = True  # counts rebuilt; a replay from 0 zeroes the state
+        seq.status = SeqStatus.RUNNING
+        self.paused.remove(seq)
+        self.running.append(seq)
+        self.running.sort(key=lambda s: s.order)
+        return True
+
+    def _checkpoint(self, seq: Sequence, end: int, capture: list[CopyOp]) -> None:
+        """Retain seq's first `end` tokens (computed, or launched before `capture` runs)."""
+        assert self.cache is not None and seq.slot is not None
+        pages = seq.pages[: self.pages.pages_for(end)]
+        kept = self.cache.publish(
+            seq.token_ids[:end], pages, seq.slot, capture, self._copies, self._free_host
+        )
+        if kept is not None:
+            seq.num_cache_written = max(seq.num_cache_written, min(end, seq.num_prompt))
 
     # -- commit --------------------------------------------------------------------------------
     def update(self, plan: StepPlan, outcome: StepOutcome) -> list[Event]:
@@ -317,18 +604,20 @@ class Scheduler:
         events: list[Event] = []
         for row, token in zip(plan.rows, outcome.sampled, strict=True):
             seq = row.seq
-            if seq.status != SeqStatus.RUNNING:
+            if seq.status == SeqStatus.FINISHED:
                 continue  # finished while this step was in flight: nothing of it is kept
+            # (a request paused after this step launched still commits what it sampled)
             end = row.start + row.num_new_tokens
             seq.num_computed = max(seq.num_computed, end)
-            if row.start < seq.num_prompt:
+            if row.start < seq.num_prompt and min(end, seq.num_prompt) > seq.num_progress:
+                seq.num_progress = min(end, seq.num_prompt)  # a replay reports nothing again
                 events.append(
                     (
                         seq,
                         EngineEvent(
                             seq.request_id,
                             EventKind.PROGRESS,
-                            num_processed=min(end, seq.num_prompt),
+                            num_processed=seq.num_progress,
                             num_prompt=seq.num_prompt,
                         ),
                     )
@@ -376,13 +665,16 @@ class Scheduler:
         feed them one per step (their samples discarded) before sampling again."""
         if not control_ids:
             return []
-        assert seq.output is not None and seq.slot is not None
+        assert seq.output is not None
         position = len(seq.token_ids)
         seq.token_ids.extend(control_ids)
+        # (a paused request has no slot: its counts are rebuilt from its output on resume)
         if seq.sampled_until > position:  # a row in flight samples `position`: discarded now
-            self._uncount.append(seq.slot)
+            if seq.slot is not None:
+                self._uncount.append(seq.slot)
             seq.sampled_until = position
-        self._count.extend((seq.slot, t) for t in control_ids)
+        if seq.slot is not None:
+            self._count.extend((seq.slot, t) for t in control_ids)
         text = seq.output.commit_control(control_ids)
         return [
             (
@@ -406,6 +698,8 @@ class Scheduler:
         """Release seq and return its terminal event (none if it had already finished)."""
         if seq.status == SeqStatus.FINISHED:
             return []
+        if isinstance(why, FinishReason) and why != FinishReason.CANCELLED:
+            self._keep_conversation(seq)
         self.finish(seq)
         if isinstance(why, BaseException):
             return [(seq, EngineEvent(seq.request_id, EventKind.ERROR, error=why))]  # type: ignore[arg-type]
@@ -415,11 +709,35 @@ class Scheduler:
             EventKind.FINISHED,
             text=text,
             finish_reason=why,
-            usage=Usage(seq.num_prompt, seq.num_output),
+            usage=Usage(
+                seq.num_prompt,
+                seq.num_output,
+                seq.num_cached,
+                max(0, seq.num_cache_written - seq.num_cached),
+            ),
             timings=timings_of(seq),
             stop_string=seq.output.stop_string if seq.output is not None else None,
+            num_cached=seq.num_cached,
+            prefix_cache=seq.prefix.header() if seq.prefix is not None else None,
+            num_preemptions=seq.num_preemptions,
+            num_snapshot_restores=seq.num_snapshot_restores,
+            num_replay_restores=seq.num_replay_restores,
+            num_replayed_tokens=seq.num_replayed_tokens,
         )
         return [(seq, event)]
+
+    def _keep_conversation(self, seq: Sequence) -> None:
+        """The end of a finished conversation becomes a checkpoint: every token fed to the
+        device (a row still in flight may feed the last committed one). Not for media prompts
+        (see _lookup)."""
+        if self.cache is None or seq.status != SeqStatus.RUNNING or seq.slot is None:
+            return
+        if seq.request.media is not None:
+            return
+        end = seq.num_scheduled
+        if end <= seq.num_cached or end > len(seq.token_ids):
+            return  # nothing new, or the device was fed a token that was not committed
+        self._checkpoint(seq, end, self._copies)
 
     def fail(self, seq: Sequence, error: BaseException) -> list[Event]:
         """End one request with an error (engine-wide failure or shutdown)."""
@@ -431,6 +749,12 @@ class Scheduler:
             return
         if seq.status == SeqStatus.WAITING:
             self.waiting.remove(seq)
+        elif seq.status == SeqStatus.PAUSED:
+            self.paused.remove(seq)
+            if seq.snapshot is not None:
+                assert self.images is not None
+                snapshots.drop(self.images, seq.snapshot, self._free_host)
+                seq.snapshot = None
         else:
             self.running.remove(seq)
         if seq.pages:
@@ -442,10 +766,25 @@ class Scheduler:
         seq.status = SeqStatus.FINISHED
 
     def check_integrity(self) -> None:
-        self.pages.check_integrity()
+        """Every page, state slot, StateImage and host block is held by exactly the owners that
+        reference it (running sequences, retained checkpoints), or free."""
+        owners = [s.pages for s in self.running]
+        if self.cache is not None:
+            self.cache.check_integrity()
+            owners += self.cache.page_owners()
+        self.pages.check_integrity(owners)
         self.slots.check_integrity()
-        held = sum(len(s.pages) for s in self.running)
-        assert held + self.pages.num_free == self.pages.num_pages, "pages leaked"
+        if self.images is not None:
+            images = self.cache.image_owners() if self.cache is not None else []
+            blocks = [i.block for i in images if i.block is not None]
+            for s in self.paused:
+                if s.snapshot is not None:
+                    images.append(s.snapshot.image)
+                    blocks += s.snapshot.host_blocks()
+            self.images.check_integrity(images)
+            self.images.host.check_integrity(blocks)
+        for s in self.paused:
+            assert s.slot is None and not s.pages, f"{s.request_id}: paused but holds resources"
         slots = sum(1 for s in self.running if s.slot is not None)
         assert slots + self.slots.num_free == self.slots.num_slots, "slots leaked"
         for s in self.running:
@@ -459,8 +798,8 @@ def timings_of(seq: Sequence) -> Timings:
     last = seq.t_last_token
     predicted_ms = (last - first) * 1000.0 if first is not None and last is not None else 0.0
     return Timings(
-        cache_n=0,
-        prompt_n=seq.num_prompt,
+        cache_n=seq.num_cached,
+        prompt_n=seq.num_prompt - seq.num_cached,
         prompt_ms=prompt_ms,
         predicted_n=seq.num_output,
         predicted_ms=predicted_ms,

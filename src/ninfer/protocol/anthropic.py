@@ -14,7 +14,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ninfer.protocol.anthropic_messages import CacheMarks, cache_ttl, lower_messages, lower_system
+from ninfer.protocol.anthropic_messages import (
+    TOOLS_MARK,
+    CacheMarks,
+    cache_ttl,
+    lower_messages,
+    lower_system,
+)
 from ninfer.protocol.errors import (
     conflicting_template_option,
     invalid,
@@ -56,6 +62,9 @@ class MessagesRequest:
     preserve_thinking: bool | None = None
     effort: str | None = None
     template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # explicit cache_control breakpoints as (message index or TOOLS_MARK, characters of its
+    # content before the boundary; None: the whole content)
+    cache_marks: tuple[tuple[int, int | None], ...] = ()
 
     def enable_thinking(self, default: bool) -> bool:
         """Whether generation starts in thinking mode; a prefill continues text, never thinks."""
@@ -124,6 +133,7 @@ def parse_messages_request(
         preserve_thinking=preserve,
         effort=effort,
         template_kwargs=kwargs,
+        cache_marks=tuple(marks.positions),
     )
 
 
@@ -297,7 +307,9 @@ def _parse_tools(body: Mapping[str, Any], marks: CacheMarks) -> list[dict[str, A
         if tool["name"] in names:
             raise invalid(f"{param}.name", f"duplicate tool name {tool['name']!r}")
         names.add(tool["name"])
-        marks.block(param, tool)
+        # only the end of the whole tool list is a prompt boundary (after the declarations)
+        marks.block(param, tool, at=True if i == len(tools) - 1 else None)
+    marks.resolve(lambda at: (TOOLS_MARK, None))
     choice = body.get("tool_choice")
     if choice is None:
         return out or None

@@ -1,22 +1,25 @@
 """Anthropic Messages history lowering: system + messages -> template-ready messages.
 
 Imports the standard library and `protocol.errors` only. Owns the spec's history rules (billing
-header, joined turns, in-place system, tool_result ordering, prefill) and cache_control checks
-(validated and counted only: there is no prefix cache yet). Rejections name the field.
+header, joined turns, in-place system, tool_result ordering, prefill) and cache_control: checked,
+counted, and located as (message index, characters of its content) for the prefix cache (a
+marker on the tool list is message TOOLS_MARK). Rejections name the field.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from ninfer.protocol.errors import ProtocolError, invalid, invalid_type, unsupported
-from ninfer.protocol.media_parts import joined, media_url, template_part, text_part
+from ninfer.protocol.media_parts import joined, media_url, template_part, text_length, text_part
 
 BILLING_HEADER_PREFIX = "x-anthropic-billing-header:"
 MAX_CACHE_BREAKPOINTS = 4
 CACHE_TTLS = ("5m", "1h")
+TOOLS_MARK = -1  # a cache position "after the tool declarations"
+Position = tuple[int, int | None]  # (message index, characters of its content; None: all)
 TOOL_ERROR_MARK = "[is_error: true]\n"  # how a failed tool result reads in the model prompt
 # Blocks whose execution or content ninfer cannot provide, by where they may appear.
 _EXECUTION_BLOCKS = frozenset(
@@ -69,17 +72,27 @@ def image_part(param: str, block: dict[str, Any]) -> dict[str, str]:
 
 @dataclass
 class CacheMarks:
-    """Block-level cache_control markers in prompt order (tools, system, messages)."""
+    """Block-level cache_control markers in prompt order (tools, system, messages).
+
+    Lowering reports each cacheable block with where it ends (`at`: a locator the lowering
+    function resolves to a `Position` once its messages are placed, or None when the boundary
+    is not a content position, e.g. after a tool_use block).
+    """
 
     ttls: list[str] = field(default_factory=list)  # one per explicit breakpoint
     last_block_ttl: str | None = None  # the marker on the last cacheable block, if any
     num_blocks: int = 0
+    positions: list[Position] = field(default_factory=list)  # explicit breakpoints, resolved
+    last_position: Position | None = None  # where the last cacheable block ends
+    base: int = 0  # the index the next lowered message will have
+    _open: list[tuple[bool, Any]] = field(default_factory=list)
 
-    def block(self, param: str, block: dict[str, Any]) -> None:
+    def block(self, param: str, block: dict[str, Any], at: Any = None) -> None:
         """Record one cacheable block and its optional marker."""
         self.num_blocks += 1
         self.last_block_ttl = None
         raw = block.get("cache_control")
+        self._open.append((raw is not None, at))
         if raw is None:
             return
         ttl = cache_ttl(f"{param}.cache_control", raw)
@@ -91,6 +104,15 @@ class CacheMarks:
                 f"at most {MAX_CACHE_BREAKPOINTS} blocks may carry cache_control",
                 code="too_many_cache_breakpoints",
             )
+
+    def resolve(self, where: Callable[[Any], Position | None]) -> None:
+        """Place the blocks recorded since the last call (their messages now have indices)."""
+        for marked, at in self._open:
+            position = where(at) if at is not None else None
+            self.last_position = position
+            if marked and position is not None:
+                self.positions.append(position)
+        self._open = []
 
     def request_level(self, raw: Any) -> None:
         """Request-level cache_control targets the last cacheable block (spec: merge/conflict)."""
@@ -115,6 +137,8 @@ class CacheMarks:
                 "request-level breakpoint",
                 code="too_many_cache_breakpoints",
             )
+        if self.last_position is not None:
+            self.positions.append(self.last_position)
 
 
 def cache_ttl(param: str, raw: Any) -> str:
@@ -148,13 +172,19 @@ def lower_system(system: Any, marks: CacheMarks) -> list[dict[str, Any]]:
     if not isinstance(system, list):
         raise invalid_type("system", "a string or an array of text blocks", system)
     texts = []
+    length = 0
     for i, block in enumerate(system):
         param = f"system[{i}]"
         text = _text_block(param, block)
         if i == 0 and text.startswith(BILLING_HEADER_PREFIX):
             continue  # Claude Code attribution: consumed whole, its cache_control with it
-        marks.block(param, block)
+        length += len(text)
+        marks.block(param, block, at=length)
         texts.append(text)
+    index = marks.base
+    marks.resolve(lambda at: (index, at))
+    if texts:
+        marks.base += 1
     return [{"role": "system", "content": "".join(texts)}] if texts else []
 
 
@@ -189,13 +219,16 @@ def lower_messages(messages: Any, marks: CacheMarks) -> History:
     turns = list(_joined_turns(messages))
     out: list[dict[str, Any]] = []
     pending: tuple[str, list[str]] | None = None  # (assistant param, tool_use ids) to answer
+    first_index = marks.base
     for n, turn in enumerate(turns):
+        marks.base = first_index + len(out)
         if turn.role == "user":
             out += _lower_user(turn, pending, first=n == 0, marks=marks)
             pending = None
             continue
         if pending is not None:
             raise _missing_results(pending, turn.param)
+        index = marks.base
         if turn.role == "system":
             out.append(
                 {"role": "system", "content": _plain_text(turn, marks, what="system messages")}
@@ -204,6 +237,8 @@ def lower_messages(messages: Any, marks: CacheMarks) -> History:
             message, ids = _lower_assistant(turn, marks)
             out.append(message)
             pending = (turn.param, ids) if ids else None
+        marks.resolve(lambda at, index=index: (index, at))
+    marks.base = first_index + len(out)
     last = turns[-1]
     prefill = last.role == "assistant"
     if prefill:
@@ -271,7 +306,7 @@ def _plain_text(turn: _Turn, marks: CacheMarks, *, what: str) -> str:
         if block["type"] != "text":
             raise _reject_block(param, block["type"], what)
         texts.append(_text(param, block))
-        marks.block(param, block)
+        marks.block(param, block, at=sum(map(len, texts)))
     return "".join(texts)
 
 
@@ -293,13 +328,13 @@ def _lower_user(
                 raise invalid(f"{param}.tool_use_id", f"duplicate result for {tool_use_id!r}")
             results[tool_use_id] = _tool_message(param, block, tool_use_id)
             order.append(tool_use_id)
-            marks.block(param, block)
+            marks.block(param, block, at=tool_use_id)
         elif kind == "text":
             parts.append(text_part(_text(param, block)))
-            marks.block(param, block)
+            marks.block(param, block, at=text_length(parts))
         elif kind == "image":
             parts.append(image_part(param, block))
-            marks.block(param, block)
+            marks.block(param, block, at=text_length(parts))
         else:
             raise _reject_block(param, kind, "user messages")
     if pending is not None:
@@ -321,6 +356,14 @@ def _lower_user(
             code="invalid_tool_result_order",
         )
     out = [results[i] for i in order]
+    base = marks.base
+
+    def where(at: Any) -> Position:
+        if isinstance(at, str):  # a tool result: the end of its tool message
+            return (base + order.index(at), None)
+        return (base + len(out), at)
+
+    marks.resolve(where)
     if parts or not out:
         out.append({"role": "user", "content": joined(parts)})
     return out
@@ -357,7 +400,7 @@ def _lower_assistant(turn: _Turn, marks: CacheMarks) -> tuple[dict[str, Any], li
         kind = block["type"]
         if kind == "text":
             texts.append(_text(param, block))
-            marks.block(param, block)
+            marks.block(param, block, at=sum(map(len, texts)))
         elif kind == "thinking":
             thinking = block.get("thinking")
             if not isinstance(thinking, str):
@@ -373,6 +416,8 @@ def _lower_assistant(turn: _Turn, marks: CacheMarks) -> tuple[dict[str, Any], li
             )
         elif kind == "tool_use":
             calls.append(_tool_use(param, block, [c["id"] for c in calls]))
+            # NOTE: the end of a tool call is not a content position: a marker here counts as a
+            # breakpoint but is not placed (a legal, unrepresentable boundary)
             marks.block(param, block)
         else:
             raise _reject_block(param, kind, "assistant messages")

@@ -65,11 +65,14 @@ class MessageUsage:
     input_tokens: int  # uncached prompt tokens
     output_tokens: int
     cache_read_input_tokens: int = 0
+    # prompt tokens past the cached ones that this request's checkpoints now hold; None while
+    # not known yet (message_start precedes prefill)
+    cache_creation_input_tokens: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "input_tokens": self.input_tokens,
-            "cache_creation_input_tokens": None,  # spec: cache creation is left unknown
+            "cache_creation_input_tokens": self.cache_creation_input_tokens,
             "cache_read_input_tokens": self.cache_read_input_tokens,
             "output_tokens": self.output_tokens,
         }

@@ -55,6 +55,12 @@ def text_part(text: str) -> dict[str, str]:
     return {"type": "text", "text": text}
 
 
+def text_length(parts: list[dict[str, str]]) -> int:
+    """Characters of text in `parts` so far: where a cache breakpoint after them falls in the
+    joined text (markers inside media content are not placed: see chat/cache_hints.py)."""
+    return sum(len(p["text"]) for p in parts if p["type"] == "text")
+
+
 def joined(parts: list[dict[str, str]]) -> str | list[dict[str, str]]:
     """Text-only content as one string (the template's plain form); with media, the part list."""
     if all(p["type"] == "text" for p in parts):

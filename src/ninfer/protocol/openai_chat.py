@@ -22,7 +22,7 @@ from ninfer.protocol.errors import (
     opt_bool,
     unsupported,
 )
-from ninfer.protocol.media_parts import joined, openai_url_part, text_part
+from ninfer.protocol.media_parts import joined, openai_url_part, text_length, text_part
 
 MAX_STOP_STRINGS = 4
 TOP_K_MAX = 20
@@ -73,6 +73,10 @@ class ChatCompletionRequest:
     template_kwargs: dict[str, Any] = field(default_factory=dict)  # without the three above
     return_progress: bool = False
     timings_per_token: bool = False
+    # prompt caching: explicit breakpoints as (message index, characters of its content before
+    # the boundary), and whether the automatic candidate is written (prompt_cache_options.mode)
+    cache_marks: tuple[tuple[int, int], ...] = ()
+    cache_implicit: bool = True
 
     def template_options(
         self, *, default_thinking: bool, default_preserve: bool
@@ -110,7 +114,8 @@ def parse_chat_request(body: Any) -> ChatCompletionRequest:
     if not isinstance(model, str) or not model:
         raise missing_or_type(body, "model", "a non-empty string")
     _reject_unsupported(body)
-    messages = _parse_messages(body.get("messages"))
+    marks: list[tuple[int, int]] = []
+    messages = _parse_messages(body.get("messages"), marks)
     stream = opt_bool(body, "stream") or False
     include_usage = False
     options = body.get("stream_options")
@@ -136,7 +141,33 @@ def parse_chat_request(body: Any) -> ChatCompletionRequest:
         template_kwargs=kwargs,
         return_progress=opt_bool(body, "return_progress") or False,
         timings_per_token=opt_bool(body, "timings_per_token") or False,
+        cache_marks=tuple(marks),
+        cache_implicit=cache_implicit(body),
     )
+
+
+def cache_implicit(body: Mapping[str, Any]) -> bool:
+    """prompt_cache_options.mode: omitted or "implicit" writes the automatic candidate,
+    "explicit" only the request's breakpoints (spec: OpenAI prompt caching)."""
+    options = body.get("prompt_cache_options")
+    if options is None:
+        return True
+    if not isinstance(options, dict):
+        raise invalid_type("prompt_cache_options", "an object", options)
+    mode = options.get("mode", "implicit")
+    if mode not in ("implicit", "explicit"):
+        raise invalid("prompt_cache_options.mode", "must be 'implicit' or 'explicit'")
+    return mode == "implicit"
+
+
+def check_breakpoint(param: str, part: Mapping[str, Any]) -> bool:
+    """Whether a content part carries prompt_cache_breakpoint:{"mode":"explicit"}."""
+    marker = part.get("prompt_cache_breakpoint")
+    if marker is None:
+        return False
+    if not isinstance(marker, dict) or marker.get("mode") != "explicit":
+        raise invalid(f"{param}.prompt_cache_breakpoint", "must be {'mode': 'explicit'}")
+    return True
 
 
 def _is_number(value: Any) -> bool:
@@ -393,17 +424,22 @@ def _apply_tool_choice(tools: list[dict[str, Any]], choice: Any) -> list[dict[st
 # -- messages ---------------------------------------------------------------------------------
 
 
-def _parse_messages(messages: Any) -> list[dict[str, Any]]:
+def _parse_messages(messages: Any, marks: list[tuple[int, int]]) -> list[dict[str, Any]]:
     if messages is None:
         raise invalid("messages", "is required", code="missing_required_parameter")
     if not isinstance(messages, list):
         raise invalid_type("messages", "an array", messages)
     if not messages:
         raise invalid("messages", "must contain at least one message")
-    return [_parse_message(f"messages[{i}]", m) for i, m in enumerate(messages)]
+    out = []
+    for i, m in enumerate(messages):
+        offsets: list[int] = []
+        out.append(_parse_message(f"messages[{i}]", m, offsets))
+        marks += [(i, offset) for offset in offsets]
+    return out
 
 
-def _parse_message(param: str, message: Any) -> dict[str, Any]:
+def _parse_message(param: str, message: Any, marks: list[int]) -> dict[str, Any]:
     if not isinstance(message, dict):
         raise invalid_type(param, "an object", message)
     role = message.get("role")
@@ -425,11 +461,11 @@ def _parse_message(param: str, message: Any) -> dict[str, Any]:
             f"{param}.name", "participant names cannot be represented by the chat template"
         )
     if role == "assistant":
-        return _parse_assistant(param, message)
+        return _parse_assistant(param, message, marks)
     out: dict[str, Any] = {
         "role": role,
         "content": _text(
-            f"{param}.content", message.get("content"), media=role in ("user", "tool")
+            f"{param}.content", message.get("content"), media=role in ("user", "tool"), marks=marks
         ),
     }
     if role == "tool":
@@ -441,8 +477,8 @@ def _parse_message(param: str, message: Any) -> dict[str, Any]:
     return out
 
 
-def _parse_assistant(param: str, message: Mapping[str, Any]) -> dict[str, Any]:
-    content = str(_text(f"{param}.content", message.get("content"), refusal=True))
+def _parse_assistant(param: str, message: Mapping[str, Any], marks: list[int]) -> dict[str, Any]:
+    content = str(_text(f"{param}.content", message.get("content"), refusal=True, marks=marks))
     refusal = message.get("refusal")
     if refusal is not None:
         if not isinstance(refusal, str):
@@ -510,10 +546,16 @@ def _parse_function(param: str, fn: Any) -> dict[str, Any]:
 
 
 def _text(
-    param: str, content: Any, *, media: bool = False, refusal: bool = False
+    param: str,
+    content: Any,
+    *,
+    media: bool = False,
+    refusal: bool = False,
+    marks: list[int] | None = None,
 ) -> str | list[dict[str, str]]:
     """Message content: one string (parts join without separators, null is an empty turn), or,
-    when it holds image / video parts, the ordered list of template parts."""
+    when it holds image / video parts, the ordered list of template parts. A part's
+    prompt_cache_breakpoint adds the length of the text up to its end to `marks`."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -531,6 +573,8 @@ def _text(
             if not isinstance(text, str):
                 raise invalid_type(f"{where}.text", "a string", text)
             parts.append(text_part(text))
+            if check_breakpoint(where, part) and marks is not None:
+                marks.append(text_length(parts))
         elif kind == "refusal" and refusal:
             text = part.get("refusal")
             if not isinstance(text, str):

@@ -24,6 +24,7 @@ from ninfer.protocol.errors import (
 from ninfer.protocol.openai_chat import (
     REASONING_EFFORTS,
     TemplateOptions,
+    cache_implicit,
     parse_template_options,
 )
 from ninfer.protocol.openai_responses_items import LOCAL_SHELL, normalize_input
@@ -192,6 +193,7 @@ class ResponsesRequest:
     max_tool_calls: int | None = None
     include_encrypted_reasoning: bool = False
     echo: dict[str, Any] = field(default_factory=dict)  # advisory fields the Response repeats
+    cache_implicit: bool = True  # prompt_cache_options.mode != "explicit"
 
     def template_options(self, *, default_thinking: bool, preserve: bool) -> TemplateOptions:
         """`preserve` is already resolved (request, parent Response, or server default)."""
@@ -342,6 +344,7 @@ def _with_create_fields(
         stream=stream,
         include_encrypted_reasoning=include,
         echo=echo,
+        cache_implicit=cache_implicit(body),
         **fields,
     )
 

@@ -440,8 +440,12 @@ def lower_items(
     *,
     num_history: int = 0,
     param: str = "input",
+    marks: list[tuple[int, int]] | None = None,
 ) -> list[dict[str, Any]]:
     """Template messages for canonical Items; the first `num_history` came from stored Responses.
+
+    `marks` receives each prompt_cache_breakpoint of a message or tool-result part as (message
+    index, characters of that message's content up to the part's end).
 
     Raises `invalid_assistant_history` for assistant Items in an order one turn cannot represent
     and `invalid_tool_history` for results that do not answer exactly the preceding turn's calls.
@@ -480,10 +484,14 @@ def lower_items(
             end = i
             while end < len(items) and items[end]["type"] in _RESULTS:
                 end += 1
-            messages += _tool_results(items[i:end], last_calls, [where(j) for j in range(i, end)])
+            results = _tool_results(items[i:end], last_calls, [where(j) for j in range(i, end)])
+            for result in results:
+                _marks_of(result.pop("_parts"), len(messages), marks)
+                messages.append(result)
             last_calls = []
             i = end
             continue
+        _marks_of(item["content"], len(messages), marks)
         content = joined(_parts(item["content"], f"{where(i)}.content"))
         messages.append({"role": item["role"], "content": content})
         last_calls = []
@@ -572,6 +580,7 @@ def _tool_results(
             "role": "tool",
             "tool_call_id": call_id,
             "content": _result_text(matched[call_id], where_of[call_id]),
+            "_parts": _result_parts(matched[call_id]),
         }
         for call_id in by_id
     ]
@@ -600,3 +609,19 @@ def _parts(content: list[Mapping[str, Any]], param: str) -> list[dict[str, Any]]
 def _result_text(result: Mapping[str, Any], where: str) -> str | list[dict[str, Any]]:
     output = result["output"]
     return output if isinstance(output, str) else joined(_parts(output, f"{where}.output"))
+
+
+def _result_parts(result: Mapping[str, Any]) -> list[dict[str, Any]]:
+    output = result["output"]
+    return [] if isinstance(output, str) else list(output)
+
+
+def _marks_of(parts: list[dict[str, Any]], index: int, marks: list[tuple[int, int]] | None) -> None:
+    """Breakpoints of one message's parts as (message index, text length up to the part)."""
+    if marks is None:
+        return
+    length = 0
+    for part in parts:
+        length += len(part["refusal"] if part["type"] == "refusal" else part.get("text", ""))
+        if part.get("prompt_cache_breakpoint") is not None:
+            marks.append((index, length))

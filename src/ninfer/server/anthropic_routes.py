@@ -114,6 +114,8 @@ class AnthropicRoutes:
             stop=parsed.stop,
             request_id=run.request_id,
             thinking_budget=parsed.budget_tokens,
+            cache_marks=parsed.cache_marks,
+            cache_implicit=False,  # Anthropic caches at explicit cache_control markers only
             **parsed.sampling,
         )
         await lifecycle.run(request, events, _MessageWire(run))
@@ -159,6 +161,7 @@ class _MessageRun:
         self.started = False
         self.finished: ChatEvent | None = None
         self.num_prompt = 0
+        self.num_cached = 0
         self.num_output = 0
         self.t_start = time.monotonic()
 
@@ -166,6 +169,8 @@ class _MessageRun:
         out: list[Event] = []
         if event.kind in ("admitted", "progress"):
             self.num_prompt = event.num_prompt
+            if event.kind == "admitted":
+                self.num_cached = event.num_cached
         if not self.started:  # message_start right after admission (exact cache split)
             self.started = True
             out += [self.renderer.start(self.usage()), self.renderer.ping()]
@@ -201,12 +206,13 @@ class _MessageRun:
 
     def usage(self) -> MessageUsage:
         usage = self.finished.usage if self.finished is not None else None
-        if usage is None:
-            return MessageUsage(self.num_prompt, self.num_output)
+        if usage is None:  # message_start: admission already fixed the cached split
+            return MessageUsage(self.num_prompt - self.num_cached, self.num_output, self.num_cached)
         return MessageUsage(
             usage.prompt_tokens - usage.cached_tokens,
             usage.completion_tokens,
             usage.cached_tokens,
+            usage.cache_creation_tokens,
         )
 
     def body(self) -> dict[str, Any]:

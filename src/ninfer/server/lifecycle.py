@@ -245,8 +245,8 @@ class Lifecycle:
             return await self._fail(item.exc)
         if item is END or item.kind != "submitted":
             raise RuntimeError("the engine stream did not start with 'submitted'")
-        if wire.stream and self._stream is None:
-            await self._open()
+        # A stream's headers go out with its first engine event (admission, which carries the
+        # x-ninfer-prefix-cache value) or at the first keep-alive, whichever comes first.
         while True:
             item = await self._next()
             if item is IDLE:
@@ -256,6 +256,10 @@ class Lifecycle:
                 return await self._fail(item.exc)
             if item is END:
                 raise RuntimeError("the engine stream ended without an outcome")
+            if getattr(item, "prefix_cache", None) and sse.PREFIX_CACHE_HEADER not in self._headers:
+                self._headers[sse.PREFIX_CACHE_HEADER] = item.prefix_cache
+            if wire.stream and self._stream is None:
+                await self._open()
             frames = wire.feed(item)
             if self._stream is not None and frames:
                 await self._send(frames)

@@ -115,6 +115,8 @@ class OpenAIRoutes:
             max_tokens=max_tokens,
             stop=chat.stop,
             request_id=run.request_id,
+            cache_marks=chat.cache_marks,
+            cache_implicit=chat.cache_implicit,
             **chat.sampling,
         )
         await lifecycle.run(request, events, _ChatWire(run))
@@ -171,6 +173,7 @@ class _ChatRun:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     finished: ChatEvent | None = None
     num_prompt: int = 0
+    num_cached: int = 0
     num_output: int = 0
     progress_started: bool = False
     t_start: float = field(default_factory=time.monotonic)
@@ -198,6 +201,7 @@ class _ChatRun:
             self.num_prompt = event.num_prompt
             if event.kind == "admitted":
                 self.t_admitted = now
+                self.num_cached = event.num_cached
         elif event.kind in ("reasoning", "content"):
             # num_output is the committed frontier, including commits whose text is still held
             if event.num_output > self.num_output:
@@ -224,7 +228,7 @@ class _ChatRun:
             out = []
             if not self.progress_started:  # the initial event: processed == cache
                 self.progress_started = True
-                out.append(r.progress_chunk(self._progress(0)))
+                out.append(r.progress_chunk(self._progress(self.num_cached)))
             if event.kind == "progress":
                 out.append(r.progress_chunk(self._progress(event.num_processed)))
             return out
@@ -246,13 +250,18 @@ class _ChatRun:
     def _progress(self, processed: int) -> dict[str, Any]:
         # spec: time_ms is elapsed wall time since committed admission
         elapsed_ms = int((time.monotonic() - (self.t_admitted or self.t_start)) * 1000)
-        return {"total": self.num_prompt, "cache": 0, "processed": processed, "time_ms": elapsed_ms}
+        return {
+            "total": self.num_prompt,
+            "cache": self.num_cached,
+            "processed": processed,
+            "time_ms": elapsed_ms,
+        }
 
     def _snapshot(self) -> dict[str, Any]:
         first, last = self.t_first, self.t_last
         return Timings(
-            cache_n=0,
-            prompt_n=self.num_prompt,
+            cache_n=self.num_cached,
+            prompt_n=self.num_prompt - self.num_cached,
             prompt_ms=((first or self.t_start) - self.t_start) * 1000.0,
             predicted_n=self.num_output,
             predicted_ms=((last or 0.0) - (first or 0.0)) * 1000.0,
@@ -261,7 +270,7 @@ class _ChatRun:
     def usage(self) -> CompletionUsage:
         usage = self.finished.usage if self.finished else None
         if usage is None:
-            return CompletionUsage(self.num_prompt, self.num_output)
+            return CompletionUsage(self.num_prompt, self.num_output, self.num_cached)
         return CompletionUsage(
             usage.prompt_tokens,
             usage.completion_tokens,

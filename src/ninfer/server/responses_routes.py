@@ -110,11 +110,14 @@ class ResponsesRoutes:
             default_thinking=not self.config.no_thinking, preserve=preserve
         )
         conversation = history + req.input_items
-        messages = lower_items(conversation, engine_tool_name, num_history=len(history))
+        marks: list[tuple[int, int]] = []
+        messages = lower_items(conversation, engine_tool_name, num_history=len(history),
+                               marks=marks)  # fmt: skip
         if req.instructions is not None:  # this request only: never saved into the history
             messages.insert(0, {"role": "developer", "content": req.instructions})
+            marks = [(i + 1, offset) for i, offset in marks]
         return _Prepared(history, conversation, messages, template.enable_thinking,
-                         template.kwargs, preserve)  # fmt: skip
+                         template.kwargs, preserve, tuple(marks))  # fmt: skip
 
     # -- create --------------------------------------------------------------------------------
     async def create(self, request: Request) -> HTTPResponse | None:
@@ -152,6 +155,8 @@ class ResponsesRoutes:
             max_tokens=max_tokens,
             request_id=run.request_id,
             single_tool_call=not req.parallel_tool_calls,
+            cache_marks=prep.cache_marks,
+            cache_implicit=req.cache_implicit,
             **req.sampling,
         )
         await lifecycle.run(request, events, _ResponseWire(run, self), _ignored_header(req))
@@ -299,6 +304,7 @@ class _Prepared:
     enable_thinking: bool
     template_kwargs: dict[str, Any]
     preserve: bool
+    cache_marks: tuple[tuple[int, int], ...] = ()  # explicit prompt-cache breakpoints
 
 
 @dataclass
@@ -315,6 +321,7 @@ class _ResponseRun:
     builder: OutputBuilder = field(init=False)
     finished: ChatEvent | None = None
     num_prompt: int = 0
+    num_cached: int = 0
     num_output: int = 0
     t_start: float = field(default_factory=time.monotonic)
 
@@ -326,6 +333,8 @@ class _ResponseRun:
         """Account one engine event; returns its stream events (unnumbered)."""
         if event.kind in ("admitted", "progress"):
             self.num_prompt = event.num_prompt
+            if event.kind == "admitted":
+                self.num_cached = event.num_cached
             return []
         if event.kind in ("reasoning", "content"):
             self.num_output = max(self.num_output, event.num_output)
@@ -348,7 +357,7 @@ class _ResponseRun:
     def usage(self) -> ResponseUsage:
         usage = self.finished.usage if self.finished is not None else None
         if usage is None:
-            return ResponseUsage(self.num_prompt, self.num_output)
+            return ResponseUsage(self.num_prompt, self.num_output, self.num_cached)
         return ResponseUsage(
             usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens,
             usage.reasoning_tokens,

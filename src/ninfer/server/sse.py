@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 DONE = b"data: [DONE]\n\n"
+PREFIX_CACHE_HEADER = "x-ninfer-prefix-cache"  # every generation response: hit or why a miss
 KEEPALIVE = b": keep-alive\n\n"
 
 

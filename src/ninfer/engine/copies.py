@@ -1,0 +1,82 @@
+"""The runner's copy engine: performs a plan's `CopyOp`s on `ModelCache` and the host pool.
+
+Imports torch and model/ only. The host side holds one entry per host block (pinned memory on
+CUDA; torch's caching host allocator recycles freed blocks). Every copy is enqueued on the
+current stream, behind the step that wrote its source and ahead of the step that reads its
+destination, so the host never waits here.
+NOTE: stream-ordered, not on a side stream: overlapping the copies with compute needs events
+between two streams, which nothing in this tree can test without a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+
+from ninfer.engine.plan import PAGES, STATE, CopyOp
+from ninfer.model.cache import ModelCache
+
+
+class CopyEngine:
+    def __init__(self, cache: ModelCache, device: torch.device) -> None:
+        self.cache = cache
+        self.device = device
+        self._pin = device.type == "cuda"
+        self.host: dict[int, list[torch.Tensor]] = {}
+
+    def run(self, copies: Iterable[CopyOp], free_host: Iterable[int] = ()) -> None:
+        for op in copies:
+            if op.kind == STATE:
+                self._state(op)
+            else:
+                assert op.kind == PAGES
+                self._pages(op)
+        for block in free_host:
+            self.host.pop(block, None)
+
+    # -- StateImages ---------------------------------------------------------------------------
+    def _state_tensors(self) -> list[torch.Tensor]:
+        return [*self.cache.conv_state, *self.cache.ssm_state]
+
+    def _state(self, op: CopyOp) -> None:
+        (src,), (dst,) = op.src, op.dst
+        if not op.src_host and not op.dst_host:
+            self.cache.copy_slot(src, dst)
+        elif op.dst_host:
+            self.host[dst] = [self._to_host(t[src]) for t in self._state_tensors()]
+        else:
+            for t, h in zip(self._state_tensors(), self.host[src], strict=True):
+                t[dst].copy_(h, non_blocking=True)
+
+    # -- KV pages ------------------------------------------------------------------------------
+    def _kv_tensors(self) -> list[torch.Tensor]:
+        return [*self.cache.k_pages, *self.cache.v_pages]
+
+    def _index(self, ids: Sequence[int]) -> torch.Tensor:
+        return torch.tensor(list(ids), dtype=torch.int64).to(self.device, non_blocking=True)
+
+    def _pages(self, op: CopyOp) -> None:
+        if not op.src_host and not op.dst_host:
+            src, dst = self._index(op.src), self._index(op.dst)
+            for t in self._kv_tensors():
+                t.index_copy_(0, dst, t.index_select(0, src))
+        elif op.dst_host:
+            src = self._index(op.src)
+            self.host[op.dst[0]] = [
+                self._to_host(t.index_select(0, src)) for t in self._kv_tensors()
+            ]
+        else:
+            dst = self._index(op.dst)
+            for t, h in zip(self._kv_tensors(), self.host[op.src[0]], strict=True):
+                assert h.shape[0] == len(op.dst), "a host KV block restores to as many pages"
+                t.index_copy_(0, dst, h.to(self.device, non_blocking=True))
+
+    def _to_host(self, t: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=self._pin)
+        out.copy_(t, non_blocking=True)
+        return out
+
+    def host_bytes(self) -> int:
+        """Bytes the host blocks hold now (tests compare it with the pool's accounting)."""
+        return sum(t.numel() * t.element_size() for ts in self.host.values() for t in ts)
