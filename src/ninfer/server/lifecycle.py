@@ -33,6 +33,7 @@ API_NAMES = {
     "anthropic_messages": "messages",
 }
 CLIENT_CLOSED = 499  # nginx's "client closed request": the response never fully left
+HEADER_GRACE_S = 0.25  # how long a stream's headers wait for its admission (prefix header)
 IDLE: Any = object()  # no event within the keep-alive interval
 END: Any = object()  # the engine's event stream is over
 
@@ -245,10 +246,18 @@ class Lifecycle:
             return await self._fail(item.exc)
         if item is END or item.kind != "submitted":
             raise RuntimeError("the engine stream did not start with 'submitted'")
-        # A stream's headers go out with its first engine event (admission, which carries the
-        # x-ninfer-prefix-cache value) or at the first keep-alive, whichever comes first.
+        pending: Any = None
+        if wire.stream and self._stream is None:
+            # Headers go out at once; an admission arriving within a short grace (a free lane)
+            # first lends them its x-ninfer-prefix-cache value.
+            try:
+                pending = await asyncio.wait_for(self._queue.get(), HEADER_GRACE_S)
+            except TimeoutError:
+                pending = None
+            self._note_prefix(pending)
+            await self._open()
         while True:
-            item = await self._next()
+            item, pending = (pending, None) if pending is not None else (await self._next(), None)
             if item is IDLE:
                 await self._keepalive()
                 continue
@@ -256,16 +265,20 @@ class Lifecycle:
                 return await self._fail(item.exc)
             if item is END:
                 raise RuntimeError("the engine stream ended without an outcome")
-            if getattr(item, "prefix_cache", None) and sse.PREFIX_CACHE_HEADER not in self._headers:
-                self._headers[sse.PREFIX_CACHE_HEADER] = item.prefix_cache
-            if wire.stream and self._stream is None:
-                await self._open()
+            self._note_prefix(item)
             frames = wire.feed(item)
             if self._stream is not None and frames:
                 await self._send(frames)
             if item.kind == "finished":
                 break
         await self._finish()
+
+    def _note_prefix(self, item: Any) -> None:
+        """Keep the first x-ninfer-prefix-cache value an engine event carries (for headers not
+        yet sent: every aggregate body, and streams admitted within the grace)."""
+        value = getattr(item, "prefix_cache", None)
+        if value and sse.PREFIX_CACHE_HEADER not in self._headers:
+            self._headers[sse.PREFIX_CACHE_HEADER] = value
 
     @property
     def _wire(self) -> Wire:
