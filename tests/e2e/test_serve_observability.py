@@ -185,8 +185,11 @@ def test_every_metric_counts_the_mix_exactly(mix) -> None:
     assert m["ninfer_generation_tokens_total"] == generated
     assert m["ninfer_decode_tokens_total"] == generated - 7  # each first token is prefill's
     prompt = sum(r["usage"]["prompt_tokens"] for r in done.values())
-    assert m["ninfer_prompt_tokens_total"] == m["ninfer_prefill_tokens_total"] == prompt
-    assert m["ninfer_prompt_tokens_cached_total"] == 0
+    cached = sum(r["usage"]["cached_tokens"] for r in done.values())
+    assert m["ninfer_prompt_tokens_total"] == prompt
+    # repeated prompts of the mix hit the prefix cache: only the rest is computed
+    assert m["ninfer_prompt_tokens_cached_total"] == cached
+    assert m["ninfer_prefill_tokens_total"] == prompt - cached
     assert m["ninfer_decode_row_rounds_total"] == m["ninfer_decode_rounds_total"]  # one lane
     for name in ("time_to_first_token", "request_duration", "request_queue"):
         assert m[f"ninfer_{name}_seconds_count"] == 7
@@ -200,7 +203,10 @@ def test_every_metric_counts_the_mix_exactly(mix) -> None:
         assert m[f"ninfer_{name}_seconds_sum"] == pytest.approx(expected, rel=1e-9, abs=1e-12)
     gauges = ("running", "waiting", "prefilling", "decode_ready", "paused")
     assert all(m[f"ninfer_requests_{g}"] == 0 for g in gauges)
-    assert m["ninfer_device_kv_used_pages"] == 0 and m["ninfer_engine_ready"] == 1
+    # idle: what is still held is the prefix cache's retained history (the spec: retained
+    # history also occupies these pools), never more than the pool
+    assert 0 <= m["ninfer_device_kv_used_pages"] <= m["ninfer_device_kv_capacity_pages"]
+    assert m["ninfer_engine_ready"] == 1
     assert m["ninfer_device_kv_capacity_pages"] == 8  # 512 tokens / 64-token pages
     for zero in ("preemptions", "snapshot_restores", "replay_restores", "spec_decode_rounds"):
         assert m[f"ninfer_{zero}_total"] == 0  # features not built yet

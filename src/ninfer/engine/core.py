@@ -238,7 +238,7 @@ class EngineCore:
             if live is None:
                 continue
             if event.kind == EventKind.ADMITTED:
-                self._stats.on_admitted(seq.num_prompt)
+                self._stats.on_admitted(seq.num_prompt, seq.num_cached)
                 event.stats = _request_stats(seq, terminal=False)
             elif event.kind == EventKind.TOKENS:
                 if event.num_control:
@@ -302,7 +302,8 @@ def _request_stats(seq: Sequence, *, terminal: bool) -> RequestStats:
         t_first_token=seq.t_first_token,
         t_last_token=seq.t_last_token,
         t_finished=time.monotonic() if terminal else None,
-        num_prefill_tokens=min(seq.num_computed, seq.num_prompt),
+        num_prefill_tokens=max(0, min(seq.num_computed, seq.num_prompt) - seq.num_cached),
+        num_cached_tokens=seq.num_cached,
         output_ids=tuple(seq.output_ids) if terminal else (),
         sampling=asdict(seq.sampling) if terminal else {},
     )
