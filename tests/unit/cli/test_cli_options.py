@@ -31,7 +31,6 @@ UNBUILT = {
     "--draft-tokens": ["3"],
     "--lm-head-draft": [],
     "--kv-dtype": ["fp8"],
-    "--host-context-mib": ["64"],
     "--context-cost-presets": ["presets.json"],
 }
 TYPE_NOISE = re.compile(r"<(bool|int|float|str|text|path|integer)[^>]*>", re.IGNORECASE)
