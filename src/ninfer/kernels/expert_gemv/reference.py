@@ -61,3 +61,44 @@ def expert_down_sum(
     if shared_gate is None:
         raise ValueError("a shared expert output needs its gate logits (shared_gate)")
     return routed + torch.sigmoid(shared_gate) * shared
+
+
+def expert_groups(expert_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Assignments sorted by expert, found on the device (no host sync, graph-capturable).
+
+    Args:
+        expert_ids: [A] (any integer dtype); num_experts: E.
+    Returns:
+        (order [A] int64: the assignments in expert order, ends [E] int32: the end of expert
+        e's run in `order`).
+    """
+    flat = expert_ids.reshape(-1)
+    sorted_ids, order = torch.sort(flat, stable=True)
+    experts = torch.arange(num_experts, device=flat.device, dtype=sorted_ids.dtype)
+    ends = torch.searchsorted(sorted_ids, experts, right=True, out_int32=True)
+    return order, ends
+
+
+def expert_group_gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    expert_ids: torch.Tensor,
+    *,
+    rows_per_input: int,
+    swiglu_input: bool = False,
+    groups: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """`expert_gemv`'s products, optionally of SwiGLU'd inputs; the kernel reads each expert once.
+
+    Args:
+        x: [A / rows_per_input, K], or [A, 2K] gate then up with `swiglu_input`;
+        weight: [E, N, K]; expert_ids: [A]; groups: `expert_groups(expert_ids, E)` when the
+        caller already has it (the kernel's input; the twin does not need it).
+    Returns:
+        [A, N] in x's dtype, in assignment order.
+    """
+    del groups
+    if swiglu_input:
+        gate, up = x.chunk(2, dim=-1)
+        x = F.silu(gate) * up
+    return expert_gemv(x, weight, expert_ids.reshape(-1), rows_per_input=rows_per_input)
