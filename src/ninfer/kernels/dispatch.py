@@ -252,6 +252,22 @@ def expert_group_gemv(
     )
 
 
+def moe_combine(
+    y: torch.Tensor,
+    weights: torch.Tensor,
+    *,
+    shared: torch.Tensor | None = None,
+    shared_gate: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Weighted sum over each token's k expert outputs (+ shared); see expert_gemv/reference.py."""
+    fn = _expert_gemv_ref.moe_combine
+    if use_cuda_kernels(y, "moe_combine") and _expert_gemv_cuda.supports_combine(
+        y, weights, shared, shared_gate
+    ):
+        fn = _expert_gemv_cuda.moe_combine
+    return fn(y, weights, shared=shared, shared_gate=shared_gate)
+
+
 def expert_groups(expert_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Assignments sorted by expert on the device; see expert_gemv/reference.py."""
     return _expert_gemv_ref.expert_groups(expert_ids, num_experts)

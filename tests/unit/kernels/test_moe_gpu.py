@@ -247,6 +247,22 @@ def test_expert_group_gemv_matches_twin(dtype, swiglu: bool, skew: bool, gen) ->
     assert rel(got, want) < TOL[dtype]
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_shared", [False, True], ids=["routed", "with-shared"])
+def test_moe_combine_matches_twin(dtype, with_shared: bool, gen) -> None:
+    tokens, top_k, hidden = 37, 8, 2048
+    y = torch.randn(tokens * top_k, hidden, device="cuda", generator=gen).to(dtype)
+    weights = torch.rand(tokens, top_k, device="cuda", generator=gen)
+    shared = torch.randn(tokens, hidden, device="cuda", generator=gen).to(dtype)
+    gate = torch.randn(tokens, 5, device="cuda", generator=gen).to(dtype)[:, 1:2]
+    kw = {"shared": shared, "shared_gate": gate} if with_shared else {}
+    assert expert_cuda.supports_combine(y, weights, *kw.values())
+    got = expert_cuda.moe_combine(y, weights, **kw)
+    want = expert_ref.moe_combine(y, weights, **kw)
+    assert got.shape == want.shape == (tokens, hidden) and got.dtype == dtype
+    assert rel(got, want) < TOL[dtype]
+
+
 @pytest.mark.parametrize("tokens", [33, 64, 128])
 def test_grouped_gemv_decode_matches_the_loop_and_never_syncs(tokens: int, big_moe, gen) -> None:
     """The 35B-A3B decode MoE at 33..128 rows (264..1,024 assignments), against the expert loop."""

@@ -223,3 +223,26 @@ __global__ void __launch_bounds__(256) expert_group_gemv(
     }
   }
 }
+
+// moe_combine: out[t] = sum_j w[t, j] * y[t k + j] (+ sigmoid(g[t]) * shared[t]), the tail of the
+// grouped path in one launch instead of five elementwise ones. Rounded as expert_down_sum's tail:
+// the sum in fp32 in order j = 0..k-1, then to T; the shared-expert combine op by op in T.
+template <typename T>
+__global__ void __launch_bounds__(256) moe_combine(
+    T* __restrict__ out, const T* __restrict__ y, const float* __restrict__ route_w,
+    const T* __restrict__ shared, long long shared_stride, const T* __restrict__ shared_gate,
+    long long gate_stride, int top_k, int n) {
+  const int t = blockIdx.y;
+  const int row = blockIdx.x * blockDim.x + threadIdx.x;
+  if (row >= n) return;
+  const long long a0 = static_cast<long long>(t) * top_k;
+  float sum = 0.0f;
+  for (int j = 0; j < top_k; ++j) sum += to_float(y[(a0 + j) * n + row]) * route_w[a0 + j];
+  float out_v = to_float(from_float<T>(sum));
+  if (shared != nullptr) {
+    const float z = to_float(shared_gate[t * gate_stride]);
+    const float sig = to_float(from_float<T>(1.0f / (1.0f + __expf(-z))));
+    out_v += to_float(from_float<T>(sig * to_float(shared[t * shared_stride + row])));
+  }
+  out[static_cast<long long>(t) * n + row] = from_float<T>(out_v);
+}

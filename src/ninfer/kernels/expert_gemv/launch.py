@@ -258,3 +258,63 @@ def expert_group_gemv(
     smem = GROUP_MAX_INPUTS * k * x.element_size()
     rt.launch(kernel, grid, (THREADS,), args, device, shared_mem=smem)
     return out
+
+
+def supports_combine(
+    y: torch.Tensor,
+    weights: torch.Tensor,
+    shared: torch.Tensor | None = None,
+    shared_gate: torch.Tensor | None = None,
+) -> bool:
+    """Whether moe_combine takes these operands (otherwise the twin runs)."""
+    if y.dtype not in rt.CUDA_TYPES or y.dim() != 2 or not y.is_contiguous() or weights.dim() != 2:
+        return False
+    num_tokens, top_k = weights.shape
+    ok = y.shape[0] == num_tokens * top_k and num_tokens <= MAX_TOKENS
+    if shared is None:
+        return ok and shared_gate is None
+    return (
+        ok
+        and shared_gate is not None
+        and shared.dtype == shared_gate.dtype == y.dtype
+        and shared.shape == (num_tokens, y.shape[1])
+        and shared.stride(1) == 1
+        and shared_gate.shape == (num_tokens, 1)
+    )
+
+
+def moe_combine(
+    y: torch.Tensor,
+    weights: torch.Tensor,
+    *,
+    shared: torch.Tensor | None = None,
+    shared_gate: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """See `reference.moe_combine`."""
+    device = rt.check_cuda(y, weights, shared, shared_gate)
+    if not supports_combine(y, weights, shared, shared_gate):
+        raise rt.KernelInputError(
+            f"MoE combine needs dense expert outputs [T * k, H], weights [T, k] with T <= "
+            f"{MAX_TOKENS} and a shared output [T, H] with gate [T, 1] (or neither); got y "
+            f"{tuple(y.shape)} {y.dtype}, weights {tuple(weights.shape)}"
+        )
+    num_tokens, top_k = weights.shape
+    n = y.shape[1]
+    out = torch.empty((num_tokens, n), dtype=y.dtype, device=device)
+    if num_tokens == 0:
+        return out
+    route_w = weights.reshape(-1).to(torch.float32).contiguous()
+    kernel = rt.get_kernel(OP, f"moe_combine<{rt.cuda_type(y, 'y')}>", device)
+    args = (
+        rt.ptr(out),
+        rt.ptr(y),
+        rt.ptr(route_w),
+        rt.ptr(shared),
+        rt.i64(0 if shared is None else shared.stride(0)),
+        rt.ptr(shared_gate),
+        rt.i64(0 if shared_gate is None else shared_gate.stride(0)),
+        rt.i32(top_k),
+        rt.i32(n),
+    )
+    rt.launch(kernel, (-(-n // THREADS), num_tokens), (THREADS,), args, device)
+    return out

@@ -53,9 +53,28 @@ def expert_down_sum(
     gate, up = gate_up_out.chunk(2, dim=-1)
     h = F.silu(gate) * up  # [T * k, I]
     y = expert_gemv(h, down, expert_ids.reshape(-1), rows_per_input=1)  # [T * k, H]
+    return moe_combine(y, weights, shared=shared, shared_gate=shared_gate)
+
+
+def moe_combine(
+    y: torch.Tensor,
+    weights: torch.Tensor,
+    *,
+    shared: torch.Tensor | None = None,
+    shared_gate: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """sum_j weights[t, j] * y[t k + j] in fp32, then to y's dtype, plus sigmoid(gate) * shared.
+
+    Args:
+        y: [T * k, H] expert outputs in assignment order; weights: [T, k];
+        shared: [T, H]; shared_gate: [T, 1].
+    Returns:
+        [T, H] in y's dtype.
+    """
+    num_tokens, top_k = weights.shape
     # [T, k, H] weighted and summed over the k choices
-    y = y.float().view(num_tokens, top_k, -1) * weights.float()[..., None]
-    routed = y.sum(1).to(gate_up_out.dtype)
+    routed = (y.float().view(num_tokens, top_k, -1) * weights.float()[..., None]).sum(1)
+    routed = routed.to(y.dtype)
     if shared is None:
         return routed
     if shared_gate is None:

@@ -133,8 +133,9 @@ def moe_experts(
             gate_up_out, down, topk_ids, topk_weights, shared=shared, shared_gate=shared_gate
         )
     if path is ExpertPath.GROUPED_GEMV:
-        y = _experts_grouped_gemv(x, gate_up, down, topk_ids)
-    elif path is ExpertPath.GROUPED_MM:
+        y = _experts_grouped_gemv(x, gate_up, down, topk_ids)  # [T * k, H]
+        return dispatch.moe_combine(y, topk_weights, shared=shared, shared_gate=shared_gate)
+    if path is ExpertPath.GROUPED_MM:
         y = _experts_grouped_mm(x, gate_up, down, topk_ids)
     else:
         y = _experts_loop(x, gate_up, down, topk_ids)
@@ -148,19 +149,15 @@ def moe_experts(
 def _experts_grouped_gemv(
     x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_ids: torch.Tensor
 ) -> torch.Tensor:
-    """[T, k, H] fp32 expert outputs: two grouped GEMVs sharing one device-side sort by expert.
-
-    Rounded like the gathered path (each expert's output to x's dtype), so the weighted sum
-    after it equals `expert_down_sum`'s twin.
-    """
-    num_tokens, top_k = topk_ids.shape
+    """[T * k, H] expert outputs in x's dtype: two grouped GEMVs sharing one device-side sort by
+    expert, rounded like the gathered path, so `moe_combine` after it equals `expert_down_sum`."""
+    top_k = topk_ids.shape[1]
     flat_ids = topk_ids.reshape(-1)  # assignment a is token a // k
     groups = dispatch.expert_groups(flat_ids, gate_up.shape[0])
     gu = dispatch.expert_group_gemv(x, gate_up, flat_ids, rows_per_input=top_k, groups=groups)
-    y = dispatch.expert_group_gemv(
+    return dispatch.expert_group_gemv(
         gu, down, flat_ids, rows_per_input=1, swiglu_input=True, groups=groups
-    )  # [T * k, H]
-    return y.float().view(num_tokens, top_k, -1)
+    )
 
 
 def _experts_grouped_mm(
