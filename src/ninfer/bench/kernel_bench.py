@@ -497,9 +497,6 @@ def _paged_timing(b: int, context: int, device: torch.device) -> KernelTiming:
     )
 
 
-if __name__ == "__main__":
-    main()
-
 
 def delta_decode_sweep(batches: Sequence[int], device: torch.device) -> str:
     """µs per call and state GB/s of the narrow and wide delta-rule decode kernels (graphs).
@@ -572,3 +569,7 @@ def moe_path_sweep(batches: Sequence[int], device: torch.device) -> str:
             + f" | {moved / min(us) / 1e6:.2f} |"
         )
     return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

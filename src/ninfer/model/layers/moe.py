@@ -2,7 +2,7 @@
 
 Imports torch, layers.mlp and kernels.dispatch. Experts stay fused ([E, 2I, H], [E, H, I]) so
 kernels read them in place. `expert_path` names the four paths: small decode batches gather (a
-GEMV per assignment, then one kernel for SwiGLU, down, weighted sum and shared expert), large
+GEMV per assignment, then one kernel for SwiGLU, down, weighted sum and shared expert), larger
 decode batches group the assignments by expert on the device and read each expert once (two
 grouped GEMVs), prefill sorts by expert for `torch._grouped_mm` (bf16, sm_90/100), else a loop
 over experts (host counts: the only path that syncs, so decode and H200 prefill can be CUDA-graph
@@ -25,6 +25,7 @@ from ninfer.model.layers.mlp import MlpWeights, mlp, swiglu
 __all__ = [
     "GATHER_MAX_ASSIGNMENTS",
     "GROUP_GEMV_MAX_ASSIGNMENTS",
+    "GROUP_GEMV_MIN_ASSIGNMENTS",
     "ExpertPath",
     "MoeWeights",
     "decode_path",
@@ -62,21 +63,24 @@ class ExpertPath(enum.Enum):
 # Above this many (token, expert) assignments the gather path (the CUDA grouped GEMV, or its
 # twin's [n, 2I, H] weight copies) costs more than a grouped GEMM (decode batches stay below it).
 GATHER_MAX_ASSIGNMENTS = 256
-# Up to this many, on CUDA, the grouped GEMV (each chosen expert read once, CUDA cores) beats
-# torch._grouped_mm's tensor-core tiles, which are mostly padding at ~2 rows per expert.
-GROUP_GEMV_MAX_ASSIGNMENTS = 1024
+# On CUDA, within these bounds the grouped GEMV (each chosen expert read once, CUDA cores) beats
+# both the per-assignment gather (experts chosen twice are read twice) and torch._grouped_mm's
+# tensor-core tiles (mostly padding at ~2 rows per expert). One 35B-A3B layer at top-8 (docs/
+# perf.md, run R): 16 rows gather 189 µs / grouped GEMV 201; 32 rows 369 / 333; 64 rows 724 / 492
+# (grouped GEMM 543); 128 rows grouped GEMM 613 / grouped GEMV 780.
+GROUP_GEMV_MIN_ASSIGNMENTS = 129
+GROUP_GEMV_MAX_ASSIGNMENTS = 768
 
 
 def expert_path(
     x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, num_assignments: int
 ) -> ExpertPath:
     """The path `moe_experts` takes for these operands (a host-side decision, no device sync)."""
+    grouped = GROUP_GEMV_MIN_ASSIGNMENTS <= num_assignments <= GROUP_GEMV_MAX_ASSIGNMENTS
+    if grouped and dispatch.expert_group_gemv_available(x, gate_up, down):
+        return ExpertPath.GROUPED_GEMV
     if num_assignments <= GATHER_MAX_ASSIGNMENTS:
         return ExpertPath.GATHERED
-    if num_assignments <= GROUP_GEMV_MAX_ASSIGNMENTS and dispatch.expert_group_gemv_available(
-        x, gate_up, down
-    ):
-        return ExpertPath.GROUPED_GEMV
     if _grouped_mm_fits(x, gate_up, down):
         return ExpertPath.GROUPED_MM
     return ExpertPath.LOOP
