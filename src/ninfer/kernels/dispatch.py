@@ -273,7 +273,9 @@ def grouped_mm_enabled(t: torch.Tensor) -> bool:
     return major in (9, 10)
 
 
-def paged_decode_supported(q: torch.Tensor, k_pages: KvPages, v_pages: KvPages | None = None) -> bool:
+def paged_decode_supported(
+    q: torch.Tensor, k_pages: KvPages, v_pages: KvPages | None = None
+) -> bool:
     """True when the paged decode-attention kernel runs for these operands.
 
     Unlike the other ops, callers check this first: the twin reads lengths on the host, so the

@@ -1,8 +1,9 @@
 """ModelCache: the device buffers a forward reads and writes (paged KV, per-slot DeltaNet state).
 
-Imports torch, model.config and the KV formats of kernels/kv_quant. Buffers only: which page or slot belongs to whom is the
-engine's business (allocation, refcounts, eviction live in engine/). Buffers are zero-filled once
-at allocation so a gathered-but-masked page never holds NaN bit patterns that 0 * NaN would leak.
+Imports torch, model.config and the KV formats of kernels/kv_quant. Buffers only: which page or
+slot belongs to whom is the engine's business (allocation, refcounts, eviction live in engine/).
+Buffers are zero-filled once at allocation so a gathered-but-masked page never holds NaN bit
+patterns that 0 * NaN would leak.
 The KV pages of a layer are a plain tensor (`kv_dtype` bf16: the model dtype) or a `QuantPages`
 (int8, fp8, nvfp4, k8v4: coded values plus per-(token, head) scales); `page_tensors` lists every
 page-indexed tensor, which is what page copies move.

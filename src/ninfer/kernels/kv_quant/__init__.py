@@ -1,1 +1,1 @@
-"""Quantized KV-cache pages: formats, quantize-on-store and dequantizing reads (CUDA + torch twin)."""
+"""Quantized KV-cache pages: formats, quantize-on-store, dequantizing reads (CUDA + torch twin)."""

@@ -69,9 +69,7 @@ def e2m1_values(code: torch.Tensor) -> torch.Tensor:
     return torch.where((code & 8) != 0, -mag, mag)
 
 
-def quantize(
-    x: torch.Tensor, fmt: str
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def quantize(x: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Rows of D values -> (values, scale, block_scale) in `fmt`'s storage layout.
 
     Args:

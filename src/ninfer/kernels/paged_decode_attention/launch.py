@@ -1,9 +1,10 @@
 """CUDA launcher of the split-KV paged decode attention (a partial and a combine launch).
 
-Imports torch, kernels.runtime and the KV formats. Same results as `reference.paged_decode_attention` where
-`supports` says yes. The split plan depends only on host facts (batch, KV heads, group and the page
-table's width), never on the lengths on the device, so a graph captured for one width replays for
-any lengths in it; the kernels read the lengths themselves and skip splits past them.
+Imports torch, kernels.runtime and the KV formats. Same results as
+`reference.paged_decode_attention` where `supports` says yes. The split plan depends only on host
+facts (batch, KV heads, group and the page table's width), never on the lengths on the device, so a
+graph captured for one width replays for any lengths in it; the kernels read the lengths themselves
+and skip splits past them.
 """
 
 from __future__ import annotations
