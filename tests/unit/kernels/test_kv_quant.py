@@ -139,3 +139,27 @@ def test_attention_over_quantized_pages_equals_it_over_the_dequantized_rows(kv_d
     torch.testing.assert_close(
         got[last], paged_decode_attention(q6[last], k_pages, v_pages, table, kv_lens, scale=0.3)
     )
+
+
+def test_cuda_launchers_say_which_formats_and_shapes_they_take() -> None:
+    """Host-side checks only (CPU tensors): what `supports` accepts decides kernel vs twin."""
+    from ninfer.kernels.kv_quant import launch as kv_launch
+    from ninfer.kernels.paged_decode_attention import launch as paged_launch
+
+    q = torch.empty(2, 24, 256, dtype=torch.bfloat16)
+
+    def pages(fmt: str, d: int = 256) -> formats.KvPages:
+        return formats.allocate(fmt, (3, 64, 4, d), dtype=torch.bfloat16, device="cpu")
+
+    for kv_dtype, (k_fmt, v_fmt) in KV_DTYPES.items():
+        assert paged_launch.supports(q, pages(k_fmt), pages(v_fmt)), kv_dtype
+    assert not paged_launch.supports(q, pages("fp8"), pages("nvfp4", 128))  # K / V shapes differ
+    q96 = torch.empty(2, 24, 96, dtype=torch.bfloat16)
+    assert paged_launch.supports(q96, pages("int8", 96), pages("fp8", 96))
+    # nvfp4 with D = 96: a lane's 3 dims would straddle two 16-value blocks
+    assert not paged_launch.supports(q96, pages("nvfp4", 96), pages("nvfp4", 96))
+    assert not kv_launch.supports_gather(pages("nvfp4", 96), torch.bfloat16)
+    x = torch.empty(5, 4, 256, dtype=torch.bfloat16)
+    assert all(kv_launch.supports_store(x, pages(f)) for f in FMTS)
+    assert kv_launch.supports_store(x[:, :, :128], pages("int8", 128))  # token/head strides
+    assert not kv_launch.supports_store(x[:, :, ::2], pages("int8", 128))  # strided in D
