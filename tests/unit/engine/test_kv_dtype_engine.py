@@ -149,3 +149,29 @@ def test_prefix_hit_equals_the_cold_run_with_the_same_kv_dtype(engines, cut: int
     assert tokens == cold_tokens
     assert len(logits) == len(cold_logits) == 6
     assert all(torch.equal(a, b) for a, b in zip(logits, cold_logits, strict=True))
+
+
+def test_kv_capacity_auto_fits_more_tokens_with_a_quantized_kv(monkeypatch) -> None:
+    """`--kv-capacity auto` on a (pretended) GPU with 80 GiB free, the 27B shape: the same budget
+    divided by each dtype's page bytes, scales included."""
+    from types import SimpleNamespace
+
+    from ninfer.bench.synthetic import synthetic_config
+    from ninfer.engine import build
+    from ninfer.engine.options import EngineOptions
+
+    config = synthetic_config("qwen3.6-27b")
+    model = SimpleNamespace(device=torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (80 << 30, 141 << 30))
+    pages = {}
+    for kv_dtype in ("bf16", "int8", "fp8", "nvfp4", "k8v4"):
+        options = EngineOptions(kv_capacity="auto", kv_dtype=kv_dtype)
+        pages[kv_dtype] = build._num_pages(options, config, model, 2, torch.bfloat16)
+    budget = pages["bf16"] * ModelCache.bytes_per_page(config, 64, torch.bfloat16)
+    for kv_dtype, n in pages.items():
+        page_bytes = ModelCache.bytes_per_page(config, 64, torch.bfloat16, kv_dtype)
+        assert n == pytest.approx(budget / page_bytes, abs=n * 1e-3 + 1), kv_dtype
+    assert pages["fp8"] == pages["int8"] and pages["fp8"] / pages["bf16"] == pytest.approx(
+        65536 / 33280, rel=1e-3
+    )
+    assert pages["nvfp4"] > pages["k8v4"] > pages["fp8"]
