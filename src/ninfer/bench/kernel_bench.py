@@ -40,6 +40,7 @@ from ninfer.kernels.qk_norm_rope import reference as qk_ref
 from ninfer.kernels.silu_mul import launch as silu_mul_cuda
 from ninfer.kernels.silu_mul import reference as silu_mul_ref
 from ninfer.model.batch import ForwardBatch
+from ninfer.model.layers import moe
 from ninfer.model.layers.gated_attention import build_attention_metadata, paged_attention
 
 CALLS_PER_GRAPH = 20
@@ -361,9 +362,27 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--fla-min-tokens", type=int, default=2048)
     parser.add_argument("--device", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="Also write the rows here.")
+    parser.add_argument(
+        "--decode-batches",
+        default="",
+        help="Instead: the delta-rule decode step's two kernels at these batch sizes.",
+    )
+    parser.add_argument(
+        "--moe-batches",
+        default="",
+        help="Instead: one 35B-A3B MoE layer's expert paths at these decode batch sizes.",
+    )
     opts = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("needs a CUDA device")
+    if opts.moe_batches:
+        batches = [int(x) for x in opts.moe_batches.split(",") if x.strip()]
+        print(moe_path_sweep(batches, torch.device("cuda", opts.device)))
+        return
+    if opts.decode_batches:
+        batches = [int(x) for x in opts.decode_batches.split(",") if x.strip()]
+        print(delta_decode_sweep(batches, torch.device("cuda", opts.device)))
+        return
     lengths = [int(x) for x in opts.tokens.split(",") if x.strip()]
     rows = delta_prefill_sweep(
         lengths,
@@ -480,3 +499,76 @@ def _paged_timing(b: int, context: int, device: torch.device) -> KernelTiming:
 
 if __name__ == "__main__":
     main()
+
+
+def delta_decode_sweep(batches: Sequence[int], device: torch.device) -> str:
+    """µs per call and state GB/s of the narrow and wide delta-rule decode kernels (graphs).
+
+    27B (48 value heads) and 35B-A3B (32) layer shapes; bytes = fp32 state read and written.
+    """
+    lines = ["| value heads | batch | narrow µs | wide µs | narrow TB/s | wide TB/s | auto |"]
+    lines.append("| ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    for heads in (48, 32):
+        for b in batches:
+            q = torch.nn.functional.normalize(torch.randn(b, 16, 128, device=device), dim=-1)
+            k = torch.nn.functional.normalize(torch.randn(b, 16, 128, device=device), dim=-1)
+            v = torch.randn(b, heads, 128, dtype=torch.bfloat16, device=device)
+            g = -torch.rand(b, heads, device=device)
+            beta = torch.rand(b, heads, device=device)
+            state = torch.randn(b + 1, heads, 128, 128, device=device) * 0.1
+            slots = torch.arange(1, b + 1, device=device)
+            args = (q.bfloat16(), k.bfloat16(), v, g, beta, state, slots)
+            us = {
+                variant: _graph_us(
+                    lambda a=args, var=variant: delta_cuda.gated_delta_rule_decode(
+                        *a, scale=0.088, variant=var
+                    )
+                )
+                for variant in ("narrow", "wide")
+            }
+            moved = 2 * b * heads * 128 * 128 * 4
+            auto = "wide" if delta_cuda.use_wide_kernel("auto", b, heads, 128, state) else "narrow"
+            lines.append(
+                f"| {heads} | {b} | {us['narrow']:.1f} | {us['wide']:.1f} | "
+                f"{moved / us['narrow'] / 1e6:.2f} | {moved / us['wide'] / 1e6:.2f} | {auto} |"
+            )
+    return "\n".join(lines)
+
+
+def moe_path_sweep(batches: Sequence[int], device: torch.device) -> str:
+    """µs per call of one 35B-A3B MoE layer's routed experts by each sync-free path (graphs).
+
+    Hidden 2048, 256 experts of 2 x 512 rows, top-8; the touched experts' bytes over the time
+    give each path's effective weight bandwidth.
+    """
+    experts, hidden, inter, top_k = 256, 2048, 512, 8
+    gate_up = torch.randn(experts, 2 * inter, hidden, device=device, dtype=torch.bfloat16) * 0.02
+    down = torch.randn(experts, hidden, inter, device=device, dtype=torch.bfloat16) * 0.04
+    paths = (moe.ExpertPath.GATHERED, moe.ExpertPath.GROUPED_GEMV, moe.ExpertPath.GROUPED_MM)
+    lines = [
+        "| batch | experts touched | "
+        + " | ".join(f"{p.value} µs" for p in paths)
+        + " | best TB/s |"
+    ]
+    lines.append("| ---: | ---: |" + " ---: |" * (len(paths) + 1))
+    for b in batches:
+        x = torch.randn(b, hidden, device=device, dtype=torch.bfloat16)
+        logits = torch.randn(b, experts, device=device)
+        weights, ids = torch.topk(logits.softmax(-1), top_k)
+        touched = int(torch.unique(ids).numel())
+        us = [
+            _graph_us(
+                lambda p=p, a=(x, weights, ids): moe.moe_experts(
+                    a[0], gate_up, down, a[1], a[2], path=p
+                ),
+                replays=5,
+            )
+            for p in paths
+        ]
+        moved = touched * 3 * inter * hidden * 2
+        lines.append(
+            f"| {b} | {touched} | "
+            + " | ".join(f"{u:.1f}" for u in us)
+            + f" | {moved / min(us) / 1e6:.2f} |"
+        )
+    return "\n".join(lines)

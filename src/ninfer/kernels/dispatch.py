@@ -229,6 +229,60 @@ def expert_gemv(
     return fn(x, weight, expert_ids, rows_per_input=rows_per_input)
 
 
+def expert_group_gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    expert_ids: torch.Tensor,
+    *,
+    rows_per_input: int,
+    swiglu_input: bool = False,
+    groups: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """MoE experts read once per group of their assignments; see expert_gemv/reference.py."""
+    if use_cuda_kernels(x, "expert_group_gemv") and _expert_gemv_cuda.supports_group(
+        x, weight, swiglu_input=swiglu_input
+    ):
+        fn = _expert_gemv_cuda.expert_group_gemv
+    else:
+        fn = _expert_gemv_ref.expert_group_gemv
+    return fn(
+        x,
+        weight,
+        expert_ids,
+        rows_per_input=rows_per_input,
+        swiglu_input=swiglu_input,
+        groups=groups,
+    )
+
+
+def moe_combine(
+    y: torch.Tensor,
+    weights: torch.Tensor,
+    *,
+    shared: torch.Tensor | None = None,
+    shared_gate: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Weighted sum over each token's k expert outputs (+ shared); see expert_gemv/reference.py."""
+    fn = _expert_gemv_ref.moe_combine
+    if use_cuda_kernels(y, "moe_combine") and _expert_gemv_cuda.supports_combine(
+        y, weights, shared, shared_gate
+    ):
+        fn = _expert_gemv_cuda.moe_combine
+    return fn(y, weights, shared=shared, shared_gate=shared_gate)
+
+
+def expert_groups(expert_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Assignments sorted by expert on the device; see expert_gemv/reference.py."""
+    return _expert_gemv_ref.expert_groups(expert_ids, num_experts)
+
+
+def expert_group_gemv_available(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> bool:
+    """Whether both grouped GEMVs of a MoE block run the CUDA kernel (the path choice)."""
+    return use_cuda_kernels(x, "expert_group_gemv") and _expert_gemv_cuda.supports_group_pair(
+        x, gate_up, down
+    )
+
+
 def expert_down_sum(
     gate_up_out: torch.Tensor,
     down: torch.Tensor,

@@ -101,13 +101,31 @@ def _delta_case(gen, b, hk, hv, dk, dv, q_dtype, v_dtype, strided_v):
 @pytest.mark.parametrize("q_dtype", DTYPES)
 @pytest.mark.parametrize("strided_v", [False, True], ids=["dense-v", "strided-v"])
 def test_gated_delta_decode(b, hk, hv, dk, dv, q_dtype, strided_v, gen) -> None:
+    _check_delta_decode(gen, b, hk, hv, dk, dv, q_dtype, strided_v, "auto")
+
+
+@pytest.mark.parametrize(
+    "b,hk,hv,dk,dv",
+    [(1, 16, 48, 128, 128), (64, 16, 48, 128, 128), (17, 16, 32, 128, 128), (6, 2, 4, 16, 256)],
+    ids=["27b-b1", "27b-b64", "35b-b17", "tiny-dk16-dv256"],
+)
+@pytest.mark.parametrize("variant", ["narrow", "wide"])
+@pytest.mark.parametrize("strided_v", [False, True], ids=["dense-v", "strided-v"])
+def test_gated_delta_decode_variants(b, hk, hv, dk, dv, variant, strided_v, gen) -> None:
+    """Both kernels at batch sizes where `auto` would not pick them."""
+    _check_delta_decode(gen, b, hk, hv, dk, dv, torch.bfloat16, strided_v, variant)
+
+
+def _check_delta_decode(gen, b, hk, hv, dk, dv, q_dtype, strided_v, variant) -> None:
     q, k, v, decay, beta, state, slots, unused = _delta_case(
         gen, b, hk, hv, dk, dv, q_dtype, torch.bfloat16, strided_v
     )
     before = state.clone()
     ref_state = state.clone()
     want = delta_ref.gated_delta_rule_decode(q, k, v, decay, beta, ref_state, slots, scale=dk**-0.5)
-    got = delta_cuda.gated_delta_rule_decode(q, k, v, decay, beta, state, slots, scale=dk**-0.5)
+    got = delta_cuda.gated_delta_rule_decode(
+        q, k, v, decay, beta, state, slots, scale=dk**-0.5, variant=variant
+    )
     assert got.dtype == torch.float32
     assert rel(got, want) < 1e-4
     assert rel(state[slots], ref_state[slots]) < 1e-4

@@ -202,20 +202,84 @@ def test_tiny_moe_kernels_match_twins(dtype, tokens: int, gen, monkeypatch) -> N
 
 
 def test_expert_path_choice_on_cuda() -> None:
-    """bf16 with 16-byte rows: the grouped GEMM (H200 is sm_90); fp32 or odd widths: the loop."""
+    """Above the gather limit the grouped GEMV (16-byte rows), above its limit the grouped GEMM
+    for bf16 (H200 is sm_90); fp32 there, or odd widths anywhere: the loop."""
     assert torch.cuda.get_device_capability()[0] in (9, 10), "these checks assume sm_90/sm_100"
     many = moe.GATHER_MAX_ASSIGNMENTS + 1
+    most = moe.GROUP_GEMV_MAX_ASSIGNMENTS + 1
 
-    def path(dtype: torch.dtype, hidden: int = 64, inter: int = 16) -> ExpertPath:
+    def path(dtype: torch.dtype, n: int, hidden: int = 64, inter: int = 16) -> ExpertPath:
         x = torch.zeros(4, hidden, device="cuda", dtype=dtype)
         gate_up = torch.zeros(4, 2 * inter, hidden, device="cuda", dtype=dtype)
         down = torch.zeros(4, hidden, inter, device="cuda", dtype=dtype)
-        return moe.expert_path(x, gate_up, down, many)
+        return moe.expert_path(x, gate_up, down, n)
 
-    assert path(torch.bfloat16) is ExpertPath.GROUPED_MM
-    assert path(torch.float32) is ExpertPath.LOOP
-    assert path(torch.bfloat16, hidden=60) is ExpertPath.LOOP
-    assert path(torch.bfloat16, inter=12) is ExpertPath.LOOP
+    assert path(torch.bfloat16, many) is ExpertPath.GROUPED_GEMV
+    assert path(torch.float32, many) is ExpertPath.GROUPED_GEMV
+    assert path(torch.bfloat16, most) is ExpertPath.GROUPED_MM
+    assert path(torch.float32, most) is ExpertPath.LOOP
+    assert path(torch.bfloat16, many, hidden=60) is ExpertPath.LOOP
+    assert path(torch.bfloat16, many, inter=12) is ExpertPath.LOOP
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("swiglu", [False, True], ids=["plain", "swiglu-input"])
+@pytest.mark.parametrize("skew", [False, True], ids=["spread", "one-hot-expert"])
+def test_expert_group_gemv_matches_twin(dtype, swiglu: bool, skew: bool, gen) -> None:
+    """Empty experts, groups of 1..MAXM and (skewed) groups longer than one staged pass."""
+    experts, n, k, tokens, top_k = 16, 96, 256, 24, 3
+    width = 2 * k if swiglu else k
+    rows_per_input = 1 if swiglu else top_k
+    inputs = tokens * top_k // rows_per_input
+    x = torch.randn(inputs, width, device="cuda", generator=gen).to(dtype)
+    w = (torch.randn(experts, n, k, device="cuda", generator=gen) / k**0.5).to(dtype)
+    ids = torch.randint(0, experts - 4, (tokens * top_k,), device="cuda", generator=gen)
+    if skew:
+        ids[: 2 * expert_cuda.GROUP_MAX_INPUTS + 1] = 3  # one expert over three passes
+    assert expert_cuda.supports_group(x, w, swiglu_input=swiglu)
+    got = expert_cuda.expert_group_gemv(
+        x, w, ids, rows_per_input=rows_per_input, swiglu_input=swiglu
+    )
+    want = expert_ref.expert_group_gemv(
+        x, w, ids, rows_per_input=rows_per_input, swiglu_input=swiglu
+    )
+    assert got.shape == want.shape == (tokens * top_k, n) and got.dtype == dtype
+    assert rel(got, want) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_shared", [False, True], ids=["routed", "with-shared"])
+def test_moe_combine_matches_twin(dtype, with_shared: bool, gen) -> None:
+    tokens, top_k, hidden = 37, 8, 2048
+    y = torch.randn(tokens * top_k, hidden, device="cuda", generator=gen).to(dtype)
+    weights = torch.rand(tokens, top_k, device="cuda", generator=gen)
+    shared = torch.randn(tokens, hidden, device="cuda", generator=gen).to(dtype)
+    gate = torch.randn(tokens, 5, device="cuda", generator=gen).to(dtype)[:, 1:2]
+    kw = {"shared": shared, "shared_gate": gate} if with_shared else {}
+    assert expert_cuda.supports_combine(y, weights, *kw.values())
+    got = expert_cuda.moe_combine(y, weights, **kw)
+    want = expert_ref.moe_combine(y, weights, **kw)
+    assert got.shape == want.shape == (tokens, hidden) and got.dtype == dtype
+    assert rel(got, want) < TOL[dtype]
+
+
+@pytest.mark.parametrize("tokens", [33, 64, 128])
+def test_grouped_gemv_decode_matches_the_loop_and_never_syncs(tokens: int, big_moe, gen) -> None:
+    """The 35B-A3B decode MoE at 33..128 rows (264..1,024 assignments), against the expert loop."""
+    x = torch.randn(tokens, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16)
+    weights, ids = dispatch.route_topk(F.linear(x, big_moe.router), TOP_K, normalize=True)
+    gate_up, down = big_moe.experts_gate_up, big_moe.experts_down
+    assert moe.expert_path(x, gate_up, down, ids.numel()) is ExpertPath.GROUPED_GEMV
+    got = moe.moe_experts(x, gate_up, down, weights, ids, path=ExpertPath.GROUPED_GEMV)
+    want = moe.moe_experts(x, gate_up, down, weights, ids, path=ExpertPath.LOOP)
+    assert rel(got, want) < TOL[torch.bfloat16]
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any device-to-host sync now raises
+    try:
+        again = moe.moe_experts(x, gate_up, down, weights, ids, path=ExpertPath.GROUPED_GEMV)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(again, got)
 
 
 def test_grouped_prefill_matches_the_loop_and_never_syncs(big_moe, gen) -> None:
@@ -244,7 +308,7 @@ def test_sparse_moe_replays_from_a_cuda_graph(tokens: int, fused_router: bool, b
     w = with_fused_router(big_moe) if fused_router else big_moe
     static_x = torch.randn(tokens, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16)
     path = moe.expert_path(static_x, w.experts_gate_up, w.experts_down, tokens * TOP_K)
-    assert path is (ExpertPath.GATHERED if tokens <= 32 else ExpertPath.GROUPED_MM)
+    assert path is (ExpertPath.GATHERED if tokens <= 32 else ExpertPath.GROUPED_GEMV)
 
     def step() -> torch.Tensor:
         return moe.sparse_moe(static_x, w, top_k=TOP_K, norm_topk_prob=True)

@@ -126,3 +126,123 @@ __global__ void __launch_bounds__(256) expert_down_sum(
   }
   out[static_cast<long long>(t) * n + row] = from_float<T>(y);
 }
+
+// expert_group_gemv: the same products as expert_gemv (out[a] = W[ids[a]] @ x[a / x_div]) with
+// each expert's matrix read once per group of up to MAXM of its assignments instead of once per
+// assignment: at 64 decode rows x top-8 most of the 256 experts are chosen about twice, and the
+// per-assignment kernel streams the weights twice over. Assignments come sorted by expert
+// (`order`, with `ends[e]` the end of expert e's run); grid (row tiles, experts), an expert with
+// no assignment returns at once. The block stages its group's inputs in shared memory in T, with
+// SWIGLU the input row is [gate | up] of width 2k and the staged row is silu(gate) * up rounded
+// like silu_mul. Each warp owns ROWS output rows, a lane reads 16 bytes of each per step and
+// multiplies them into every staged input; fp32 accumulation, one rounding to T, and the result
+// goes to the assignment's own row of `out` (assignment order, as expert_gemv).
+template <typename T, int ROWS, int MAXM, bool SWIGLU>
+__global__ void __launch_bounds__(256) expert_group_gemv(
+    T* __restrict__ out, const T* __restrict__ x, long long x_stride, const T* __restrict__ w,
+    const long long* __restrict__ order, const int* __restrict__ ends, int x_div, int n, int k) {
+  extern __shared__ __align__(16) unsigned char group_smem[];
+  T* xs = reinterpret_cast<T*>(group_smem);  // [MAXM][k]
+  constexpr int V = 16 / sizeof(T);           // elements per 16-byte load
+  const int e = blockIdx.y;
+  const int start = e == 0 ? 0 : ends[e - 1];
+  const int end = ends[e];
+  if (start >= end) return;  // the whole block leaves together
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int row0 = (blockIdx.x * (blockDim.x >> 5) + warp) * ROWS;
+  const T* we = w + static_cast<long long>(e) * n * k;
+  const int chunks = k / V;
+  for (int base = start; base < end; base += MAXM) {
+    const int count = min(MAXM, end - base);
+    __syncthreads();  // the previous group's inputs are no longer read
+    for (int i = threadIdx.x; i < count * chunks; i += blockDim.x) {
+      const int m = i / chunks;
+      const int c = i - m * chunks;
+      const T* xr = x + (order[base + m] / x_div) * x_stride;
+      uint4 val;
+      if (SWIGLU) {
+        const uint4 gq = *reinterpret_cast<const uint4*>(xr + c * V);
+        const uint4 uq = *reinterpret_cast<const uint4*>(xr + k + c * V);
+        const T* ge = reinterpret_cast<const T*>(&gq);
+        const T* ue = reinterpret_cast<const T*>(&uq);
+        T* he = reinterpret_cast<T*>(&val);
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          const float g = to_float(ge[j]);
+          const float act = to_float(from_float<T>(g / (1.0f + __expf(-g))));
+          he[j] = from_float<T>(act * to_float(ue[j]));
+        }
+      } else {
+        val = *reinterpret_cast<const uint4*>(xr + c * V);
+      }
+      *reinterpret_cast<uint4*>(xs + m * k + c * V) = val;
+    }
+    __syncthreads();
+    if (row0 < n) {
+      float acc[ROWS][MAXM];
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+        for (int m = 0; m < MAXM; ++m) acc[r][m] = 0.0f;
+      for (int c = lane; c < chunks; c += 32) {
+        uint4 u[ROWS];
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+          const int row = row0 + r < n ? row0 + r : n - 1;  // past n: computed, never stored
+          u[r] = *reinterpret_cast<const uint4*>(we + static_cast<long long>(row) * k + c * V);
+        }
+#pragma unroll
+        for (int m = 0; m < MAXM; ++m) {
+          if (m < count) {
+            const uint4 xq = *reinterpret_cast<const uint4*>(xs + m * k + c * V);
+            const T* xe = reinterpret_cast<const T*>(&xq);
+            float xf[V];
+#pragma unroll
+            for (int j = 0; j < V; ++j) xf[j] = to_float(xe[j]);
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) {
+              const T* el = reinterpret_cast<const T*>(&u[r]);
+#pragma unroll
+              for (int j = 0; j < V; ++j) acc[r][m] += to_float(el[j]) * xf[j];
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int m = 0; m < MAXM; ++m) {
+        if (m < count) {
+          const long long a = order[base + m];
+#pragma unroll
+          for (int r = 0; r < ROWS; ++r) {
+            const float total = warp_sum(acc[r][m]);
+            if (lane == 0 && row0 + r < n) out[a * n + row0 + r] = from_float<T>(total);
+          }
+        }
+      }
+    }
+  }
+}
+
+// moe_combine: out[t] = sum_j w[t, j] * y[t k + j] (+ sigmoid(g[t]) * shared[t]), the tail of the
+// grouped path in one launch instead of five elementwise ones. Rounded as expert_down_sum's tail:
+// the sum in fp32 in order j = 0..k-1, then to T; the shared-expert combine op by op in T.
+template <typename T>
+__global__ void __launch_bounds__(256) moe_combine(
+    T* __restrict__ out, const T* __restrict__ y, const float* __restrict__ route_w,
+    const T* __restrict__ shared, long long shared_stride, const T* __restrict__ shared_gate,
+    long long gate_stride, int top_k, int n) {
+  const int t = blockIdx.y;
+  const int row = blockIdx.x * blockDim.x + threadIdx.x;
+  if (row >= n) return;
+  const long long a0 = static_cast<long long>(t) * top_k;
+  float sum = 0.0f;
+  for (int j = 0; j < top_k; ++j) sum += to_float(y[(a0 + j) * n + row]) * route_w[a0 + j];
+  float out_v = to_float(from_float<T>(sum));
+  if (shared != nullptr) {
+    const float z = to_float(shared_gate[t * gate_stride]);
+    const float sig = to_float(from_float<T>(1.0f / (1.0f + __expf(-z))));
+    out_v += to_float(from_float<T>(sig * to_float(shared[t * shared_stride + row])));
+  }
+  out[static_cast<long long>(t) * n + row] = from_float<T>(out_v);
+}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ninfer.kernels import runtime as rt
+from ninfer.kernels.expert_gemv.reference import expert_groups
 
 OP = "expert_gemv"
 THREADS = 256
@@ -172,4 +173,148 @@ def expert_down_sum(
     )
     grid = (-(-n // (DOWN_ROWS * groups)), num_tokens)
     rt.launch(kernel, grid, (THREADS,), args, device)
+    return out
+
+
+GROUP_MAX_INPUTS = 4  # staged inputs per pass of expert_group_gemv (MAXM)
+GROUP_SMEM = 48 * 1024  # static-launch shared memory: MAXM staged rows of K
+
+
+def supports_group(x: torch.Tensor, weight: torch.Tensor, *, swiglu_input: bool = False) -> bool:
+    """Whether expert_group_gemv takes these operands (otherwise the twin runs)."""
+    if not _aligned_experts(weight, x.dtype) or x.dim() != 2 or x.stride(-1) != 1:
+        return False
+    k = weight.shape[2]
+    width = 2 * k if swiglu_input else k
+    return (
+        x.shape[-1] == width
+        and GROUP_MAX_INPUTS * k * x.element_size() <= GROUP_SMEM
+        and (x.stride(0) * x.element_size() % 16 == 0 or x.shape[0] <= 1)
+        and x.data_ptr() % 16 == 0
+    )
+
+
+def supports_group_pair(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> bool:
+    """Whether both grouped GEMVs of a MoE block (gate-up, then SwiGLU'd down) take the kernel."""
+    k = down.shape[-1] if down.dim() == 3 else 0
+    return (
+        supports_group(x, gate_up)
+        and _aligned_experts(down, x.dtype)
+        and gate_up.shape[1] == 2 * k
+        and GROUP_MAX_INPUTS * k * x.element_size() <= GROUP_SMEM
+    )
+
+
+def expert_group_gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    expert_ids: torch.Tensor,
+    *,
+    rows_per_input: int,
+    swiglu_input: bool = False,
+    groups: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """See `reference.expert_group_gemv`."""
+    device = rt.check_cuda(x, weight, expert_ids)
+    if not supports_group(x, weight, swiglu_input=swiglu_input):
+        raise rt.KernelInputError(
+            f"grouped expert GEMV needs contiguous aligned [E, N, K] weights, K % 8 == 0, "
+            f"{GROUP_MAX_INPUTS} x K inputs within {GROUP_SMEM} bytes and 16-byte aligned dense "
+            f"input rows; got x {tuple(x.shape)} {x.dtype}, weight {tuple(weight.shape)} "
+            f"{weight.dtype}"
+        )
+    num_experts, n, k = weight.shape
+    num_assignments = expert_ids.numel()
+    if num_assignments != x.shape[0] * rows_per_input:
+        raise rt.KernelInputError(
+            f"{num_assignments} expert ids for {x.shape[0]} inputs x {rows_per_input} rows each"
+        )
+    out = torch.empty((num_assignments, n), dtype=x.dtype, device=device)
+    if num_assignments == 0:
+        return out
+    order, ends = groups if groups is not None else expert_groups(expert_ids, num_experts)
+    order = order.to(torch.int64).contiguous()
+    ends = ends.to(torch.int32).contiguous()
+    if order.numel() != num_assignments or ends.numel() != num_experts:
+        raise rt.KernelInputError("groups do not match the expert ids and the experts")
+    rows = rows_per_warp(k)
+    instance = (
+        f"expert_group_gemv<{rt.cuda_type(x, 'x')}, {rows}, {GROUP_MAX_INPUTS}, "
+        f"{'true' if swiglu_input else 'false'}>"
+    )
+    kernel = rt.get_kernel(OP, instance, device)
+    args = (
+        rt.ptr(out),
+        rt.ptr(x),
+        rt.i64(x.stride(0)),
+        rt.ptr(weight),
+        rt.ptr(order),
+        rt.ptr(ends),
+        rt.i32(rows_per_input),
+        rt.i32(n),
+        rt.i32(k),
+    )
+    grid = (-(-n // (WARPS * rows)), num_experts)
+    smem = GROUP_MAX_INPUTS * k * x.element_size()
+    rt.launch(kernel, grid, (THREADS,), args, device, shared_mem=smem)
+    return out
+
+
+def supports_combine(
+    y: torch.Tensor,
+    weights: torch.Tensor,
+    shared: torch.Tensor | None = None,
+    shared_gate: torch.Tensor | None = None,
+) -> bool:
+    """Whether moe_combine takes these operands (otherwise the twin runs)."""
+    if y.dtype not in rt.CUDA_TYPES or y.dim() != 2 or not y.is_contiguous() or weights.dim() != 2:
+        return False
+    num_tokens, top_k = weights.shape
+    ok = y.shape[0] == num_tokens * top_k and num_tokens <= MAX_TOKENS
+    if shared is None:
+        return ok and shared_gate is None
+    return (
+        ok
+        and shared_gate is not None
+        and shared.dtype == shared_gate.dtype == y.dtype
+        and shared.shape == (num_tokens, y.shape[1])
+        and shared.stride(1) == 1
+        and shared_gate.shape == (num_tokens, 1)
+    )
+
+
+def moe_combine(
+    y: torch.Tensor,
+    weights: torch.Tensor,
+    *,
+    shared: torch.Tensor | None = None,
+    shared_gate: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """See `reference.moe_combine`."""
+    device = rt.check_cuda(y, weights, shared, shared_gate)
+    if not supports_combine(y, weights, shared, shared_gate):
+        raise rt.KernelInputError(
+            f"MoE combine needs dense expert outputs [T * k, H], weights [T, k] with T <= "
+            f"{MAX_TOKENS} and a shared output [T, H] with gate [T, 1] (or neither); got y "
+            f"{tuple(y.shape)} {y.dtype}, weights {tuple(weights.shape)}"
+        )
+    num_tokens, top_k = weights.shape
+    n = y.shape[1]
+    out = torch.empty((num_tokens, n), dtype=y.dtype, device=device)
+    if num_tokens == 0:
+        return out
+    route_w = weights.reshape(-1).to(torch.float32).contiguous()
+    kernel = rt.get_kernel(OP, f"moe_combine<{rt.cuda_type(y, 'y')}>", device)
+    args = (
+        rt.ptr(out),
+        rt.ptr(y),
+        rt.ptr(route_w),
+        rt.ptr(shared),
+        rt.i64(0 if shared is None else shared.stride(0)),
+        rt.ptr(shared_gate),
+        rt.i64(0 if shared_gate is None else shared_gate.stride(0)),
+        rt.i32(top_k),
+        rt.i32(n),
+    )
+    rt.launch(kernel, (-(-n // THREADS), num_tokens), (THREADS,), args, device)
     return out

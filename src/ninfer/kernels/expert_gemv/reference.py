@@ -53,11 +53,71 @@ def expert_down_sum(
     gate, up = gate_up_out.chunk(2, dim=-1)
     h = F.silu(gate) * up  # [T * k, I]
     y = expert_gemv(h, down, expert_ids.reshape(-1), rows_per_input=1)  # [T * k, H]
+    return moe_combine(y, weights, shared=shared, shared_gate=shared_gate)
+
+
+def moe_combine(
+    y: torch.Tensor,
+    weights: torch.Tensor,
+    *,
+    shared: torch.Tensor | None = None,
+    shared_gate: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """sum_j weights[t, j] * y[t k + j] in fp32, then to y's dtype, plus sigmoid(gate) * shared.
+
+    Args:
+        y: [T * k, H] expert outputs in assignment order; weights: [T, k];
+        shared: [T, H]; shared_gate: [T, 1].
+    Returns:
+        [T, H] in y's dtype.
+    """
+    num_tokens, top_k = weights.shape
     # [T, k, H] weighted and summed over the k choices
-    y = y.float().view(num_tokens, top_k, -1) * weights.float()[..., None]
-    routed = y.sum(1).to(gate_up_out.dtype)
+    routed = (y.float().view(num_tokens, top_k, -1) * weights.float()[..., None]).sum(1)
+    routed = routed.to(y.dtype)
     if shared is None:
         return routed
     if shared_gate is None:
         raise ValueError("a shared expert output needs its gate logits (shared_gate)")
     return routed + torch.sigmoid(shared_gate) * shared
+
+
+def expert_groups(expert_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Assignments sorted by expert, found on the device (no host sync, graph-capturable).
+
+    Args:
+        expert_ids: [A] (any integer dtype); num_experts: E.
+    Returns:
+        (order [A] int64: the assignments in expert order, ends [E] int32: the end of expert
+        e's run in `order`).
+    """
+    flat = expert_ids.reshape(-1)
+    sorted_ids, order = torch.sort(flat, stable=True)
+    experts = torch.arange(num_experts, device=flat.device, dtype=sorted_ids.dtype)
+    ends = torch.searchsorted(sorted_ids, experts, right=True, out_int32=True)
+    return order, ends
+
+
+def expert_group_gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    expert_ids: torch.Tensor,
+    *,
+    rows_per_input: int,
+    swiglu_input: bool = False,
+    groups: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """`expert_gemv`'s products, optionally of SwiGLU'd inputs; the kernel reads each expert once.
+
+    Args:
+        x: [A / rows_per_input, K], or [A, 2K] gate then up with `swiglu_input`;
+        weight: [E, N, K]; expert_ids: [A]; groups: `expert_groups(expert_ids, E)` when the
+        caller already has it (the kernel's input; the twin does not need it).
+    Returns:
+        [A, N] in x's dtype, in assignment order.
+    """
+    del groups
+    if swiglu_input:
+        gate, up = x.chunk(2, dim=-1)
+        x = F.silu(gate) * up
+    return expert_gemv(x, weight, expert_ids.reshape(-1), rows_per_input=rows_per_input)

@@ -3,6 +3,9 @@
 Imports torch and kernels.runtime. Same signature and results as the twin in `reference.py`.
 q, k and v may be strided along the batch (they are views into the fused qkv projection); each
 row's [heads, dim] block must be contiguous. Key dims 16, 32, 64 and 128 are instantiated.
+Two kernels compute the same step: the narrow one (32 value columns per block, 4-byte state loads)
+covers the SMs at small batches, the wide one (128 columns per block, 16-byte loads) streams the
+state faster once there are enough (row, head) blocks to fill the machine.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from ninfer.kernels import runtime as rt
 
 OP = "gated_delta_decode"
 KEY_DIMS = (16, 32, 64, 128)
+WIDE_COLUMNS = 128  # value columns per block of the wide kernel
+WIDE_MIN_BLOCKS = 528  # wide blocks that keep an H200's 132 SMs busy (4 per SM)
 
 
 def _rows_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -32,8 +37,9 @@ def gated_delta_rule_decode(
     state_slots: torch.Tensor,
     *,
     scale: float,
+    variant: str = "auto",
 ) -> torch.Tensor:
-    """See `reference.gated_delta_rule_decode`."""
+    """See `reference.gated_delta_rule_decode`; `variant` "narrow" / "wide" forces a kernel."""
     device = rt.check_cuda(q, k, v, g, beta, ssm_state, state_slots)
     num_seqs, num_k_heads, key_dim = q.shape
     _, num_v_heads, key_dim_s, value_dim = ssm_state.shape
@@ -57,7 +63,9 @@ def gated_delta_rule_decode(
     out = torch.empty((num_seqs, num_v_heads, value_dim), dtype=torch.float32, device=device)
     if num_seqs == 0:
         return out
-    instance = f"gated_delta_decode<{rt.cuda_type(q, 'q')}, {rt.cuda_type(v, 'v')}, {key_dim}>"
+    wide = use_wide_kernel(variant, num_seqs, num_v_heads, value_dim, ssm_state, out)
+    name = "gated_delta_decode_wide" if wide else "gated_delta_decode"
+    instance = f"{name}<{rt.cuda_type(q, 'q')}, {rt.cuda_type(v, 'v')}, {key_dim}>"
     kernel = rt.get_kernel(OP, instance, device)
     args = (
         rt.ptr(out),
@@ -76,6 +84,23 @@ def gated_delta_rule_decode(
         rt.i64(v.stride(0)),
         rt.f32(scale),
     )
-    grid = (-(-value_dim // 32), num_v_heads, num_seqs)
-    rt.launch(kernel, grid, (32, 4), args, device)
+    if wide:
+        rt.launch(kernel, (value_dim // WIDE_COLUMNS, num_v_heads, num_seqs), (32, 8), args, device)
+    else:
+        rt.launch(kernel, (-(-value_dim // 32), num_v_heads, num_seqs), (32, 4), args, device)
     return out
+
+
+def use_wide_kernel(
+    variant: str, num_seqs: int, num_v_heads: int, value_dim: int, *tensors: torch.Tensor
+) -> bool:
+    """Whether the wide kernel runs: it needs 128-column tiles and 16-byte aligned rows."""
+    if variant not in ("auto", "narrow", "wide"):
+        raise rt.KernelInputError(f"unknown variant {variant!r}")
+    fits = value_dim % WIDE_COLUMNS == 0 and all(t.data_ptr() % 16 == 0 for t in tensors)
+    if variant == "wide" and not fits:
+        raise rt.KernelInputError(f"the wide kernel needs a value dim multiple of {WIDE_COLUMNS}")
+    if variant != "auto":
+        return variant == "wide"
+    blocks = num_seqs * num_v_heads * (value_dim // WIDE_COLUMNS)
+    return fits and blocks >= WIDE_MIN_BLOCKS

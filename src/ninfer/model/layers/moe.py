@@ -1,10 +1,12 @@
 """Sparse MoE feed-forward of Qwen3.5-MoE: softmax top-k router, fused experts, gated shared expert.
 
 Imports torch, layers.mlp and kernels.dispatch. Experts stay fused ([E, 2I, H], [E, H, I]) so
-kernels read them in place. `expert_path` names the three paths: decode gathers (a grouped GEMV,
-then one kernel for SwiGLU, down, weighted sum and shared expert), prefill sorts by expert on the
-device for `torch._grouped_mm` (bf16, sm_90/100), else loops over experts (host counts: the only
-path that syncs, so decode and H200 prefill can be CUDA-graph captured).
+kernels read them in place. `expert_path` names the four paths: small decode batches gather (a
+GEMV per assignment, then one kernel for SwiGLU, down, weighted sum and shared expert), large
+decode batches group the assignments by expert on the device and read each expert once (two
+grouped GEMVs), prefill sorts by expert for `torch._grouped_mm` (bf16, sm_90/100), else a loop
+over experts (host counts: the only path that syncs, so decode and H200 prefill can be CUDA-graph
+captured).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ninfer.model.layers.mlp import MlpWeights, mlp, swiglu
 
 __all__ = [
     "GATHER_MAX_ASSIGNMENTS",
+    "GROUP_GEMV_MAX_ASSIGNMENTS",
     "ExpertPath",
     "MoeWeights",
     "decode_path",
@@ -51,6 +54,7 @@ class ExpertPath(enum.Enum):
     """How the routed experts run for one batch of assignments."""
 
     GATHERED = "gathered"  # per-assignment GEMVs reading experts in place by id (sync-free)
+    GROUPED_GEMV = "grouped_gemv"  # one read per chosen expert for all its assignments (sync-free)
     GROUPED_MM = "grouped_mm"  # torch._grouped_mm over assignments sorted by expert (sync-free)
     LOOP = "loop"  # one matmul pair per expert that has tokens (host-side counts: syncs)
 
@@ -58,6 +62,9 @@ class ExpertPath(enum.Enum):
 # Above this many (token, expert) assignments the gather path (the CUDA grouped GEMV, or its
 # twin's [n, 2I, H] weight copies) costs more than a grouped GEMM (decode batches stay below it).
 GATHER_MAX_ASSIGNMENTS = 256
+# Up to this many, on CUDA, the grouped GEMV (each chosen expert read once, CUDA cores) beats
+# torch._grouped_mm's tensor-core tiles, which are mostly padding at ~2 rows per expert.
+GROUP_GEMV_MAX_ASSIGNMENTS = 1024
 
 
 def expert_path(
@@ -66,6 +73,10 @@ def expert_path(
     """The path `moe_experts` takes for these operands (a host-side decision, no device sync)."""
     if num_assignments <= GATHER_MAX_ASSIGNMENTS:
         return ExpertPath.GATHERED
+    if num_assignments <= GROUP_GEMV_MAX_ASSIGNMENTS and dispatch.expert_group_gemv_available(
+        x, gate_up, down
+    ):
+        return ExpertPath.GROUPED_GEMV
     if _grouped_mm_fits(x, gate_up, down):
         return ExpertPath.GROUPED_MM
     return ExpertPath.LOOP
@@ -121,6 +132,9 @@ def moe_experts(
         return dispatch.expert_down_sum(
             gate_up_out, down, topk_ids, topk_weights, shared=shared, shared_gate=shared_gate
         )
+    if path is ExpertPath.GROUPED_GEMV:
+        y = _experts_grouped_gemv(x, gate_up, down, topk_ids)  # [T * k, H]
+        return dispatch.moe_combine(y, topk_weights, shared=shared, shared_gate=shared_gate)
     if path is ExpertPath.GROUPED_MM:
         y = _experts_grouped_mm(x, gate_up, down, topk_ids)
     else:
@@ -130,6 +144,20 @@ def moe_experts(
     if shared is None:
         return routed
     return routed + torch.sigmoid(shared_gate) * shared
+
+
+def _experts_grouped_gemv(
+    x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_ids: torch.Tensor
+) -> torch.Tensor:
+    """[T * k, H] expert outputs in x's dtype: two grouped GEMVs sharing one device-side sort by
+    expert, rounded like the gathered path, so `moe_combine` after it equals `expert_down_sum`."""
+    top_k = topk_ids.shape[1]
+    flat_ids = topk_ids.reshape(-1)  # assignment a is token a // k
+    groups = dispatch.expert_groups(flat_ids, gate_up.shape[0])
+    gu = dispatch.expert_group_gemv(x, gate_up, flat_ids, rows_per_input=top_k, groups=groups)
+    return dispatch.expert_group_gemv(
+        gu, down, flat_ids, rows_per_input=1, swiglu_input=True, groups=groups
+    )
 
 
 def _experts_grouped_mm(
