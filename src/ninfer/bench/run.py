@@ -142,6 +142,9 @@ def run_bench(opts: BenchOptions, on_progress: Callable[[str], None]) -> BenchRe
     )
     if bench.graphs is None:
         report.notes.append(f"decode ran eagerly: CUDA graphs unavailable ({bench.graphs_reason})")
+    if opts.kv_dtype != "bf16" and (opts.e2e or opts.context_cache):
+        report.notes.append(f"--kv-dtype {opts.kv_dtype} applies to the matrix; the --e2e and "
+                            "--context-cache engines keep bf16 KV")  # fmt: skip
     if opts.profile:
         on_progress(f"profiling eager decode steps, batch 1 at {small_ctx} context")
         try:
