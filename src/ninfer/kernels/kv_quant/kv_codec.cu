@@ -120,42 +120,85 @@ struct KvSrc {
   const unsigned char* blocks;
 };
 
-// Lane `lane`'s E consecutive values (dims lane*E ..) of row `row` of a D = 32 * E row, as fp32
-// with the twin's rounding (code * scale; nvfp4: code * (block scale * row scale)). nvfp4 needs
-// E to divide 16 (a lane's dims inside one block); E == 1 takes its nibble from a shared byte.
+// A lane's part of one row as loaded, what a warp keeps in flight while more rows load: plain
+// rows converted to fp32 at load (as load_row always did), quantized rows kept as their raw bytes
+// and scales (a quarter of the registers of fp32 values) and decoded just before use, so the
+// decode attention keeps 8 rows per warp in flight without spilling.
 template <typename T, int FMT, int E>
-__device__ __forceinline__ void kvq_load_row(const KvSrc& s, long long row, int lane,
-                                             float (&out)[E]) {
+struct KvRowBuf {
+  static constexpr int NB = FMT == KV_NVFP4 ? (E + 1) / 2 : E;  // stored bytes of E values
+  unsigned char b[NB];
+  float scale;         // the row's fp32 scale
+  unsigned int block;  // nvfp4: the e4m3 byte of the lane's 16-value block
+};
+
+template <typename T, int E>
+struct KvRowBuf<T, KV_PLAIN, E> {
+  float v[E];
+};
+
+// Load lane `lane`'s E consecutive values (dims lane*E ..) of row `row` of a D = 32 * E row.
+// nvfp4 needs E to divide 16 (a lane's dims inside one block); E == 1 loads the byte it shares
+// with its neighbour lane.
+template <typename T, int FMT, int E>
+__device__ __forceinline__ void kvq_fetch(const KvSrc& s, long long row, int lane,
+                                          KvRowBuf<T, FMT, E>& r) {
   constexpr int D = 32 * E;
   if constexpr (FMT == KV_PLAIN) {
-    load_row<T, E>(static_cast<const T*>(s.values) + row * D + lane * E, out);
+    load_row<T, E>(static_cast<const T*>(s.values) + row * D + lane * E, r.v);
   } else if constexpr (FMT == KV_INT8 || FMT == KV_FP8) {
-    unsigned char b[E];
-    kvq_load_bytes<E>(static_cast<const unsigned char*>(s.values) + row * D + lane * E, b);
-    const float scale = s.scale[row];
-#pragma unroll
-    for (int j = 0; j < E; ++j) {
-      const float c = FMT == KV_INT8 ? static_cast<float>(static_cast<signed char>(b[j]))
-                                     : kvq_e4m3_to_float(b[j]);
-      out[j] = c * scale;
-    }
+    kvq_load_bytes<E>(static_cast<const unsigned char*>(s.values) + row * D + lane * E, r.b);
+    r.scale = s.scale[row];
   } else {
     static_assert(16 % E == 0, "nvfp4 rows need E dividing 16");
     const unsigned char* vals = static_cast<const unsigned char*>(s.values) + row * (D / 2);
-    const float eff = kvq_e4m3_to_float(s.blocks[row * (D / 16) + lane * E / 16]) * s.scale[row];
     if constexpr (E == 1) {
-      const unsigned int byte = vals[lane >> 1];
+      r.b[0] = vals[lane >> 1];
+    } else {
+      kvq_load_bytes<E / 2>(vals + lane * (E / 2), r.b);
+    }
+    r.scale = s.scale[row];
+    r.block = s.blocks[row * (D / 16) + lane * E / 16];
+  }
+}
+
+// The fp32 values of a fetched row part, with the twin's rounding (code * scale; nvfp4: code *
+// (block scale * row scale)).
+template <typename T, int FMT, int E>
+__device__ __forceinline__ void kvq_decode(const KvRowBuf<T, FMT, E>& r, int lane,
+                                           float (&out)[E]) {
+  if constexpr (FMT == KV_PLAIN) {
+#pragma unroll
+    for (int j = 0; j < E; ++j) out[j] = r.v[j];
+  } else if constexpr (FMT == KV_INT8 || FMT == KV_FP8) {
+#pragma unroll
+    for (int j = 0; j < E; ++j) {
+      const float c = FMT == KV_INT8 ? static_cast<float>(static_cast<signed char>(r.b[j]))
+                                     : kvq_e4m3_to_float(r.b[j]);
+      out[j] = c * r.scale;
+    }
+  } else {
+    const float eff = kvq_e4m3_to_float(r.block) * r.scale;
+    if constexpr (E == 1) {
+      const unsigned int byte = r.b[0];
       out[0] = kvq_e2m1_to_float((lane & 1) ? (byte >> 4) : (byte & 15u)) * eff;
     } else {
-      unsigned char b[E / 2];
-      kvq_load_bytes<E / 2>(vals + lane * (E / 2), b);
 #pragma unroll
       for (int j = 0; j < E / 2; ++j) {
-        out[2 * j] = kvq_e2m1_to_float(b[j] & 15u) * eff;
-        out[2 * j + 1] = kvq_e2m1_to_float(b[j] >> 4) * eff;
+        out[2 * j] = kvq_e2m1_to_float(r.b[j] & 15u) * eff;
+        out[2 * j + 1] = kvq_e2m1_to_float(r.b[j] >> 4) * eff;
       }
     }
   }
+}
+
+// Fetch and decode in one (the gather kernel's row).
+template <typename T, int FMT, int E>
+__device__ __forceinline__ void kvq_load_row(const KvSrc& s, long long row, int lane,
+                                             float (&out)[E]) {
+  KvRowBuf<T, FMT, E> r;
+  kvq_fetch<T, FMT, E>(s, row, lane, r);
+  kvq_decode<T, FMT, E>(r, lane, out);
 }
 
 // The address of lane's part of a row (for an L2 prefetch).

@@ -118,10 +118,11 @@ __global__ void __launch_bounds__(PDA_WARPS * 32, G * D <= 48 * 32 ? 4 : 3) page
     int num_splits, int tokens_per_split, float scale) {
   constexpr int E = D / 32;
   // tokens whose rows a warp loads together: 8, or 4 where a lane's part of a plain row is > 16
-  // bytes; quantized rows take 4 (their decode temporaries would spill at 8 with 6 heads x 8 dims)
+  // bytes or holds more than 8 quantized values (quantized rows wait in flight as raw bytes,
+  // KvRowBuf, and are decoded 4 at a time)
   constexpr int CHUNK = (KF == KV_PLAIN && VF == KV_PLAIN)
                             ? (sizeof(T) * E > 16 ? PDA_SUB : 2 * PDA_SUB)
-                            : PDA_SUB;
+                            : (E > 8 ? PDA_SUB : 2 * PDA_SUB);
   const KvSrc ksrc{k_values, k_scale, k_blocks};
   const KvSrc vsrc{v_values, v_scale, v_blocks};
   constexpr int NR = PDA_SUB * G;                // scores per reduction
@@ -157,9 +158,9 @@ __global__ void __launch_bounds__(PDA_WARPS * 32, G * D <= 48 * 32 ? 4 : 3) page
     for (int c0 = warp * CHUNK; c0 < n_valid; c0 += PDA_WARPS * CHUNK) {
       long long rows[CHUNK];
       token_rows<CHUNK>(rows, pages, start + c0, last, page_size, num_kv_heads, kh);
-      float kr[CHUNK][E];
+      KvRowBuf<T, KF, E> kb[CHUNK];
 #pragma unroll
-      for (int u = 0; u < CHUNK; ++u) kvq_load_row<T, KF, E>(ksrc, rows[u], lane, kr[u]);
+      for (int u = 0; u < CHUNK; ++u) kvq_fetch<T, KF, E>(ksrc, rows[u], lane, kb[u]);
 #pragma unroll
       for (int u = 0; u < CHUNK; ++u) prefetch_l2(kvq_row_ptr<T, VF, E>(vsrc, rows[u], lane));
 #pragma unroll
@@ -167,11 +168,13 @@ __global__ void __launch_bounds__(PDA_WARPS * 32, G * D <= 48 * 32 ? 4 : 3) page
         float dots[NR];
 #pragma unroll
         for (int u = 0; u < PDA_SUB; ++u) {
+          float kr[E];
+          kvq_decode<T, KF, E>(kb[sub + u], lane, kr);
 #pragma unroll
           for (int g = 0; g < G; ++g) {
             float d = 0.0f;
 #pragma unroll
-            for (int j = 0; j < E; ++j) d += qv[g][j] * kr[sub + u][j];
+            for (int j = 0; j < E; ++j) d += qv[g][j] * kr[j];
             dots[u * G + g] = d;
           }
         }
@@ -225,16 +228,18 @@ __global__ void __launch_bounds__(PDA_WARPS * 32, G * D <= 48 * 32 ? 4 : 3) page
   for (int c0 = warp * CHUNK; c0 < n_valid; c0 += PDA_WARPS * CHUNK) {
     long long rows[CHUNK];
     token_rows<CHUNK>(rows, pages, start + c0, last, page_size, num_kv_heads, kh);
-    float vr[CHUNK][E];
+    KvRowBuf<T, VF, E> vb[CHUNK];
 #pragma unroll
-    for (int u = 0; u < CHUNK; ++u) kvq_load_row<T, VF, E>(vsrc, rows[u], lane, vr[u]);
+    for (int u = 0; u < CHUNK; ++u) kvq_fetch<T, VF, E>(vsrc, rows[u], lane, vb[u]);
 #pragma unroll
     for (int u = 0; u < CHUNK; ++u) {
+      float vr[E];
+      kvq_decode<T, VF, E>(vb[u], lane, vr);
 #pragma unroll
       for (int g = 0; g < G; ++g) {
         const float p = smem[g * S + c0 + u];
 #pragma unroll
-        for (int j = 0; j < E; ++j) acc[g][j] += p * vr[u][j];
+        for (int j = 0; j < E; ++j) acc[g][j] += p * vr[j];
       }
     }
   }
