@@ -176,11 +176,15 @@ def test_paged_decode_over_quantized_pages_replays_in_a_graph(gen) -> None:
     graph, out = capture_graph(
         lambda: paged_cuda.paged_decode_attention(q, k_pages, v_pages, table, kv_lens, scale=0.0625)
     )
-    kv_lens.copy_(torch.tensor([1, 2048, 33]))
+    kv_lens.copy_(torch.tensor([1, 2048, 33]))  # row 1 now reads rows that were NaN-scaled
     q.copy_(torch.randn(q.shape, device="cuda", generator=gen))
+    for pages in (k_pages, v_pages):
+        pages.scale.copy_(torch.rand(pages.scale.shape, device="cuda", generator=gen) + 0.5)
     graph.replay()
     eager = paged_cuda.paged_decode_attention(q, k_pages, v_pages, table, kv_lens, scale=0.0625)
     assert torch.equal(out, eager)
+    want = paged_ref.paged_decode_attention(q, k_pages, v_pages, table, kv_lens, scale=0.0625)
+    assert rel(out, want) < 1e-2
 
 
 # -- the model ---------------------------------------------------------------------------------
