@@ -19,6 +19,8 @@ import torch
 from ninfer.bench.profile import profile_steps, summarize
 from ninfer.bench.results import DecodeResult, PrefillResult, StepProfile
 from ninfer.engine.graphs import DecodeInput, DecodeStep, GraphError, unsupported_reason
+from ninfer.kernels import dispatch
+from ninfer.kernels.kv_quant.formats import QuantPages
 from ninfer.model.batch import ForwardBatch
 from ninfer.model.cache import ModelCache
 from ninfer.model.qwen3_5 import Qwen3_5Model
@@ -37,6 +39,7 @@ class ModelBench:
         max_seq_tokens: int,
         max_total_tokens: int,
         seed: int = 0,
+        kv_dtype: str = "bf16",
     ) -> None:
         """max_seq_tokens: longest sequence (prefill or decode, steps included); max_total_tokens:
         the most tokens all rows of one decode call hold together (rows own disjoint pages)."""
@@ -55,9 +58,12 @@ class ModelBench:
             page_size=PAGE_SIZE,
             dtype=model.dtype,
             device=self.device,
+            kv_dtype=kv_dtype,
         )
         gen = torch.Generator(self.device).manual_seed(seed)
-        for t in (*self.cache.k_pages, *self.cache.v_pages, *self.cache.conv_state):
+        for pages in (*self.cache.k_pages, *self.cache.v_pages):
+            fill_normal(pages, gen)
+        for t in self.cache.conv_state:
             t.normal_(0.0, 1.0, generator=gen)
         for t in self.cache.ssm_state:
             t.normal_(0.0, 0.05, generator=gen)
@@ -195,6 +201,23 @@ class ModelBench:
         slots: list[int],
     ) -> list[int]:
         return _step(self.eager, ids, positions, page_tables, slots)
+
+
+def fill_normal(pages: torch.Tensor | QuantPages, gen: torch.Generator) -> None:
+    """Every KV row drawn from N(0, 1), stored as the pages' format stores it (quantized pages
+    go through the store op, so their bytes and scales are what a real prefill leaves)."""
+    if not isinstance(pages, QuantPages):
+        pages.normal_(0.0, 1.0, generator=gen)
+        return
+    num_pages, page_size, num_heads, head_dim = pages.shape
+    slots_per_chunk = 1 << 16  # rows drawn at a time: 64k tokens x Hk x D fp32
+    total = num_pages * page_size
+    for start in range(0, total, slots_per_chunk):
+        slots = torch.arange(start, min(total, start + slots_per_chunk), device=pages.device)
+        rows = torch.empty(
+            (len(slots), num_heads, head_dim), dtype=torch.float32, device=pages.device
+        ).normal_(0.0, 1.0, generator=gen)
+        dispatch.store_kv(rows, pages, slots)
 
 
 def _step(

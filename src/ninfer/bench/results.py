@@ -162,6 +162,7 @@ class BenchReport:
     torch_version: str
     command: str
     weights: str = "bf16"  # or "fp8": linear weights e4m3 with 128x128 block scales
+    kv_dtype: str = "bf16"  # `--kv-dtype` of the prefill/decode matrix's KV cache
     load_s: float = 0.0
     prefill: list[PrefillResult] = field(default_factory=list)
     decode: list[DecodeResult] = field(default_factory=list)

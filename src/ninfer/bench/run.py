@@ -29,6 +29,7 @@ from ninfer.bench.synthetic import (
     synthetic_config,
     synthetic_hf_config,
 )
+from ninfer.kernels.kv_quant.formats import KV_DTYPES
 from ninfer.kernels.runtime import KernelUnavailable
 from ninfer.model.qwen3_5 import Qwen3_5Model
 
@@ -52,6 +53,7 @@ class BenchOptions:
     profile: bool = False
     seed: int = 0
     weights: str = "bf16"  # or "fp8"
+    kv_dtype: str = "bf16"  # KV cache of the prefill/decode matrix (int8, fp8, nvfp4, k8v4)
     command: str = ""
     # `--compare hf`: HF transformers on its own small matrix (decode at decode_contexts[0]);
     # ninfer's matrix is widened to hold every HF cell, so each gets its ratio.
@@ -79,6 +81,9 @@ def run_bench(opts: BenchOptions, on_progress: Callable[[str], None]) -> BenchRe
     config = synthetic_config(opts.synthetic)  # fails fast on an unknown name
     if opts.weights not in ("bf16", "fp8"):
         raise BenchError(f"--weights must be bf16 or fp8, got {opts.weights!r}")
+    if opts.kv_dtype not in KV_DTYPES:
+        known = "|".join(KV_DTYPES)
+        raise BenchError(f"--kv-dtype must be one of {known}, got {opts.kv_dtype!r}")
     check_compare(opts)
     if opts.compare == "hf":
         require_hf(config.is_moe)  # fail now, not after the ninfer matrix
@@ -91,6 +96,7 @@ def run_bench(opts: BenchOptions, on_progress: Callable[[str], None]) -> BenchRe
         torch_version=torch.__version__,
         command=opts.command,
         weights=opts.weights,
+        kv_dtype=opts.kv_dtype,
     )
     if opts.ceilings:
         on_progress("ceilings: device copy and bf16 GEMM")
@@ -122,6 +128,7 @@ def run_bench(opts: BenchOptions, on_progress: Callable[[str], None]) -> BenchRe
         max_seq_tokens=max(max(opts.decode_contexts) + extra, max(prefill_sizes, default=1)),
         max_total_tokens=max(decode_batches) * (small_ctx + extra),
         seed=opts.seed,
+        kv_dtype=opts.kv_dtype,
     )
     report.prefill, report.decode = run_matrix(
         bench,
@@ -135,6 +142,9 @@ def run_bench(opts: BenchOptions, on_progress: Callable[[str], None]) -> BenchRe
     )
     if bench.graphs is None:
         report.notes.append(f"decode ran eagerly: CUDA graphs unavailable ({bench.graphs_reason})")
+    if opts.kv_dtype != "bf16" and (opts.e2e or opts.context_cache):
+        report.notes.append(f"--kv-dtype {opts.kv_dtype} applies to the matrix; the --e2e and "
+                            "--context-cache engines keep bf16 KV")  # fmt: skip
     if opts.profile:
         on_progress(f"profiling eager decode steps, batch 1 at {small_ctx} context")
         try:

@@ -15,6 +15,7 @@ from rich.console import Console
 from ninfer.cli.device import cuda_device
 from ninfer.cli.errors import UserError
 from ninfer.cli.options import opt
+from ninfer.engine.options import KV_DTYPES
 
 
 def _ints(text: str, what: str) -> tuple[int, ...]:
@@ -109,8 +110,35 @@ def bench(
     cache_snapshot: int = opt(
         32768, "--cache-snapshot-tokens", min=1, help="--context-cache: context.", metavar="N"
     ),
+    kv_dtype: str = opt(
+        "bf16",
+        "--kv-dtype",
+        help="KV cache of the prefill/decode matrix: bf16, int8, fp8, nvfp4 or k8v4.",
+        metavar="bf16|int8|fp8|nvfp4|k8v4",
+    ),
+    kv_dtype_quality: bool = opt(
+        False,
+        "--kv-dtype-quality",
+        help="Instead of the matrix: logits of every quantized KV dtype against bf16 KV (top-1 "
+        "agreement, KL) at --kv-quality-contexts, and batch-1 decode tok/s per dtype there.",
+    ),
+    kv_quality_contexts: str = opt(
+        "4096,32768", "--kv-quality-contexts", help="Contexts.", metavar="N,N,..."
+    ),
 ) -> None:
     """Benchmark prefill and decode of a real-shape model with random weights (needs a GPU)."""
+    if kv_dtype not in KV_DTYPES:
+        raise UserError(f"--kv-dtype must be one of {'|'.join(KV_DTYPES)}, got {kv_dtype!r}")
+    if kv_dtype_quality:
+        from ninfer.bench.kv_quality_cmd import run_kv_quality_cmd
+
+        try:
+            run_kv_quality_cmd(synthetic, cuda_device(device), weights,
+                               _ints(kv_quality_contexts, "--kv-quality-contexts"), steps,
+                               as_json, save)  # fmt: skip
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        return
     if vision:
         _vision(synthetic, cuda_device(device), vision_size,
                 _ints(vision_batches, "--vision-batches"), not no_ttft, as_json, save)  # fmt: skip
@@ -132,6 +160,7 @@ def bench(
         ceilings=not no_ceilings,
         profile=profile,
         weights=weights,
+        kv_dtype=kv_dtype,
         command=shlex.join(["ninfer", *sys.argv[1:]]),
         compare=compare,
         hf_prefill_sizes=_ints(hf_prefill, "--hf-prefill"),

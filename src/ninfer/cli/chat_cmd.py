@@ -236,6 +236,7 @@ def chat(
     no_thinking: bool = o.no_thinking("Start with thinking off."),
     chat_template: Path | None = o.chat_template(),
     dtype: str = o.dtype(),
+    kv_dtype: str = o.kv_dtype(),
     device: str = o.device(),
     max_model_len: int | None = o.max_model_len(),
     vision: bool = o.opt(False, "--vision", help="Load the vision tower (for /image)."),
@@ -260,6 +261,7 @@ def chat(
     }
     options: dict[str, Any] = {
         "dtype": dtype,
+        "kv_dtype": kv_dtype,
         "device": parse_device(device),
         "greedy": greedy,
         "vision": vision,

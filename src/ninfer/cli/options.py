@@ -49,6 +49,16 @@ def dtype() -> Any:
     return opt("bf16", "--dtype", help="Compute and KV dtype: bf16 or fp32.", metavar="bf16|fp32")
 
 
+def kv_dtype() -> Any:
+    return opt(
+        "bf16",
+        "--kv-dtype",
+        help="KV-cache storage: bf16 (the compute dtype), int8, fp8, nvfp4 or k8v4 (fp8 keys, "
+        "nvfp4 values); quantized KV fits more tokens per GiB.",
+        metavar="bf16|int8|fp8|nvfp4|k8v4",
+    )
+
+
 def alias(name: str, **kw: Any) -> Any:
     """Another spelling of an option (vLLM's), hidden from help; see `merge_alias`."""
     return typer.Option(None, name, hidden=True, **kw)

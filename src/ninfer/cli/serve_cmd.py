@@ -121,7 +121,7 @@ def serve(
         metavar="MS",
         min=0,
     ),
-    kv_dtype: str | None = hidden(None, "--kv-dtype"),
+    kv_dtype: str = o.kv_dtype(),
     spec: str | None = hidden(None, "--spec"),
     draft_tokens: int | None = hidden(None, "--draft-tokens"),
     lm_head_draft: bool = hidden(False, "--lm-head-draft"),
@@ -179,7 +179,6 @@ def serve(
         "--spec": spec is not None,
         "--draft-tokens": draft_tokens is not None,
         "--lm-head-draft": lm_head_draft,
-        "--kv-dtype " + str(kv_dtype): kv_dtype not in (None, "bf16"),
         "--context-cost-presets": context_cost_presets is not None,
     }
     for flag, given in not_built.items():
@@ -217,6 +216,7 @@ def serve(
         "prefill_chunk": prefill_chunk,
         "device_state_slots": device_state_slots,
         "dtype": dtype,
+        "kv_dtype": kv_dtype,
         "device": parse_device(device),
         "no_cuda_graph": no_cuda_graph,
         "greedy": greedy,

@@ -133,11 +133,12 @@ def assemble(
         page_size=options.page_size,
         dtype=dtype,
         device=device,
+        kv_dtype=options.kv_dtype,
     )
     pages = PagePool(num_pages, options.page_size)
     image_bytes = ModelCache.bytes_per_slot(config, dtype)
     host_bytes = host_context_bytes(options, image_bytes)
-    page_bytes = ModelCache.bytes_per_page(config, options.page_size, dtype)
+    page_bytes = ModelCache.bytes_per_page(config, options.page_size, dtype, options.kv_dtype)
     images = StateImages(range(lanes, num_slots), HostPool(host_bytes), image_bytes, page_bytes)
     scheduler = Scheduler(
         SchedulerConfig(
@@ -214,14 +215,19 @@ def _num_pages(
     free, _ = torch.cuda.mem_get_info(model.device)
     state = ModelCache.bytes_per_slot(config, dtype) * num_slots
     budget = free - state - workspace_bytes(config, options) - GIB
-    pages = min(budget // ModelCache.bytes_per_page(config, options.page_size, dtype), MAX_PAGES)
+    # a quantized KV dtype shrinks the page (scales included), so the same budget holds more
+    page_bytes = ModelCache.bytes_per_page(config, options.page_size, dtype, options.kv_dtype)
+    pages = min(budget // page_bytes, MAX_PAGES)
     if pages < floor:
         raise ValueError(
             f"--kv-capacity auto: {max(budget, 0) / GIB:.1f} GiB left for KV after weights, "
             f"{num_slots} state slots and workspace; one {options.max_context}-token sequence "
             f"needs {floor} pages. Lower --max-concurrency, --device-state-slots or --max-context."
         )
-    log.info("kv-capacity auto: %d pages (%d tokens)", pages, pages * options.page_size)
+    log.info(
+        "kv-capacity auto: %d pages (%d tokens, kv dtype %s, %d bytes per token)",
+        pages, pages * options.page_size, options.kv_dtype, page_bytes // options.page_size,
+    )  # fmt: skip
     return int(pages)
 
 

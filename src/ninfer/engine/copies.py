@@ -51,7 +51,8 @@ class CopyEngine:
 
     # -- KV pages ------------------------------------------------------------------------------
     def _kv_tensors(self) -> list[torch.Tensor]:
-        return [*self.cache.k_pages, *self.cache.v_pages]
+        # values and, for a quantized KV dtype, their scales: a page moves with its scales
+        return self.cache.page_tensors()
 
     def _index(self, ids: Sequence[int]) -> torch.Tensor:
         return torch.tensor(list(ids), dtype=torch.int64).to(self.device, non_blocking=True)

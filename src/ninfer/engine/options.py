@@ -9,6 +9,9 @@ from ninfer.engine.sampling import SamplingParams
 
 KV_AUTO = "auto"  # --kv-capacity auto: size the KV pool from free device memory
 MAX_CONCURRENCY = 64  # an extension of the spec's 1..8 (issue: up to 64 lanes)
+# --kv-dtype names (the formats are kernels/kv_quant/formats.KV_DTYPES; spelled out here so that
+# option checks import no torch; a test holds the two equal)
+KV_DTYPES = ("bf16", "int8", "fp8", "nvfp4", "k8v4")
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,8 @@ class EngineOptions:
     no_prefix_reuse: bool = False  # no cross-request prefix reads or writes
     page_size: int = 64
     dtype: str = "bf16"  # bf16 | fp32 (compute and KV dtype of the torch reference path)
+    # KV-cache storage: bf16 (the compute dtype, unquantized), int8, fp8, nvfp4 or k8v4
+    kv_dtype: str = "bf16"
     device: str = "cpu"  # cpu | cuda | cuda:N | auto (CUDA when a GPU is present)
     no_cuda_graph: bool = False  # decode eagerly instead of replaying CUDA graphs
     no_overlap: bool = False  # wait for each step's samples before planning the next
@@ -84,6 +89,10 @@ class EngineOptions:
             "host_context_mib must be >= 0",
         )
         need(self.dtype in ("bf16", "fp32"), "dtype must be bf16 or fp32")
+        need(
+            self.kv_dtype in KV_DTYPES,
+            f"kv_dtype must be one of {'|'.join(KV_DTYPES)}, got {self.kv_dtype!r}",
+        )
         need(self.media_cache_mib >= 0, "media_cache_mib must be >= 0")
         need(self.media_live_mib >= 1, "media_live_mib must be >= 1")
         need(self.media_preprocess_threads >= 0, "media_preprocess_threads must be >= 0")

@@ -35,6 +35,9 @@ from ninfer.kernels.gated_rms_norm import reference as _gated_norm_ref
 from ninfer.kernels.gdn_decode_front import launch as _front_cuda
 from ninfer.kernels.gdn_decode_front import reference as _front_ref
 from ninfer.kernels.gdn_decode_front.reference import DecodeFront
+from ninfer.kernels.kv_quant import launch as _kv_cuda
+from ninfer.kernels.kv_quant import reference as _kv_ref
+from ninfer.kernels.kv_quant.formats import KvPages, QuantPages
 from ninfer.kernels.moe_routing import launch as _routing_cuda
 from ninfer.kernels.moe_routing import reference as _routing_ref
 from ninfer.kernels.paged_decode_attention import launch as _paged_cuda
@@ -324,27 +327,56 @@ def grouped_mm_enabled(t: torch.Tensor) -> bool:
     return major in (9, 10)
 
 
-def paged_decode_supported(q: torch.Tensor, k_pages: torch.Tensor) -> bool:
+def paged_decode_supported(
+    q: torch.Tensor, k_pages: KvPages, v_pages: KvPages | None = None
+) -> bool:
     """True when the paged decode-attention kernel runs for these operands.
 
     Unlike the other ops, callers check this first: the twin reads lengths on the host, so the
     model keeps its own graph-safe `paged_attention` wherever the kernel does not run.
     """
-    return use_cuda_kernels(q, "paged_decode_attention") and _paged_cuda.supports(q, k_pages)
+    return use_cuda_kernels(q, "paged_decode_attention") and _paged_cuda.supports(
+        q, k_pages, v_pages
+    )
 
 
 def paged_decode_attention(
     q: torch.Tensor,
-    k_pages: torch.Tensor,
-    v_pages: torch.Tensor,
+    k_pages: KvPages,
+    v_pages: KvPages,
     page_table: torch.Tensor,
     kv_lens: torch.Tensor,
     *,
     scale: float,
 ) -> torch.Tensor:
     """One query per sequence over its paged KV; see kernels/paged_decode_attention/reference.py."""
-    fn = _paged_cuda if paged_decode_supported(q, k_pages) else _paged_ref
+    fn = _paged_cuda if paged_decode_supported(q, k_pages, v_pages) else _paged_ref
     return fn.paged_decode_attention(q, k_pages, v_pages, page_table, kv_lens, scale=scale)
+
+
+def store_kv(x: torch.Tensor, pages: KvPages, slot_mapping: torch.Tensor) -> None:
+    """New K or V rows into their page slots, quantized on the way for `QuantPages`; see
+    kernels/kv_quant/reference.py. Plain pages keep torch's `index_copy_`."""
+    if (
+        isinstance(pages, QuantPages)
+        and use_cuda_kernels(x, "kv_store")
+        and _kv_cuda.supports_store(x, pages)
+    ):
+        _kv_cuda.store_kv(x, pages, slot_mapping)
+        return
+    _kv_ref.store_kv(x, pages, slot_mapping)
+
+
+def gather_kv_pages(pages: KvPages, page_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Pages `page_ids` as [n, P, Hk, D] in `dtype`, dequantized for `QuantPages` (one fused
+    gather-dequantize kernel on CUDA); see kernels/kv_quant/reference.py."""
+    if (
+        isinstance(pages, QuantPages)
+        and use_cuda_kernels(pages.values, "kv_gather")
+        and _kv_cuda.supports_gather(pages, dtype)
+    ):
+        return _kv_cuda.gather_pages(pages, page_ids, dtype)
+    return _kv_ref.gather_pages(pages, page_ids, dtype)
 
 
 def qk_norm_rope(

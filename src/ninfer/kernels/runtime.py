@@ -51,9 +51,12 @@ def _cupy() -> Any:
 
 
 @functools.cache
-def _module(op: str, name_expressions: tuple[str, ...], arch: str) -> Any:
+def _module(
+    op: str, name_expressions: tuple[str, ...], arch: str, headers: tuple[str, ...] = ()
+) -> Any:
     cupy = _cupy()
-    source = (KERNEL_DIR / "common.cu").read_text() + (KERNEL_DIR / op / f"{op}.cu").read_text()
+    parts = ["common.cu", *headers, f"{op}/{op}.cu"]
+    source = "".join((KERNEL_DIR / part).read_text() for part in parts)
     options = ("--std=c++17", f"--gpu-architecture={arch}", "--use_fast_math")
     return cupy.RawModule(code=source, options=options, name_expressions=name_expressions)
 
@@ -63,10 +66,16 @@ def _arch(device: torch.device) -> str:
     return f"sm_{major}{minor}"
 
 
-def get_kernel(op: str, instance: str, device: torch.device) -> Any:
-    """The compiled `instance` (a template instantiation such as `f<bf16, true>`) of `op`.cu."""
+def get_kernel(
+    op: str, instance: str, device: torch.device, headers: tuple[str, ...] = ()
+) -> Any:
+    """The compiled `instance` (a template instantiation such as `f<bf16, true>`) of `op`.cu.
+
+    `headers`: device-code files (paths under kernels/) compiled between common.cu and the op's
+    source, for helpers two ops share (e.g. the KV codecs of kv_quant/kv_codec.cu).
+    """
     _cupy()  # a clear error before touching the CUDA runtime
-    module = _module(op, (instance,), _arch(device))
+    module = _module(op, (instance,), _arch(device), headers)
     return module.get_function(instance)
 
 

@@ -1,8 +1,12 @@
 """ModelCache: the device buffers a forward reads and writes (paged KV, per-slot DeltaNet state).
 
-Imports only torch and model.config. Buffers only: which page or slot belongs to whom is the
-engine's business (allocation, refcounts, eviction live in engine/). Buffers are zero-filled once
-at allocation so a gathered-but-masked page never holds NaN bit patterns that 0 * NaN would leak.
+Imports torch, model.config and the KV formats of kernels/kv_quant. Buffers only: which page or
+slot belongs to whom is the engine's business (allocation, refcounts, eviction live in engine/).
+Buffers are zero-filled once at allocation so a gathered-but-masked page never holds NaN bit
+patterns that 0 * NaN would leak.
+The KV pages of a layer are a plain tensor (`kv_dtype` bf16: the model dtype) or a `QuantPages`
+(int8, fp8, nvfp4, k8v4: coded values plus per-(token, head) scales); `page_tensors` lists every
+page-indexed tensor, which is what page copies move.
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ninfer.kernels.kv_quant import formats
+from ninfer.kernels.kv_quant.formats import KvPages
 from ninfer.model.config import TextConfig
 from ninfer.model.errors import BatchError
 
@@ -19,17 +25,19 @@ from ninfer.model.errors import BatchError
 class ModelCache:
     """Per full-attention layer KV pages and per linear-attention layer state slots.
 
-    k_pages[i], v_pages[i]: [num_pages, page_size, Hk, D] (model dtype), i-th full-attention layer.
+    k_pages[i], v_pages[i]: [num_pages, page_size, Hk, D] (model dtype), i-th full-attention layer,
+        or a `QuantPages` of that logical shape when `kv_dtype` quantizes.
     conv_state[j]: [num_slots, conv_dim, K-1] (model dtype), the last K-1 conv inputs.
     ssm_state[j]: [num_slots, Hv, Dk, Dv] fp32, the gated delta rule state, j-th linear layer.
     """
 
     page_size: int
-    k_pages: list[torch.Tensor]
-    v_pages: list[torch.Tensor]
+    k_pages: list[KvPages]
+    v_pages: list[KvPages]
     conv_state: list[torch.Tensor]
     ssm_state: list[torch.Tensor]
     layer_index: dict[int, int]  # decoder layer id -> index into its kind's lists
+    kv_dtype: str = "bf16"  # --kv-dtype: bf16 (the model dtype), int8, fp8, nvfp4 or k8v4
 
     @classmethod
     def allocate(
@@ -41,7 +49,9 @@ class ModelCache:
         page_size: int = 64,
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
+        kv_dtype: str = "bf16",
     ) -> ModelCache:
+        k_fmt, v_fmt = formats.kv_formats(kv_dtype)
         if num_pages <= 0 or num_slots <= 0 or page_size <= 0:
             raise ValueError(
                 f"num_pages ({num_pages}), num_slots ({num_slots}) and page_size ({page_size}) "
@@ -60,18 +70,23 @@ class ModelCache:
         layer_index.update({layer: j for j, layer in enumerate(linear)})
         return cls(
             page_size=page_size,
-            k_pages=[torch.zeros(kv_shape, dtype=dtype, device=device) for _ in full],
-            v_pages=[torch.zeros(kv_shape, dtype=dtype, device=device) for _ in full],
+            k_pages=[formats.allocate(k_fmt, kv_shape, dtype=dtype, device=device) for _ in full],
+            v_pages=[formats.allocate(v_fmt, kv_shape, dtype=dtype, device=device) for _ in full],
             conv_state=[torch.zeros(conv_shape, dtype=dtype, device=device) for _ in linear],
             ssm_state=[torch.zeros(ssm_shape, dtype=torch.float32, device=device) for _ in linear],
             layer_index=layer_index,
+            kv_dtype=kv_dtype,
         )
 
     @staticmethod
-    def bytes_per_page(config: TextConfig, page_size: int, dtype: torch.dtype) -> int:
-        """K and V of one page over every full-attention layer."""
-        item = torch.empty((), dtype=dtype).element_size()
-        per_token = 2 * config.num_key_value_heads * config.head_dim * item
+    def bytes_per_page(
+        config: TextConfig, page_size: int, dtype: torch.dtype, kv_dtype: str = "bf16"
+    ) -> int:
+        """K and V of one page over every full-attention layer, scales included (what
+        `--kv-capacity auto` divides free memory by and what a page costs on the host)."""
+        per_token = formats.bytes_per_token(
+            kv_dtype, config.num_key_value_heads, config.head_dim, dtype
+        )
         return len(config.full_attention_layers) * page_size * per_token
 
     @staticmethod
@@ -91,7 +106,12 @@ class ModelCache:
     def num_slots(self) -> int:
         return self.ssm_state[0].shape[0] if self.ssm_state else 0
 
-    def kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def page_tensors(self) -> list[torch.Tensor]:
+        """Every page-indexed KV tensor (values and scales, K and V, all layers)."""
+        pages = [*self.k_pages, *self.v_pages]
+        return [t for p in pages for t in formats.page_tensors(p)]
+
+    def kv(self, layer: int) -> tuple[KvPages, KvPages]:
         """The (k_pages, v_pages) of full-attention decoder layer `layer`."""
         i = self.layer_index[layer]
         return self.k_pages[i], self.v_pages[i]

@@ -55,10 +55,10 @@ def serve(
         opts = engine.options
         kv_tokens = engine.parts.num_pages * opts.page_size
         log.info(
-            "engine ready in %.1fs: model=%s device=%s dtype=%s max_context=%d kv_capacity=%d "
-            "max_concurrency=%d max_pending=%d",
-            time.monotonic() - t0, engine.model_id, opts.device, opts.dtype, opts.max_context,
-            kv_tokens, opts.max_concurrency, opts.max_pending_requests,
+            "engine ready in %.1fs: model=%s device=%s dtype=%s kv_dtype=%s max_context=%d "
+            "kv_capacity=%d max_concurrency=%d max_pending=%d",
+            time.monotonic() - t0, engine.model_id, opts.device, opts.dtype, opts.kv_dtype,
+            opts.max_context, kv_tokens, opts.max_concurrency, opts.max_pending_requests,
         )  # fmt: skip
         if engine.artifact.metadata.get("random_weights"):
             log.warning("%s has RANDOM weights: its output is meaningless", engine.model_id)

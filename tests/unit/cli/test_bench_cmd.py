@@ -92,3 +92,34 @@ def test_options_reach_the_run_and_the_table_shows_ratios(monkeypatch: pytest.Mo
     assert (opts.compare, opts.hf_prefill_sizes, opts.hf_decode_batches) == ("hf", (256, 512), (2,))
     assert opts.hf_decode_steps == 3 and opts.weights == "bf16"
     assert "ninfer / HF" in result.output and "10.0x" in result.output
+
+
+def test_unknown_kv_dtype_is_refused_before_any_gpu_work() -> None:
+    _fails(["--kv-dtype", "fp4"], "--kv-dtype must be one of bf16|int8|fp8|nvfp4|k8v4")
+
+
+def test_kv_dtype_reaches_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ninfer.bench.run as run
+
+    seen = []
+
+    def fake_run_bench(opts: run.BenchOptions, on_progress: object) -> BenchReport:
+        seen.append(opts)
+        return BenchReport("tiny-dense", 1, "gpu", "today", "2.11", opts.command, kv_dtype="k8v4")
+
+    monkeypatch.setattr(run, "run_bench", fake_run_bench)
+    result = CliRunner().invoke(app, [*BASE, "--kv-dtype", "k8v4"])
+    assert result.exit_code == 0, result.output
+    assert seen[0].kv_dtype == "k8v4" and "k8v4 KV" in result.output
+
+
+def test_kv_dtype_quality_takes_its_contexts(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ninfer.bench.kv_quality_cmd as cmd
+
+    seen = []
+    monkeypatch.setattr(cmd, "run_kv_quality_cmd", lambda *args: seen.append(args))
+    args = ["--kv-dtype-quality", "--kv-quality-contexts", "4096,8192", "--device", "cuda"]
+    result = CliRunner().invoke(app, [*BASE, *args])
+    assert result.exit_code == 0, result.output
+    (args_seen,) = seen
+    assert args_seen[:4] == ("tiny-dense", "cuda:0", "bf16", (4096, 8192))

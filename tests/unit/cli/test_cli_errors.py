@@ -131,7 +131,7 @@ def test_convert_refuses_an_existing_output_without_force(
         (["chat", "--device", "gpu0"], ["--device 'gpu0'", "auto, cpu, cuda, cuda:N or N"]),
         (["serve", "--device", "gpu0"], ["--device 'gpu0'", "auto, cpu, cuda, cuda:N or N"]),
         (["bench", "--synthetic", "tiny-dense", "--device", "gpu0"], ["--device 'gpu0'"]),
-        (["serve", "--kv-dtype", "fp8"], ["--kv-dtype fp8", "not supported"]),
+        (["serve", "--kv-dtype", "fp9"], ["--kv-dtype must be one of", "fp9"]),
         (["serve", "--max-model-len", "300", "--max-context", "400"], ["conflicts"]),
         (["serve", "--no-such-flag"], ["No such option: --no-such-flag", "ninfer serve -h"]),
     ],

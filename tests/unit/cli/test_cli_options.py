@@ -30,7 +30,6 @@ UNBUILT = {
     "--spec": ["mtp"],
     "--draft-tokens": ["3"],
     "--lm-head-draft": [],
-    "--kv-dtype": ["fp8"],
     "--context-cost-presets": ["presets.json"],
 }
 TYPE_NOISE = re.compile(r"<(bool|int|float|str|text|path|integer)[^>]*>", re.IGNORECASE)
@@ -67,11 +66,19 @@ def test_unbuilt_options_are_absent_from_help_and_refused_by_name(demo: Path) ->
         assert flag in str(result.exception) and "not supported" in str(result.exception)
 
 
-def test_kv_dtype_bf16_is_still_accepted(monkeypatch: pytest.MonkeyPatch, demo: Path) -> None:
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8", "k8v4"])
+def test_kv_dtype_is_accepted(monkeypatch: pytest.MonkeyPatch, demo: Path, kv_dtype: str) -> None:
     seen = _record_serve(monkeypatch)
-    result = invoke("serve", str(demo), "--kv-dtype", "bf16", "--port", "0")
+    result = invoke("serve", str(demo), "--kv-dtype", kv_dtype, "--port", "0")
     assert result.exit_code == 0, result.output
-    assert len(seen) == 1
+    assert len(seen) == 1 and seen[0]["options"]["kv_dtype"] == kv_dtype
+
+
+def test_unknown_kv_dtype_is_refused_with_the_known_names(demo: Path) -> None:
+    result = invoke("serve", str(demo), "--kv-dtype", "fp4")
+    assert result.exit_code != 0 and isinstance(result.exception, UserError)
+    message = str(result.exception)
+    assert "--kv-dtype" in message and "bf16|int8|fp8|nvfp4|k8v4" in message
 
 
 def test_version() -> None:

@@ -1,9 +1,10 @@
 """CUDA launcher of the split-KV paged decode attention (a partial and a combine launch).
 
-Imports torch and kernels.runtime. Same results as `reference.paged_decode_attention` where
-`supports` says yes. The split plan depends only on host facts (batch, KV heads, group and the page
-table's width), never on the lengths on the device, so a graph captured for one width replays for
-any lengths in it; the kernels read the lengths themselves and skip splits past them.
+Imports torch, kernels.runtime and the KV formats. Same results as
+`reference.paged_decode_attention` where `supports` says yes. The split plan depends only on host
+facts (batch, KV heads, group and the page table's width), never on the lengths on the device, so a
+graph captured for one width replays for any lengths in it; the kernels read the lengths themselves
+and skip splits past them.
 """
 
 from __future__ import annotations
@@ -13,8 +14,13 @@ from typing import NamedTuple
 import torch
 
 from ninfer.kernels import runtime as rt
+from ninfer.kernels.kv_quant import formats as kvf
+from ninfer.kernels.kv_quant.formats import KvPages, QuantPages
 
 OP = "paged_decode_attention"
+HEADERS = ("kv_quant/kv_codec.cu",)  # the KV codecs the kernel dequantizes with
+# format codes of kv_codec.cu
+FORMAT_CODES = {kvf.PLAIN: 0, kvf.INT8: 1, kvf.FP8: 2, kvf.NVFP4: 3}
 WARPS = 4  # warps per block of the partial launch
 MAX_REGS_PER_LANE = 64  # G query heads x D/32 dims of accumulator per lane (no spills at 64)
 MAX_HEAD_DIM = 512  # a lane holds D/32 dims of each row it loads
@@ -32,24 +38,50 @@ class SplitPlan(NamedTuple):
     num_splits: int
 
 
-def supports(q: torch.Tensor, k_pages: torch.Tensor) -> bool:
-    """Whether the kernel takes these shapes (head dim a multiple of 32 to 512, modest groups)."""
-    if q.dim() != 3 or k_pages.dim() != 4 or q.dtype not in rt.CUDA_TYPES:
+def _pages_ok(q: torch.Tensor, pages: KvPages, head_dim: int) -> bool:
+    """One K or V operand: plain pages in q's dtype, or quantized pages the codecs take."""
+    if not isinstance(pages, QuantPages):
+        return pages.dtype == q.dtype and pages.data_ptr() % 16 == 0
+    if pages.fmt == kvf.NVFP4 and 16 % (head_dim // 32):
+        return False  # a lane's dims must sit inside one 16-value block
+    return pages.values.data_ptr() % 16 == 0
+
+
+def supports(q: torch.Tensor, k_pages: KvPages, v_pages: KvPages | None = None) -> bool:
+    """Whether the kernel takes these shapes (head dim a multiple of 32 to 512, modest groups)
+    and KV formats (plain pages in q's dtype, int8, fp8, or nvfp4 with head dim 32..512 a power
+    of two)."""
+    if q.dim() != 3 or len(k_pages.shape) != 4 or q.dtype not in rt.CUDA_TYPES:
         return False
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_pages.shape[2]
     if num_kv_heads == 0 or num_q_heads % num_kv_heads:
         return False
     group = num_q_heads // num_kv_heads
-    return (
-        k_pages.dtype == q.dtype
-        and k_pages.shape[3] == head_dim
+    shape_ok = (
+        k_pages.shape[3] == head_dim
         and head_dim % 32 == 0
-        and head_dim <= MAX_HEAD_DIM
+        and 32 <= head_dim <= MAX_HEAD_DIM
         and group <= MAX_GROUP
         and group * (head_dim // 32) <= MAX_REGS_PER_LANE
-        and k_pages.data_ptr() % 16 == 0
     )
+    if not shape_ok or not _pages_ok(q, k_pages, head_dim):
+        return False
+    return v_pages is None or (
+        tuple(v_pages.shape) == tuple(k_pages.shape) and _pages_ok(q, v_pages, head_dim)
+    )
+
+
+def _operand(pages: KvPages) -> tuple[int, tuple]:
+    """(format code, (values, row scales, block scales) kernel pointers) of one K or V operand."""
+    if not isinstance(pages, QuantPages):
+        if not pages.is_contiguous():
+            raise rt.KernelInputError("KV pages must be contiguous")
+        return 0, (rt.ptr(pages), rt.ptr(None), rt.ptr(None))
+    if not all(t.is_contiguous() for t in pages.tensors()):
+        raise rt.KernelInputError("quantized KV pages and scales must be contiguous")
+    code = FORMAT_CODES[pages.fmt]
+    return code, (rt.ptr(pages.values), rt.ptr(pages.scale), rt.ptr(pages.block_scale))
 
 
 def plan_splits(num_seqs: int, num_kv_heads: int, group: int, capacity: int) -> SplitPlan:
@@ -76,24 +108,23 @@ def partial_smem_bytes(group: int, head_dim: int, tokens_per_split: int) -> int:
 
 def paged_decode_attention(
     q: torch.Tensor,
-    k_pages: torch.Tensor,
-    v_pages: torch.Tensor,
+    k_pages: KvPages,
+    v_pages: KvPages,
     page_table: torch.Tensor,
     kv_lens: torch.Tensor,
     *,
     scale: float,
 ) -> torch.Tensor:
     """See `reference.paged_decode_attention`."""
-    device = rt.check_cuda(q, k_pages, v_pages, page_table, kv_lens)
-    if not supports(q, k_pages) or v_pages.shape != k_pages.shape or v_pages.dtype != q.dtype:
+    k_tensors, v_tensors = kvf.page_tensors(k_pages), kvf.page_tensors(v_pages)
+    device = rt.check_cuda(q, *k_tensors, *v_tensors, page_table, kv_lens)
+    if not supports(q, k_pages, v_pages):
         raise rt.KernelInputError(
             f"paged decode attention does not take q {tuple(q.shape)} {q.dtype} with pages "
-            f"{tuple(k_pages.shape)} {k_pages.dtype}"
+            f"{_describe(k_pages)} / {_describe(v_pages)}"
         )
-    if not (k_pages.is_contiguous() and v_pages.is_contiguous()):
-        raise rt.KernelInputError("KV pages must be contiguous")
-    if v_pages.data_ptr() % 16:
-        raise rt.KernelInputError("V pages must start on a 16-byte boundary")
+    k_code, k_args = _operand(k_pages)
+    v_code, v_args = _operand(v_pages)
     num_seqs, num_q_heads, head_dim = q.shape
     page_size, num_kv_heads = k_pages.shape[1], k_pages.shape[2]
     group = num_q_heads // num_kv_heads
@@ -119,13 +150,14 @@ def paged_decode_attention(
         (num_seqs, num_q_heads, plan.num_splits, 2), dtype=torch.float32, device=device
     )
     dtype = rt.cuda_type(q, "q")
-    partial = rt.get_kernel(OP, f"paged_decode_partial<{dtype}, {head_dim}, {group}>", device)
+    instance = f"paged_decode_partial<{dtype}, {head_dim}, {group}, {k_code}, {v_code}>"
+    partial = rt.get_kernel(OP, instance, device, HEADERS)
     args = (
         rt.ptr(ws_acc),
         rt.ptr(ws_ml),
         rt.ptr(q),
-        rt.ptr(k_pages),
-        rt.ptr(v_pages),
+        *k_args,
+        *v_args,
         rt.ptr(table),
         rt.i64(table.stride(0)),
         rt.ptr(lens),
@@ -139,7 +171,7 @@ def paged_decode_attention(
     grid = (plan.num_splits, num_kv_heads, num_seqs)
     smem = partial_smem_bytes(group, head_dim, plan.tokens_per_split)
     rt.launch(partial, grid, (32 * WARPS,), args, device, shared_mem=smem)
-    combine = rt.get_kernel(OP, f"paged_decode_combine<{dtype}>", device)
+    combine = rt.get_kernel(OP, f"paged_decode_combine<{dtype}>", device, HEADERS)
     args = (
         rt.ptr(out),
         rt.ptr(ws_acc),
@@ -154,3 +186,9 @@ def paged_decode_attention(
     grid = (num_q_heads, num_seqs, head_dim // COMBINE_DIMS)
     rt.launch(combine, grid, (256,), args, device)
     return out
+
+
+def _describe(pages: KvPages) -> str:
+    if isinstance(pages, QuantPages):
+        return f"{pages.fmt} {tuple(pages.shape)}"
+    return f"{tuple(pages.shape)} {pages.dtype}"

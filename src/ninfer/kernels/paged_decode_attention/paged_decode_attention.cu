@@ -17,6 +17,11 @@
 //     thread 4 dims (float4), weighting split s by exp(m_s - max m); the groups are summed in
 //     shared memory and divided by sum_s exp(m_s - max m) * l_s.
 //
+// Quantized KV (template KF / VF, the codes of kv_quant/kv_codec.cu, which is compiled ahead of
+// this file): each lane dequantizes its E dims of a row in registers as it loads them (int8 / fp8:
+// code * row scale; nvfp4: e2m1 code * e4m3 block scale * row scale, in software: Hopper has no
+// fp4 instructions), so a row is read from its page once, in its stored width.
+//
 // Positions past a sequence's length are never read: a split starting past it exits, and the last
 // chunk's surplus tokens re-read the last live row with a score of -inf (p = 0). Lengths are
 // clamped to the table's capacity; the combine derives the live splits from kv_lens itself.
@@ -83,36 +88,14 @@ __device__ __forceinline__ void reduce_scatter(float (&v)[M], int lane, int& bas
   }
 }
 
-template <typename T, int E>
-__device__ __forceinline__ void load_row(const T* __restrict__ p, float (&out)[E]) {
-  if constexpr (sizeof(T) * E % 16 == 0) {
-#pragma unroll
-    for (int c = 0; c < static_cast<int>(sizeof(T) * E / 16); ++c) {
-      const uint4 u = reinterpret_cast<const uint4*>(p)[c];
-      const T* e = reinterpret_cast<const T*>(&u);
-#pragma unroll
-      for (int j = 0; j < static_cast<int>(16 / sizeof(T)); ++j) {
-        out[c * (16 / sizeof(T)) + j] = to_float(e[j]);
-      }
-    }
-  } else if constexpr (sizeof(T) * E == 8) {
-    const uint2 u = *reinterpret_cast<const uint2*>(p);
-    const T* e = reinterpret_cast<const T*>(&u);
-#pragma unroll
-    for (int j = 0; j < E; ++j) out[j] = to_float(e[j]);
-  } else {
-#pragma unroll
-    for (int j = 0; j < E; ++j) out[j] = to_float(p[j]);
-  }
-}
-
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
-// Element offsets of the K/V rows (of KV head kh, dim 0) of tokens first .. first + C - 1, each
-// clamped to last (a live position) so that surplus tokens of a chunk read valid memory.
-template <int C, int D>
+// Row indices (page slot * Hk + head, see kv_codec.cu) of the K/V rows of KV head kh of tokens
+// first .. first + C - 1, each clamped to last (a live position) so that surplus tokens of a chunk
+// read valid memory.
+template <int C>
 __device__ __forceinline__ void token_rows(long long (&rows)[C], const long long* __restrict__ pages,
                                            int first, int last, int page_size, int num_kv_heads,
                                            int kh) {
@@ -120,20 +103,28 @@ __device__ __forceinline__ void token_rows(long long (&rows)[C], const long long
   for (int u = 0; u < C; ++u) {
     const int t = min(first + u, last);
     const long long page = pages[t / page_size];
-    rows[u] = ((page * page_size + t % page_size) * num_kv_heads + kh) * static_cast<long long>(D);
+    rows[u] = (page * page_size + t % page_size) * num_kv_heads + kh;
   }
 }
 
-template <typename T, int D, int G>
+template <typename T, int D, int G, int KF, int VF>
 __global__ void __launch_bounds__(PDA_WARPS * 32, G * D <= 48 * 32 ? 4 : 3) paged_decode_partial(
     float* __restrict__ ws_acc, float* __restrict__ ws_ml, const T* __restrict__ q,
-    const T* __restrict__ k_pages, const T* __restrict__ v_pages,
+    const void* __restrict__ k_values, const float* __restrict__ k_scale,
+    const unsigned char* __restrict__ k_blocks, const void* __restrict__ v_values,
+    const float* __restrict__ v_scale, const unsigned char* __restrict__ v_blocks,
     const long long* __restrict__ page_table, long long table_stride,
     const long long* __restrict__ kv_lens, int num_kv_heads, int page_size, int table_width,
     int num_splits, int tokens_per_split, float scale) {
   constexpr int E = D / 32;
-  // tokens whose rows a warp loads together: 8, or 4 where a lane's part of a row is > 16 bytes
-  constexpr int CHUNK = sizeof(T) * E > 16 ? PDA_SUB : 2 * PDA_SUB;
+  // tokens whose rows a warp loads together: 8, or 4 where a lane's part of a plain row is > 16
+  // bytes or holds more than 8 quantized values (quantized rows wait in flight as raw bytes,
+  // KvRowBuf, and are decoded 4 at a time)
+  constexpr int CHUNK = (KF == KV_PLAIN && VF == KV_PLAIN)
+                            ? (sizeof(T) * E > 16 ? PDA_SUB : 2 * PDA_SUB)
+                            : (E > 8 ? PDA_SUB : 2 * PDA_SUB);
+  const KvSrc ksrc{k_values, k_scale, k_blocks};
+  const KvSrc vsrc{v_values, v_scale, v_blocks};
   constexpr int NR = PDA_SUB * G;                // scores per reduction
   constexpr int NF = ScatterCount<NR, 16>::value;
   extern __shared__ float4 pda_smem4[];
@@ -166,22 +157,24 @@ __global__ void __launch_bounds__(PDA_WARPS * 32, G * D <= 48 * 32 ? 4 : 3) page
     }
     for (int c0 = warp * CHUNK; c0 < n_valid; c0 += PDA_WARPS * CHUNK) {
       long long rows[CHUNK];
-      token_rows<CHUNK, D>(rows, pages, start + c0, last, page_size, num_kv_heads, kh);
-      float kr[CHUNK][E];
+      token_rows<CHUNK>(rows, pages, start + c0, last, page_size, num_kv_heads, kh);
+      KvRowBuf<T, KF, E> kb[CHUNK];
 #pragma unroll
-      for (int u = 0; u < CHUNK; ++u) load_row<T, E>(k_pages + rows[u] + lane * E, kr[u]);
+      for (int u = 0; u < CHUNK; ++u) kvq_fetch<T, KF, E>(ksrc, rows[u], lane, kb[u]);
 #pragma unroll
-      for (int u = 0; u < CHUNK; ++u) prefetch_l2(v_pages + rows[u] + lane * E);
+      for (int u = 0; u < CHUNK; ++u) prefetch_l2(kvq_row_ptr<T, VF, E>(vsrc, rows[u], lane));
 #pragma unroll
       for (int sub = 0; sub < CHUNK; sub += PDA_SUB) {
         float dots[NR];
 #pragma unroll
         for (int u = 0; u < PDA_SUB; ++u) {
+          float kr[E];
+          kvq_decode<T, KF, E>(kb[sub + u], lane, kr);
 #pragma unroll
           for (int g = 0; g < G; ++g) {
             float d = 0.0f;
 #pragma unroll
-            for (int j = 0; j < E; ++j) d += qv[g][j] * kr[sub + u][j];
+            for (int j = 0; j < E; ++j) d += qv[g][j] * kr[j];
             dots[u * G + g] = d;
           }
         }
@@ -234,17 +227,19 @@ __global__ void __launch_bounds__(PDA_WARPS * 32, G * D <= 48 * 32 ? 4 : 3) page
   }
   for (int c0 = warp * CHUNK; c0 < n_valid; c0 += PDA_WARPS * CHUNK) {
     long long rows[CHUNK];
-    token_rows<CHUNK, D>(rows, pages, start + c0, last, page_size, num_kv_heads, kh);
-    float vr[CHUNK][E];
+    token_rows<CHUNK>(rows, pages, start + c0, last, page_size, num_kv_heads, kh);
+    KvRowBuf<T, VF, E> vb[CHUNK];
 #pragma unroll
-    for (int u = 0; u < CHUNK; ++u) load_row<T, E>(v_pages + rows[u] + lane * E, vr[u]);
+    for (int u = 0; u < CHUNK; ++u) kvq_fetch<T, VF, E>(vsrc, rows[u], lane, vb[u]);
 #pragma unroll
     for (int u = 0; u < CHUNK; ++u) {
+      float vr[E];
+      kvq_decode<T, VF, E>(vb[u], lane, vr);
 #pragma unroll
       for (int g = 0; g < G; ++g) {
         const float p = smem[g * S + c0 + u];
 #pragma unroll
-        for (int j = 0; j < E; ++j) acc[g][j] += p * vr[u][j];
+        for (int j = 0; j < E; ++j) acc[g][j] += p * vr[j];
       }
     }
   }

@@ -8,6 +8,9 @@ batches share one code path. On CUDA, a prefill of one fresh sequence skips the 
 mask (`fresh_causal_attention`), and a later chunk of one sequence gathers its pages and uses a
 lower-right causal bias (`continued_causal_attention`), so SDPA can use a fused backend; decode
 runs the split-KV paged kernel (kernels/paged_decode_attention); the CPU keeps the reference.
+With a quantized KV dtype the pages are `QuantPages`: new rows are quantized as they are stored,
+and every attention path reads the stored (dequantized) rows, a fresh prefill included, so a
+prefix-cache hit or a restored snapshot sees exactly the KV a cold run saw.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 from ninfer.kernels import dispatch
 from ninfer.kernels.fp8_gemv.reference import Fp8Weight
+from ninfer.kernels.kv_quant.formats import KvPages, QuantPages
 from ninfer.model.batch import ForwardBatch
 
 
@@ -75,24 +79,23 @@ def build_attention_metadata(batch: ForwardBatch, page_size: int) -> AttentionMe
 def store_kv(
     k: torch.Tensor,
     v: torch.Tensor,
-    k_pages: torch.Tensor,
-    v_pages: torch.Tensor,
+    k_pages: KvPages,
+    v_pages: KvPages,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Write new keys/values into their pages, in place.
+    """Write new keys/values into their pages (quantizing them for a quantized KV), in place.
 
     Args:
         k, v: [T, Hk, D]; k_pages, v_pages: [num_pages, P, Hk, D]; slot_mapping: [T] int64.
     """
-    num_kv_heads, head_dim = k_pages.shape[2:]
-    k_pages.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_pages.dtype))
-    v_pages.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_pages.dtype))
+    dispatch.store_kv(k, k_pages, slot_mapping)
+    dispatch.store_kv(v, v_pages, slot_mapping)
 
 
 def paged_attention(
     q: torch.Tensor,
-    k_pages: torch.Tensor,
-    v_pages: torch.Tensor,
+    k_pages: KvPages,
+    v_pages: KvPages,
     meta: AttentionMetadata,
     *,
     scale: float,
@@ -112,8 +115,8 @@ def paged_attention(
     num_pages = -(-meta.max_kv_len // page_size)
     pages = meta.page_table[:, :num_pages]
     # [B, n, P, Hk, D] -> [B, Hk, L, D] with L = n * P
-    k = k_pages[pages].flatten(1, 2).transpose(1, 2)
-    v = v_pages[pages].flatten(1, 2).transpose(1, 2)
+    k = dispatch.gather_kv_pages(k_pages, pages, q.dtype).flatten(1, 2).transpose(1, 2)
+    v = dispatch.gather_kv_pages(v_pages, pages, q.dtype).flatten(1, 2).transpose(1, 2)
     kv_len_max = k.shape[2]
 
     q_pad = q.new_zeros(num_seqs, meta.max_query_len, *q.shape[1:])  # [B, n_q, Hq, D]
@@ -141,8 +144,8 @@ def gated_attention(
     *,
     cos: torch.Tensor,
     sin: torch.Tensor,
-    k_pages: torch.Tensor,
-    v_pages: torch.Tensor,
+    k_pages: KvPages,
+    v_pages: KvPages,
     meta: AttentionMetadata,
     eps: float,
 ) -> torch.Tensor:
@@ -170,11 +173,14 @@ def gated_attention(
 
     store_kv(k, v, k_pages, v_pages, meta.slot_mapping)
     scale = head_dim**-0.5
-    if _is_fresh_single_sequence(x, meta):
+    quantized = isinstance(k_pages, QuantPages) or isinstance(v_pages, QuantPages)
+    fresh = _is_fresh_single_sequence(x, meta)
+    if fresh and not quantized:
         out = fresh_causal_attention(q, k, v, scale=scale)
-    elif _is_continued_single_sequence(x, meta):
+    elif fresh or _is_continued_single_sequence(x, meta):
+        # a quantized fresh prefill reads its stored rows too (lower-right causal = causal here)
         out = continued_causal_attention(q, k_pages, v_pages, meta, scale=scale)
-    elif meta.max_query_len == 1 and dispatch.paged_decode_supported(q, k_pages):
+    elif meta.max_query_len == 1 and dispatch.paged_decode_supported(q, k_pages, v_pages):
         # CUDA decode: split-KV kernel reading each live page once, no gather, no mask
         out = dispatch.paged_decode_attention(
             q, k_pages, v_pages, meta.page_table, meta.kv_lens, scale=scale
@@ -215,8 +221,8 @@ def _is_continued_single_sequence(x: torch.Tensor, meta: AttentionMetadata) -> b
 
 def continued_causal_attention(
     q: torch.Tensor,
-    k_pages: torch.Tensor,
-    v_pages: torch.Tensor,
+    k_pages: KvPages,
+    v_pages: KvPages,
     meta: AttentionMetadata,
     *,
     scale: float,
@@ -236,9 +242,9 @@ def continued_causal_attention(
     page_size = k_pages.shape[1]
     kv_len = meta.max_kv_len
     pages = meta.page_table[0, : -(-kv_len // page_size)]
-    # [n_pages, P, Hk, D] -> [L, Hk, D]
-    k = k_pages[pages].flatten(0, 1)[:kv_len]
-    v = v_pages[pages].flatten(0, 1)[:kv_len]
+    # [n_pages, P, Hk, D] -> [L, Hk, D], dequantized into q's dtype for a quantized KV
+    k = dispatch.gather_kv_pages(k_pages, pages, q.dtype).flatten(0, 1)[:kv_len]
+    v = dispatch.gather_kv_pages(v_pages, pages, q.dtype).flatten(0, 1)[:kv_len]
     return _sdpa_expanded(q, k, v, scale=scale, attn_mask=causal_lower_right(q.shape[0], kv_len))
 
 

@@ -1,0 +1,1 @@
+"""Quantized KV-cache pages: formats, quantize-on-store, dequantizing reads (CUDA + torch twin)."""
