@@ -314,7 +314,8 @@ class Engine:
     def media_stats(self) -> dict[str, int]:
         """[vision] Media counters: the prepared-payload cache (hits, misses, single-flight
         waits, builds, evictions, budget rejections, retained / live bytes) and the tower
-        (items encoded, outputs reused). Empty without vision."""
+        (items encoded, outputs reused, items skipped inside a reused prefix). Empty without
+        vision."""
         if self.media is None:
             return {}
         tower = self.parts.core.runner.tower_cache
@@ -322,6 +323,7 @@ class Engine:
             **self.media.cache.snapshot(),
             "tower_encoded": tower.encoded if tower else 0,
             "tower_hits": tower.hits if tower else 0,
+            "tower_prefix_skips": tower.prefix_skips if tower else 0,
             "tower_cache_bytes": tower.bytes if tower else 0,
         }
 
@@ -364,10 +366,8 @@ class Engine:
             implicit=implicit,
         )
         ids, media, lease = self.prepare_prompt(ids, messages)
-        if media is not None:
-            # NOTE: the prefix identity does not cover media yet (pads of two different images
-            # are the same ids): a multimodal prompt neither reads nor writes the prefix cache.
-            checkpoints = ()
+        if media is not None:  # the candidates were found in the ids before media expansion
+            checkpoints = [media.expanded_offset(t) for t in checkpoints]
         # The template continues a final assistant message only without a generation prompt
         # (an assistant prefill); otherwise it opens a fresh assistant turn, thinking included.
         continuing = (
