@@ -236,3 +236,34 @@ def test_multimodal_history_reuses_its_prefix_and_skips_the_tower(tiny) -> None:
     assert engine.media_stats()["tower_encoded"] == after["tower_encoded"] + 1
     ref3, _ = _hf_greedy(engine, hf, three, 5, [other_image])
     assert got3 == ref3
+
+
+def test_media_requests_paused_and_replayed_equal_their_solo_runs(tiny) -> None:
+    """Two image requests over a KV pool of four 16-token pages (each prompt takes two, each
+    finished request three): the younger pauses and, with
+    no host backing, comes back by replay, which recomputes its media prompt (or restores its
+    own checkpoint past the image) and its committed output at MRoPE positions; both outputs
+    equal their solo runs."""
+    engine, _, art = tiny
+    convos = [
+        _messages([{"type": "image", "image": data_uri(encode_image(noise_image(64, 48, seed=s)),
+                                                        "image/png")}])  # fmt: skip
+        for s in (41, 42)
+    ]
+    solo = [_chat_tokens(engine, m, 24)[0] for m in convos]  # ~20 prompt tokens + 24
+    with Engine.load(art, dtype="fp32", vision=True, max_concurrency=2, page_size=16,
+                     prefill_chunk=8, max_context=256, kv_capacity=64,
+                     host_context_mib=0) as small:  # fmt: skip
+        handles = []
+        for m in convos:
+            request, _, lease = small._chat_request(
+                m, None, False, None, {"max_tokens": 24, "ignore_eos": True, **GREEDY}
+            )
+            handles.append((RequestHandle(small.core, request), lease))
+        outs = []
+        for handle, lease in handles:
+            outs.append([t for e in handle for t in e.token_ids])
+            lease.release()
+        stats = small.stats()
+    assert stats.preemptions > 0 and stats.replay_restores > 0 and stats.replayed_tokens > 0
+    assert outs == solo
