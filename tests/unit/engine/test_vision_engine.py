@@ -16,6 +16,7 @@ from ninfer.engine.handles import RequestHandle
 from ninfer.media.errors import MediaError
 from ninfer.media.sources import MediaSource
 from ninfer.testing import TinySpec, make_tiny_checkpoint
+from ninfer.tokenizer import Tokenizer
 from support.media_files import encode_image, make_video, noise_image
 
 transformers = pytest.importorskip("transformers")
@@ -238,7 +239,7 @@ def test_multimodal_history_reuses_its_prefix_and_skips_the_tower(tiny) -> None:
     assert got3 == ref3
 
 
-def test_media_requests_paused_and_replayed_equal_their_solo_runs(tiny) -> None:
+def test_media_requests_paused_and_replayed_equal_their_solo_runs(tiny, monkeypatch) -> None:
     """Two image requests over a KV pool of four 16-token pages (each prompt takes two, each
     finished request three): the younger pauses and, with
     no host backing, comes back by replay, which recomputes its media prompt (or restores its
@@ -251,6 +252,9 @@ def test_media_requests_paused_and_replayed_equal_their_solo_runs(tiny) -> None:
         for s in (41, 42)
     ]
     solo = [_chat_tokens(engine, m, 24)[0] for m in convos]  # ~20 prompt tokens + 24
+    # the artifact's tokenizer is the one `engine` already built: reuse it (building the
+    # 248k-token vocabulary again costs seconds)
+    monkeypatch.setattr(Tokenizer, "from_json", staticmethod(lambda _json: engine.tokenizer))
     with Engine.load(art, dtype="fp32", vision=True, max_concurrency=2, page_size=16,
                      prefill_chunk=8, max_context=256, kv_capacity=64,
                      host_context_mib=0) as small:  # fmt: skip
