@@ -29,6 +29,7 @@ from ninfer.engine.request import (
     FinishReason,
     GenerationRequest,
     RequestStats,
+    SchedulingTransition,
     Timings,
 )
 from ninfer.engine.sampling import SamplingParams, presets_for
@@ -65,7 +66,7 @@ class ChatEvent:
     """
 
     kind: str  # "submitted" | "admitted" | "progress" | "reasoning" | "content" | "tool_call"
-    # | "finished"
+    # | "scheduling" (a pause-cycle boundary, only with `scheduling_events`) | "finished"
     text: str = ""
     tool_call: ToolCall | None = None
     finish_reason: FinishReason | None = None
@@ -83,6 +84,7 @@ class ChatEvent:
     # `x-ninfer-prefix-cache` header value (why a hit or a miss)
     num_cached: int = 0
     prefix_cache: str | None = None
+    scheduling: SchedulingTransition | None = None  # scheduling: the boundary
 
 
 class Engine:
@@ -103,6 +105,9 @@ class Engine:
         # Thinking-token cap for chat requests that start in thinking mode and pass no budget
         # of their own (`ninfer serve --default-thinking-budget`); None: uncapped.
         self.default_thinking_budget: int | None = None
+        # Chat requests ask for SCHEDULING events (pause / restore boundaries) when True:
+        # `ninfer serve --request-log-jsonl` logs them as request_scheduling records.
+        self.scheduling_events = False
         self.template = template
         self.parts = parts
         self.tokenizer = parts.tokenizer
@@ -184,6 +189,7 @@ class Engine:
         thinking_budget: int | None = None,
         media: MediaPrompt | None = None,
         cache_checkpoints: Sequence[int] = (),
+        scheduling_events: bool = False,
         **sampling: Any,
     ) -> GenerationRequest:
         unknown = sorted(set(sampling) - set(SAMPLING_FIELDS))
@@ -201,6 +207,7 @@ class Engine:
             thinking_budget=thinking_budget,
             media=media,
             cache_checkpoints=tuple(cache_checkpoints),
+            scheduling_events=scheduling_events,
         )
 
     def generate(self, prompt: str | Sequence[int], **kwargs: Any) -> Iterator[EngineEvent]:
@@ -314,7 +321,8 @@ class Engine:
     def media_stats(self) -> dict[str, int]:
         """[vision] Media counters: the prepared-payload cache (hits, misses, single-flight
         waits, builds, evictions, budget rejections, retained / live bytes) and the tower
-        (items encoded, outputs reused). Empty without vision."""
+        (items encoded, outputs reused, items skipped inside a reused prefix). Empty without
+        vision."""
         if self.media is None:
             return {}
         tower = self.parts.core.runner.tower_cache
@@ -322,6 +330,7 @@ class Engine:
             **self.media.cache.snapshot(),
             "tower_encoded": tower.encoded if tower else 0,
             "tower_hits": tower.hits if tower else 0,
+            "tower_prefix_skips": tower.prefix_skips if tower else 0,
             "tower_cache_bytes": tower.bytes if tower else 0,
         }
 
@@ -364,10 +373,8 @@ class Engine:
             implicit=implicit,
         )
         ids, media, lease = self.prepare_prompt(ids, messages)
-        if media is not None:
-            # NOTE: the prefix identity does not cover media yet (pads of two different images
-            # are the same ids): a multimodal prompt neither reads nor writes the prefix cache.
-            checkpoints = ()
+        if media is not None:  # the candidates were found in the ids before media expansion
+            checkpoints = [media.expanded_offset(t) for t in checkpoints]
         # The template continues a final assistant message only without a generation prompt
         # (an assistant prefill); otherwise it opens a fresh assistant turn, thinking included.
         continuing = (
@@ -391,6 +398,7 @@ class Engine:
                 thinking_budget=budget if starts_in_reasoning else None,
                 media=media,
                 cache_checkpoints=checkpoints,
+                scheduling_events=kwargs.pop("scheduling_events", self.scheduling_events),
                 stop=(*kwargs.pop("stop", ()), *decoder.stop_strings),
                 **kwargs,
             )
@@ -437,6 +445,8 @@ class _ChatTracker:
                     stats=event.stats,
                 )
             ]
+        if event.kind == EventKind.SCHEDULING:
+            return [ChatEvent("scheduling", scheduling=event.scheduling)]
         if event.kind == EventKind.PROGRESS:
             return [
                 ChatEvent(

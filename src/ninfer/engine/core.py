@@ -77,9 +77,12 @@ class EngineCore:
         self._closed = False
         self.failure: BaseException | None = None
         # [stats] engine-wide counters; published by the worker, read through stats()
+        images = scheduler.images
         self._stats = StatsRecorder(
             kv_capacity_pages=scheduler.pages.num_pages,
-            state_capacity_slots=scheduler.slots.num_slots,
+            state_capacity_slots=scheduler.slots.num_slots
+            + (len(images.slots) if images is not None else 0),
+            host_context_capacity_bytes=images.host.budget if images is not None else 0,
         )
         self._thread = threading.Thread(target=self._run, name="ninfer-engine", daemon=True)
         self._thread.start()
@@ -211,8 +214,6 @@ class EngineCore:
         outcome = launched.wait()
         self._stats.phase("engine_commit_output")
         plan = launched.plan
-        for row in plan.prefill:
-            self._stats.on_prefill(row.num_new_tokens)
         if plan.decode:
             self._stats.on_decode_round(len(plan.decode))
         self._deliver(self.scheduler.update(plan, outcome))
@@ -257,12 +258,35 @@ class EngineCore:
     def _publish_stats(self, *, step: bool = False) -> None:
         """Current scheduler composition and pool occupancy, then one snapshot."""
         s = self.scheduler
+        replaying = sum(1 for seq in s.running if seq.recovery.replaying)
+        images = s.images
+        state_used = s.slots.num_slots - s.slots.num_free
+        state_capacity = s.slots.num_slots
+        if images is not None:  # retained StateImages occupy device slots too
+            state_used += len(images.slots) - images.num_free
+            state_capacity += len(images.slots)
+            self._stats.set_host_context(
+                used=images.host.used, capacity=images.host.budget, peak=images.peak_host_bytes
+            )
         self._stats.set_occupancy(
             running=len(s.running),
             waiting=len(s.waiting),
-            prefilling=sum(1 for seq in s.running if seq.is_prefilling),
+            prefilling=sum(
+                1 for seq in s.running if seq.is_prefilling and not seq.recovery.replaying
+            ),
             kv_used_pages=s.pages.num_pages - s.pages.num_free,
-            state_used_slots=s.slots.num_slots - s.slots.num_free,
+            state_used_slots=state_used,
+            paused=len(s.paused),
+            replaying=replaying,
+            state_capacity_slots=state_capacity,
+        )
+        self._stats.set_scheduling(
+            prefill_tokens=s.work.prefill,
+            replayed_tokens=s.work.replay,
+            preemptions=s.num_preemptions,
+            snapshot_restores=s.num_snapshot_restores,
+            replay_restores=s.num_replay_restores,
+            transferred=images.transferred if images is not None else None,
         )
         self._stats.publish(step=step)
 
@@ -296,6 +320,7 @@ class EngineCore:
 
 def _request_stats(seq: Sequence, *, terminal: bool) -> RequestStats:
     """The per-request facts the server logs (request_done.engine_timing)."""
+    rec = seq.recovery
     return RequestStats(
         t_submitted=seq.arrival,
         t_admitted=seq.t_admitted,
@@ -306,6 +331,12 @@ def _request_stats(seq: Sequence, *, terminal: bool) -> RequestStats:
         num_cached_tokens=seq.num_cached,
         output_ids=tuple(seq.output_ids) if terminal else (),
         sampling=asdict(seq.sampling) if terminal else {},
+        num_preemptions=rec.preemptions,
+        num_snapshot_restores=rec.snapshot_restores,
+        num_replay_restores=rec.replay_restores,
+        num_replayed_tokens=rec.replayed_tokens,
+        paused_s=rec.paused_s,
+        transfer_bytes={k: dict(v) for k, v in rec.transfer.items()},
     )
 
 

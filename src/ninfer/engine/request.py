@@ -51,6 +51,9 @@ class GenerationRequest:
     # (media.token_ids); the runner encodes the media before the first prefill chunk.
     media: MediaPrompt | None = None
     cache_checkpoints: tuple[int, ...] = ()
+    # SCHEDULING events at each pause / restore boundary (the server's request_scheduling
+    # records; off unless request logging is on, so unlogged requests pay nothing)
+    scheduling_events: bool = False
 
 
 @dataclass(frozen=True)
@@ -124,11 +127,39 @@ class RequestStats:
     num_cached_tokens: int = 0  # prompt tokens reused from the prefix cache (none yet)
     output_ids: tuple[int, ...] = ()  # every committed output token, control tokens included
     sampling: Mapping[str, Any] = field(default_factory=dict)  # the resolved sampler and seed
+    # terminal: resource pressure (request_done.scheduling): pauses, restores by route, tokens
+    # recomputed by replay, seconds spent paused, and the bytes its snapshots moved
+    num_preemptions: int = 0
+    num_snapshot_restores: int = 0
+    num_replay_restores: int = 0
+    num_replayed_tokens: int = 0
+    paused_s: float = 0.0
+    transfer_bytes: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
     @property
     def queue_wait_s(self) -> float | None:
         """Submission to admission; None while (or when never) admitted."""
         return None if self.t_admitted is None else self.t_admitted - self.t_submitted
+
+
+@dataclass(frozen=True)
+class SchedulingTransition:
+    """One pause-cycle boundary of a request (spec: request_scheduling).
+
+    `transition`: pause_started, paused, restore_started, restored, replay_complete,
+    recovery_complete, snapshot_revoked or terminal. `route` is "snapshot", "replay" or None
+    (not chosen yet). `steady_ns` is the worker's monotonic clock, `elapsed_ns` counts from
+    submission; `progress` holds the landed prefill / decode / replay tokens, engine-wide
+    ("global") and of this request ("request"), so the difference between two boundaries shows
+    what other requests completed meanwhile.
+    """
+
+    transition: str
+    preemption_index: int
+    route: str | None
+    steady_ns: int
+    elapsed_ns: int
+    progress: Mapping[str, Mapping[str, int]]
 
 
 class EventKind(enum.Enum):
@@ -137,6 +168,7 @@ class EventKind(enum.Enum):
     TOKENS = "tokens"  # committed output tokens (and the text they release)
     FINISHED = "finished"  # terminal: finish_reason, usage, timings
     ERROR = "error"  # terminal: a typed EngineError
+    SCHEDULING = "scheduling"  # a pause / restore boundary (only with scheduling_events)
 
 
 @dataclass
@@ -164,6 +196,7 @@ class EngineEvent:
     num_snapshot_restores: int = 0
     num_replay_restores: int = 0
     num_replayed_tokens: int = 0
+    scheduling: SchedulingTransition | None = None  # SCHEDULING: the boundary
 
     @property
     def is_terminal(self) -> bool:

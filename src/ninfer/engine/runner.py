@@ -128,13 +128,18 @@ class ModelRunner:
 
     def _media_chunk(self, row: Row) -> ForwardBatch:
         """[vision] A prefill chunk of a media prompt: the tower runs once, before the first
-        chunk computed (or again if the request restarts its prompt); chunks take MRoPE
-        positions and the media rows that fall inside them."""
+        chunk computed (or again if the request restarts its prompt), over the media that lies
+        at or after that chunk; chunks take MRoPE positions and the media rows that fall inside
+        them."""
         seq = row.seq
         if self.vision is None:
             raise RuntimeError("a media request reached an engine without a vision tower")
         if seq.media is None or row.start == 0:
-            seq.media = encode_media(self.vision, seq.request.media, self.tower_cache)
+            # media wholly before this chunk (inside a reused prefix, or an earlier residency's
+            # prompt when a replay rebuilds its output only) never reaches the tower
+            seq.media = encode_media(
+                self.vision, seq.request.media, self.tower_cache, start=row.start
+            )
         ids = list(row.token_ids)
         positions, embed_index, embed_rows = chunk_inputs(seq.media, row.start, len(ids))
         return ForwardBatch.prefill(

@@ -34,6 +34,7 @@ from ninfer.engine.kv_pool import PagePool
 from ninfer.engine.output import OutputState
 from ninfer.engine.plan import FROM_DEVICE, PAGES, CopyOp, Row, StepOutcome, StepPlan
 from ninfer.engine.prefix_cache import DISABLED, Checkpoint, PrefixCache, PrefixLookup
+from ninfer.engine.recovery import REPLAY, SNAPSHOT, Recovery, Work, split_prefill_row
 from ninfer.engine.request import (
     EngineEvent,
     EventKind,
@@ -101,10 +102,23 @@ class Sequence:
     replay_to: int = 0  # rows rebuild the state up to here without sampling (a replay)
     recount: bool = False  # resumed: its first row's plan resets the slot's penalty counts
     num_progress: int = 0  # the highest prompt progress reported (never reported twice)
-    num_preemptions: int = 0
-    num_snapshot_restores: int = 0
-    num_replay_restores: int = 0
-    num_replayed_tokens: int = 0
+    recovery: Recovery = field(default_factory=Recovery)  # pause cycles, landed work
+    _prompt_key: tuple | None = None  # memo of the prompt's prefix identity
+
+    def key(self, end: int) -> tuple:
+        """The prefix identity of the first `end` tokens, what the prefix cache compares: the
+        ids, except that a media prompt's pad tokens are (media identity, row) pairs
+        (`MediaPrompt.identity`), so two different images with the same pad count never match
+        and a hit implies the same media, grid and MRoPE positions."""
+        media = self.request.media
+        if media is None:
+            return tuple(self.token_ids[:end])
+        if self._prompt_key is None:
+            self._prompt_key = media.identity
+            assert len(self._prompt_key) == self.num_prompt
+        if end <= self.num_prompt:
+            return self._prompt_key[:end]
+        return self._prompt_key + tuple(self.token_ids[self.num_prompt : end])
 
     @property
     def num_output(self) -> int:
@@ -196,7 +210,12 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_snapshot_restores = 0
         self.num_replay_restores = 0
-        self.num_replayed_tokens = 0
+        self.work = Work()  # landed prefill / decode / replay tokens, engine-wide
+        self._pending: list[Event] = []  # SCHEDULING events decided inside planning helpers
+
+    @property
+    def num_replayed_tokens(self) -> int:
+        return self.work.replay
 
     # -- intake --------------------------------------------------------------------------------
     def check_fits(self, num_prompt: int, max_tokens: int) -> None:
@@ -227,6 +246,7 @@ class Scheduler:
         for seq in starved:
             events += self._finish(seq, FinishReason.CONTEXT)
         prefill = self._plan_prefill(budget - len(decode))
+        events += self._take_pending()
         plan = StepPlan(
             decode,
             prefill,
@@ -300,14 +320,12 @@ class Scheduler:
         return None
 
     def _lookup(self, seq: Sequence) -> PrefixLookup:
-        # NOTE: a media prompt's identity is more than its ids (pads of two different images are
-        # the same ids) and the prefix identity does not cover media yet: it never reads the cache.
-        if self.cache is None or seq.request.media is not None:
+        if self.cache is None:
             return DISABLED
         memo = seq.lookup_cache
         if memo is not None and memo[0] == self.cache.version:
             return memo[1]
-        found = self.cache.lookup(seq.token_ids[: seq.num_prompt])
+        found = self.cache.lookup(seq.key(seq.num_prompt))
         seq.lookup_cache = (self.cache.version, found)
         return found
 
@@ -355,6 +373,8 @@ class Scheduler:
                 self._copies.append(CopyOp(PAGES, (ck.pages[len(shared)],), tuple(tail)))
                 seq.pages += tail
                 self.num_tail_copies += 1
+            if not ck.image.on_device:  # a request-owned host-to-device transfer
+                seq.recovery.add_transfer("state", "to_device", self.images.image_bytes)
             self.images.restore(ck.image, slot, self._copies)
             self.cache.use(ck)
             seq.num_computed = seq.num_scheduled = ck.length
@@ -526,6 +546,17 @@ class Scheduler:
                 need = self.images.image_bytes + len(kept) * self.images.page_bytes
                 self.cache.host_room(need, self._free_host)
             seq.snapshot = snapshots.take(self.images, seq.slot, kept, frontier, self._copies)
+        rec = seq.recovery
+        rec.preemptions += 1
+        rec.route = None
+        rec.t_paused = self.clock()
+        rec.replaying = rec.recovering = False
+        self._transition(seq, "pause_started")
+        rec.route = SNAPSHOT if seq.snapshot is not None else REPLAY
+        if seq.snapshot is not None:
+            assert self.images is not None
+            rec.add_transfer("state", "to_host", self.images.image_bytes)
+            rec.add_transfer("main_kv", "to_host", len(kept) * self.images.page_bytes)
         self.pages.release(seq.pages)
         seq.pages = []
         self.slots.release(seq.slot)
@@ -535,8 +566,8 @@ class Scheduler:
         self.running.remove(seq)
         self.paused.append(seq)
         self.paused.sort(key=lambda s: s.order)
-        seq.num_preemptions += 1
         self.num_preemptions += 1
+        self._transition(seq, "paused")
 
     @staticmethod
     def _resume_tokens(seq: Sequence) -> int:
@@ -552,34 +583,43 @@ class Scheduler:
         frontier = seq.paused_at
         if seq.num_computed < frontier or seq.sampled_until > len(seq.token_ids):
             return False  # its last step has not landed yet
+        rec = seq.recovery
         if seq.snapshot is not None:
             assert self.images is not None
             if not self._take(seq, DISABLED, self._resume_tokens(seq)):
                 return False
             assert seq.slot is not None
+            self._transition(seq, "restore_started")
             got = self.pages.allocate(self.pages.pages_for(self._resume_tokens(seq)))
             assert got is not None and len(got) >= seq.snapshot.num_pages
             seq.pages += got
+            kv_bytes = seq.snapshot.num_pages * self.images.page_bytes
+            rec.add_transfer("state", "to_device", self.images.image_bytes)
+            rec.add_transfer("main_kv", "to_device", kv_bytes)
             snapshots.restore(
                 self.images, seq.snapshot, seq.slot, seq.pages, self._copies, self._free_host
             )
             seq.snapshot = None
             seq.num_computed = seq.num_scheduled = frontier
-            seq.num_snapshot_restores += 1
+            rec.snapshot_restores += 1
             self.num_snapshot_restores += 1
         else:
             found = DISABLED
-            if self.cache is not None and seq.request.media is None:
-                found = self.cache.lookup(seq.token_ids[:frontier], whole=True)
+            if self.cache is not None:
+                found = self.cache.lookup(seq.key(frontier), whole=True)
             if not self._take(seq, found, self._resume_tokens(seq)):
                 return False
+            self._transition(seq, "restore_started")
             seq.replay_to = max(seq.replay_to, frontier)  # a pause inside a replay keeps its end
             if frontier > 0:  # (paused before anything ran: simply started again)
-                replayed = frontier - seq.num_computed
-                seq.num_replay_restores += 1
-                seq.num_replayed_tokens += replayed
+                rec.replay_restores += 1
                 self.num_replay_restores += 1
-                self.num_replayed_tokens += replayed
+                rec.replaying = seq.num_computed < seq.replay_to
+        rec.end_pause(self.clock())
+        rec.recovering = True
+        self._transition(seq, "restored")
+        if rec.route == REPLAY and not rec.replaying:
+            self._transition(seq, "replay_complete")  # its own checkpoint held the frontier
         seq.first_row = seq.recount = True  # counts rebuilt; a replay from 0 zeroes the state
         seq.status = SeqStatus.RUNNING
         self.paused.remove(seq)
@@ -592,7 +632,7 @@ class Scheduler:
         assert self.cache is not None and seq.slot is not None
         pages = seq.pages[: self.pages.pages_for(end)]
         kept = self.cache.publish(
-            seq.token_ids[:end], pages, seq.slot, capture, self._copies, self._free_host
+            seq.key(end), pages, seq.slot, capture, self._copies, self._free_host
         )
         if kept is not None:
             seq.num_cache_written = max(seq.num_cache_written, min(end, seq.num_prompt))
@@ -609,6 +649,7 @@ class Scheduler:
             # (a request paused after this step launched still commits what it sampled)
             end = row.start + row.num_new_tokens
             seq.num_computed = max(seq.num_computed, end)
+            self._landed_prefill(seq, row.start, end)
             if row.start < seq.num_prompt and min(end, seq.num_prompt) > seq.num_progress:
                 seq.num_progress = min(end, seq.num_prompt)  # a replay reports nothing again
                 events.append(
@@ -630,7 +671,40 @@ class Scheduler:
                 continue  # no sample, or its position already holds a known (control) token
             assert token is not None
             events += self._commit_token(seq, token, now)
-        return events
+        return events + self._take_pending()
+
+    def _landed_prefill(self, seq: Sequence, start: int, end: int) -> None:
+        """Count a landed prefill or replay row and close the recovery boundaries it crosses."""
+        if start >= seq.prefill_to:
+            return  # a decode row: its token is counted when committed
+        fresh, replay = split_prefill_row(start, end, seq.num_prompt, seq.replay_to)
+        rec = seq.recovery
+        rec.work.prefill += fresh
+        rec.work.replay += replay
+        self.work.prefill += fresh
+        self.work.replay += replay
+        if rec.replaying and seq.num_computed >= seq.replay_to:
+            rec.replaying = False
+            self._transition(seq, "replay_complete")
+        if rec.recovering and fresh and seq.status != SeqStatus.PAUSED:
+            self._recovered(seq)
+
+    def _recovered(self, seq: Sequence) -> None:
+        """The first fresh unit after a resume landed: the pause cycle is over."""
+        seq.recovery.recovering = False
+        self._transition(seq, "recovery_complete")
+
+    def _transition(self, seq: Sequence, name: str) -> None:
+        """Queue a SCHEDULING event for seq (requests that asked for them only)."""
+        if not seq.request.scheduling_events:
+            return
+        boundary = seq.recovery.transition(name, self.clock(), seq.arrival, self.work)
+        event = EngineEvent(seq.request_id, EventKind.SCHEDULING, scheduling=boundary)
+        self._pending.append((seq, event))
+
+    def _take_pending(self) -> list[Event]:
+        out, self._pending = self._pending, []
+        return out
 
     def _commit_token(self, seq: Sequence, token_id: int, now: float) -> list[Event]:
         if seq.cancelled:  # two-phase commit: a cancelled row commits nothing
@@ -639,6 +713,7 @@ class Scheduler:
         seq.token_ids.append(token_id)
         if seq.t_first_token is None:
             seq.t_first_token = now
+        self._landed_output(seq, 1 if seq.num_output > 1 else 0)
         seq.t_last_token = now
         commit = seq.output.commit(token_id, seq.num_output, len(seq.token_ids))
         events: list[Event] = [
@@ -668,6 +743,7 @@ class Scheduler:
         assert seq.output is not None
         position = len(seq.token_ids)
         seq.token_ids.extend(control_ids)
+        self._landed_output(seq, len(control_ids))
         # (a paused request has no slot: its counts are rebuilt from its output on resume)
         if seq.sampled_until > position:  # a row in flight samples `position`: discarded now
             if seq.slot is not None:
@@ -691,6 +767,14 @@ class Scheduler:
             )
         ]
 
+    def _landed_output(self, seq: Sequence, num_decode: int) -> None:
+        """Committed output: decode / control work (not the first token, which is prefill's),
+        and the first fresh unit after a resume."""
+        seq.recovery.work.decode += num_decode
+        self.work.decode += num_decode
+        if seq.recovery.recovering:
+            self._recovered(seq)
+
     # -- completion ----------------------------------------------------------------------------
     def _finish(
         self, seq: Sequence, why: FinishReason | BaseException, *, flush: bool = True
@@ -701,8 +785,12 @@ class Scheduler:
         if isinstance(why, FinishReason) and why != FinishReason.CANCELLED:
             self._keep_conversation(seq)
         self.finish(seq)
+        rec = seq.recovery
+        if rec.preemptions:
+            self._transition(seq, "terminal")
+        out = self._take_pending()  # seq's own boundaries must precede its terminal event
         if isinstance(why, BaseException):
-            return [(seq, EngineEvent(seq.request_id, EventKind.ERROR, error=why))]  # type: ignore[arg-type]
+            return out + [(seq, EngineEvent(seq.request_id, EventKind.ERROR, error=why))]  # type: ignore[arg-type]
         text = seq.output.finish() if (flush and seq.output is not None) else ""
         event = EngineEvent(
             seq.request_id,
@@ -719,20 +807,17 @@ class Scheduler:
             stop_string=seq.output.stop_string if seq.output is not None else None,
             num_cached=seq.num_cached,
             prefix_cache=seq.prefix.header() if seq.prefix is not None else None,
-            num_preemptions=seq.num_preemptions,
-            num_snapshot_restores=seq.num_snapshot_restores,
-            num_replay_restores=seq.num_replay_restores,
-            num_replayed_tokens=seq.num_replayed_tokens,
+            num_preemptions=rec.preemptions,
+            num_snapshot_restores=rec.snapshot_restores,
+            num_replay_restores=rec.replay_restores,
+            num_replayed_tokens=rec.replayed_tokens,
         )
-        return [(seq, event)]
+        return out + [(seq, event)]
 
     def _keep_conversation(self, seq: Sequence) -> None:
         """The end of a finished conversation becomes a checkpoint: every token fed to the
-        device (a row still in flight may feed the last committed one). Not for media prompts
-        (see _lookup)."""
+        device (a row still in flight may feed the last committed one)."""
         if self.cache is None or seq.status != SeqStatus.RUNNING or seq.slot is None:
-            return
-        if seq.request.media is not None:
             return
         end = seq.num_scheduled
         if end <= seq.num_cached or end > len(seq.token_ids):
@@ -751,10 +836,12 @@ class Scheduler:
             self.waiting.remove(seq)
         elif seq.status == SeqStatus.PAUSED:
             self.paused.remove(seq)
+            seq.recovery.end_pause(self.clock())
             if seq.snapshot is not None:
                 assert self.images is not None
                 snapshots.drop(self.images, seq.snapshot, self._free_host)
                 seq.snapshot = None
+                self._transition(seq, "snapshot_revoked")  # it ended before its restore
         else:
             self.running.remove(seq)
         if seq.pages:

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ninfer.engine.plan import PAGES, STATE, CopyOp
+from ninfer.engine.recovery import transfer_bytes
 
 
 class HostPool:
@@ -94,6 +95,10 @@ class StateImages:
         self.num_captures = 0
         self.num_restores = 0
         self.num_spills = 0
+        # bytes of every device <-> host copy written, by resource ("state", "main_kv") and
+        # direction ("to_host", "to_device"): ninfer_context_transfer_bytes_total
+        self.transferred = transfer_bytes()
+        self.peak_host_bytes = 0
 
     @property
     def num_free(self) -> int:
@@ -120,6 +125,7 @@ class StateImages:
                 return None
             image = StateImage(None, block)
             copies.append(CopyOp(STATE, (lane_slot,), (block,), dst_host=True))
+            self._moved("state", "to_host", self.image_bytes)
         self._live.add(image)
         self.touch(image)
         self.num_captures += 1
@@ -133,6 +139,7 @@ class StateImages:
             return False
         assert image.slot is not None
         copies.append(CopyOp(STATE, (image.slot,), (block,), dst_host=True))
+        self._moved("state", "to_host", self.image_bytes)
         self._free.append(image.slot)
         image.slot, image.block = None, block
         self.num_spills += 1
@@ -146,7 +153,12 @@ class StateImages:
             copies.append(CopyOp(STATE, (image.slot,), (lane_slot,)))  # type: ignore[arg-type]
         else:
             copies.append(CopyOp(STATE, (image.block,), (lane_slot,), src_host=True))  # type: ignore[arg-type]
+            self._moved("state", "to_device", self.image_bytes)
         self.num_restores += 1
+
+    def _moved(self, resource: str, direction: str, num_bytes: int) -> None:
+        self.transferred[resource][direction] += num_bytes
+        self.peak_host_bytes = max(self.peak_host_bytes, self.host.used)
 
     # -- host KV (pause snapshots) ------------------------------------------------------------
     def pages_to_host(self, pages: list[int], copies: list[CopyOp]) -> int | None:
@@ -155,10 +167,12 @@ class StateImages:
         if block is None:
             return None
         copies.append(CopyOp(PAGES, tuple(pages), (block,), dst_host=True))
+        self._moved("main_kv", "to_host", len(pages) * self.page_bytes)
         return block
 
     def pages_from_host(self, block: int, pages: list[int], copies: list[CopyOp]) -> None:
         copies.append(CopyOp(PAGES, (block,), tuple(pages), src_host=True))
+        self._moved("main_kv", "to_device", len(pages) * self.page_bytes)
 
     def free_block(self, block: int, free_host: list[int]) -> None:
         self.host.free(block)

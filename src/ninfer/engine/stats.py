@@ -27,13 +27,13 @@ HOST_PHASES = (
 class EngineStats:
     """One published snapshot. Counters are totals since the engine started; gauges are current.
 
-    Prefix reuse, preemption/pausing, host context backing and speculative decoding are not built
-    yet: their fields read zero until those features fill them.
+    Speculative decoding and the `materializing` gauge are not built yet: they read zero.
     """
 
     published_at: float = 0.0  # time.monotonic() of publication
     num_steps: int = 0
-    # gauges: the scheduler's composition (prefilling + decode_ready == running)
+    # gauges: the scheduler's composition (prefilling + replaying + decode_ready == running;
+    # paused requests are admitted but not resident)
     running: int = 0
     waiting: int = 0
     paused: int = 0
@@ -54,13 +54,18 @@ class EngineStats:
     prompt_tokens: int = 0  # full prompts, counted once at admission
     cached_prompt_tokens: int = 0  # of those, reused from the prefix cache
     prefill_tokens: int = 0  # prompt tokens actually computed
-    replayed_tokens: int = 0  # recovery recomputation
+    replayed_tokens: int = 0  # recovery recomputation (replay rows), never in prefill_tokens
     generation_tokens: int = 0  # every committed output token (control tokens included)
     decode_tokens: int = 0  # committed outputs except each request's first (prefill) token
     # counters: scheduling under pressure
     preemptions: int = 0
     snapshot_restores: int = 0
     replay_restores: int = 0
+    # counters: device <-> host context copies (bytes), by resource and direction
+    transfer_state_to_host: int = 0
+    transfer_state_to_device: int = 0
+    transfer_main_kv_to_host: int = 0
+    transfer_main_kv_to_device: int = 0
     # counters: speculative decoding
     spec_rounds: int = 0
     spec_draft_tokens: int = 0
@@ -121,6 +126,30 @@ class StatsRecorder:
     def on_prefill(self, num_tokens: int) -> None:
         self._c.prefill_tokens += num_tokens
 
+    def set_scheduling(
+        self,
+        *,
+        prefill_tokens: int,
+        replayed_tokens: int,
+        preemptions: int,
+        snapshot_restores: int,
+        replay_restores: int,
+        transferred: dict[str, dict[str, int]] | None = None,
+    ) -> None:
+        """Totals the scheduler keeps as its units land (absolute values, not deltas)."""
+        c = self._c
+        c.prefill_tokens, c.replayed_tokens = prefill_tokens, replayed_tokens
+        c.preemptions, c.snapshot_restores = preemptions, snapshot_restores
+        c.replay_restores = replay_restores
+        for resource, by_direction in (transferred or {}).items():
+            for direction, n in by_direction.items():
+                setattr(c, f"transfer_{resource}_{direction}", n)
+
+    def set_host_context(self, *, used: int, capacity: int, peak: int) -> None:
+        c = self._c
+        c.host_context_used_bytes, c.host_context_capacity_bytes = used, capacity
+        c.host_context_peak_bytes = max(c.host_context_peak_bytes, peak, used)
+
     def on_output(self, num_tokens: int, *, first: bool = False) -> None:
         """Committed output tokens; `first`: the token sampled at the end of prefill."""
         self._c.generation_tokens += num_tokens
@@ -150,11 +179,17 @@ class StatsRecorder:
         prefilling: int,
         kv_used_pages: int,
         state_used_slots: int,
+        paused: int = 0,
+        replaying: int = 0,
+        state_capacity_slots: int | None = None,
     ) -> None:
         c = self._c
         c.running, c.waiting, c.prefilling = running, waiting, prefilling
-        c.decode_ready = running - prefilling
+        c.paused, c.replaying = paused, replaying
+        c.decode_ready = running - prefilling - replaying
         c.kv_used_pages, c.state_used_slots = kv_used_pages, state_used_slots
+        if state_capacity_slots is not None:
+            c.state_capacity_slots = state_capacity_slots
 
     def publish(self, *, step: bool = False) -> None:
         """Copy the counters into a new immutable snapshot (a few microseconds per step)."""

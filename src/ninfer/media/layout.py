@@ -11,8 +11,10 @@ text after it resumes at start + max(rows, columns).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import bisect
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -51,19 +53,57 @@ class MediaRun:
     offset: int
 
 
+class _Anonymous:
+    """The identity of media built from pixels (no source digest): equal only to itself."""
+
+
+def media_key(item: PreparedMedia) -> Hashable:
+    """What makes two prepared items the same model input: the source bytes' SHA-256 and the
+    modality (the payload cache's key), plus the grid, merge size and frame times that decide
+    the pad count and the MRoPE layout."""
+    if not item.digest:
+        return _Anonymous()
+    return (item.modality, item.digest, item.grid_thw, item.merge_size, item.timestamps)
+
+
 @dataclass(frozen=True, eq=False)
 class MediaPrompt:
-    """An expanded prompt: ids, [3, T] positions, the media and where their tokens go."""
+    """An expanded prompt: ids, [3, T] positions, the media and where their tokens go.
+
+    `shifts` maps offsets in the rendered ids (before expansion) to the expanded prompt: each
+    entry is (rendered index just past a placeholder, expanded minus rendered index from there).
+    """
 
     token_ids: tuple[int, ...]
     positions: torch.Tensor  # [3, T] int64
     rope_delta: int  # decode position of prompt index i >= T is i + rope_delta
     items: tuple[PreparedMedia, ...]
     runs: tuple[MediaRun, ...]
+    shifts: tuple[tuple[int, int], ...] = ()
 
     @property
     def num_media_tokens(self) -> int:
         return sum(r.length for r in self.runs)
+
+    @cached_property
+    def identity(self) -> tuple[Hashable, ...]:
+        """The prompt's prefix identity (what the prefix cache compares): the token ids, except
+        that each pad is (its item's `media_key`, its row in the item's tower output). Two
+        different images with the same pad count therefore diverge at their first pad; equal
+        identities up to a point imply equal media, grids and MRoPE positions up to there (the
+        positions are a function of the ids and the grids before them)."""
+        out: list[Hashable] = list(self.token_ids)
+        keys = [media_key(item) for item in self.items]
+        for run in self.runs:
+            key = keys[run.item]
+            for k in range(run.length):
+                out[run.start + k] = (key, run.offset + k)
+        return tuple(out)
+
+    def expanded_offset(self, offset: int) -> int:
+        """A token offset of the rendered ids (a cache checkpoint candidate) in this prompt."""
+        i = bisect.bisect_right(self.shifts, (offset, float("inf"))) - 1
+        return offset + (self.shifts[i][1] if i >= 0 else 0)
 
 
 def count_placeholders(ids: Sequence[int], tokens: MediaTokens) -> tuple[int, int]:
@@ -85,6 +125,7 @@ def expand_prompt(
     """
     out: list[int] = []
     runs: list[MediaRun] = []
+    shifts: list[tuple[int, int]] = []
     pads = {tokens.image_pad: "image", tokens.video_pad: "video"}
     next_item = 0
     i = 0
@@ -124,12 +165,13 @@ def expand_prompt(
                 out.append(tokens.vision_end)
             i += 2 if wrapped else 1
         next_item += 1
+        shifts.append((i, len(out) - i))
     if next_item != len(items):
         raise MediaError(
             f"{len(items)} media items but the rendered prompt has {next_item} placeholders"
         )
     positions, delta = mrope_positions(len(out), runs, items)
-    return MediaPrompt(tuple(out), positions, delta, tuple(items), tuple(runs))
+    return MediaPrompt(tuple(out), positions, delta, tuple(items), tuple(runs), tuple(shifts))
 
 
 def mrope_positions(

@@ -101,6 +101,8 @@ def create_app(
     app.add_route(anthropic.count_tokens, "/v1/messages/count_tokens", methods=["POST"])
     if config.default_thinking_budget is not None:  # every protocol's chat requests inherit it
         engine.default_thinking_budget = config.default_thinking_budget
+    if request_log.enabled:  # pause / restore boundaries become request_scheduling records
+        engine.scheduling_events = True
     responses = ResponsesRoutes(engine, config, hub)
     app.ctx.responses = responses
     app.add_route(responses.create, "/v1/responses", methods=["POST"])

@@ -397,6 +397,9 @@ class Lifecycle:
     async def _read(self, events: AsyncIterator[ChatEvent]) -> None:
         try:
             async for event in events:
+                if event.kind == "scheduling":  # a log record only: no wire sees it
+                    self._log_scheduling(event)
+                    continue
                 self._observe(event)
                 self._queue.put_nowait(event)
         except asyncio.CancelledError:  # the client left during preparation
@@ -409,6 +412,12 @@ class Lifecycle:
             self._engine_done = True
             self._queue.put_nowait(END)
             self._maybe_settle()
+
+    def _log_scheduling(self, event: ChatEvent) -> None:
+        """request_scheduling: one pause-cycle boundary, written on this consumer task."""
+        if event.scheduling is not None:
+            body = records.scheduling_body(self.request_id, event.scheduling)
+            self.hub.request_log.write("request_scheduling", body)
 
     def _observe(self, event: ChatEvent) -> None:
         kind = event.kind

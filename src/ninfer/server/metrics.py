@@ -167,7 +167,9 @@ class MetricsCollector:
         )
         for resource in TRANSFER_RESOURCES:
             for direction in TRANSFER_DIRECTIONS:
-                transfers.add_metric([resource, direction], 0)
+                # backend_kv (a speculative backend's own KV) does not exist yet: 0
+                value = getattr(s, f"transfer_{resource}_{direction}", 0)
+                transfers.add_metric([resource, direction], value)
         yield transfers
         host = CounterMetricFamily(
             "ninfer_host_work_seconds", "Engine worker wall time by phase", labels=["phase"]

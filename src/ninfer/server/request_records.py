@@ -10,7 +10,7 @@ from typing import Any
 
 from ninfer.api import ChatEvent
 from ninfer.chat.output_decoder import ToolCallParseStats
-from ninfer.engine.request import RequestStats
+from ninfer.engine.request import RequestStats, SchedulingTransition
 from ninfer.protocol.errors import ProtocolError
 
 # Features not built yet: their request_done objects are present and zero.
@@ -23,14 +23,8 @@ SPECULATIVE_OFF = {
     "fallback_steps": 0,
     "accepted_per_position": [],
 }
-SCHEDULING_NONE = {
-    "preemptions": 0,
-    "snapshot_restores": 0,
-    "replay_restores": 0,
-    "replayed_tokens": 0,
-    "paused_seconds": 0.0,
-}
-PREFIX_MISS_REASON = "prefix_reuse_not_built"
+TRANSFER_RESOURCES = ("state", "main_kv")
+TRANSFER_DIRECTIONS = ("to_host", "to_device")
 
 
 @dataclass(frozen=True)
@@ -62,6 +56,51 @@ class StageTimes:
         prefill = (first if has_output and first is not None else finished) - admitted
         decode = last - first if has_output and first is not None and last is not None else 0.0
         return cls(stats.t_submitted - t_start, ttft, queue, prefill, decode, finished - admitted)
+
+
+def scheduling_json(stats: RequestStats | None) -> dict[str, Any]:
+    """request_done.scheduling: how resource pressure treated this request."""
+    moved = stats.transfer_bytes if stats is not None else {}
+    transfer = {
+        r: {d: int(moved.get(r, {}).get(d, 0)) for d in TRANSFER_DIRECTIONS}
+        for r in TRANSFER_RESOURCES
+    }
+    s = stats or RequestStats(t_submitted=0.0)
+    return {
+        "preemptions": s.num_preemptions,
+        "snapshot_restores": s.num_snapshot_restores,
+        "replay_restores": s.num_replay_restores,
+        "replayed_tokens": s.num_replayed_tokens,
+        "paused_seconds": s.paused_s,
+        "transfer_bytes": transfer,
+    }
+
+
+def scheduling_body(request_id: str, boundary: SchedulingTransition) -> dict[str, Any]:
+    """request_scheduling: one pause-cycle boundary with the landed-work counters."""
+    return {
+        "request_id": request_id,
+        "transition": boundary.transition,
+        "preemption_index": boundary.preemption_index,
+        "route": boundary.route,
+        "steady_ns": boundary.steady_ns,
+        "elapsed_ns": boundary.elapsed_ns,
+        "progress": {k: dict(v) for k, v in boundary.progress.items()},
+    }
+
+
+def prefix_fields(header: str | None, cached: int) -> dict[str, Any]:
+    """prefix_reuse_path ("checkpoint" on a hit, "root" for a full prefill, None when reuse
+    is off) and the miss reason the x-ninfer-prefix-cache header gave."""
+    if cached > 0:
+        return {"prefix_reuse_path": "checkpoint", "prefix_cache_miss_reason": None}
+    miss = None
+    for part in (header or "").split(";"):
+        key, _, value = part.strip().partition("=")
+        if key == "miss":
+            miss = value
+    path = None if miss == "disabled" else "root"
+    return {"prefix_reuse_path": path, "prefix_cache_miss_reason": miss}
 
 
 def error_fields(error: ProtocolError) -> dict[str, Any]:
@@ -139,8 +178,7 @@ def done_body(
             "reasoning_tokens": usage.reasoning_tokens,
         },
         "prefix_cache_hit_tokens": stats.num_cached_tokens if stats else 0,
-        "prefix_reuse_path": None,
-        "prefix_cache_miss_reason": PREFIX_MISS_REASON,
+        **prefix_fields(finished.prefix_cache, stats.num_cached_tokens if stats else 0),
         "result": {
             "generated_token_ids": list(stats.output_ids) if stats else [],
             "num_tool_calls": num_tool_calls,
@@ -160,6 +198,6 @@ def done_body(
             "resident_seconds": times.resident,
         },
         "speculative": dict(SPECULATIVE_OFF),
-        "scheduling": dict(SCHEDULING_NONE),
+        "scheduling": scheduling_json(stats),
         "sampling": dict(stats.sampling) if stats else {},
     }

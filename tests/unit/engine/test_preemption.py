@@ -140,6 +140,45 @@ def test_cancel_and_stop_while_paused_free_the_snapshot(tokenizer) -> None:
     )
 
 
+def test_cancelled_while_paused_revokes_the_snapshot_before_its_terminal(tokenizer) -> None:
+    e = _engine(tokenizer, host_bytes=10_000, lanes=3, pages=12, chunk=8)
+    events: dict[str, list[EngineEvent]] = {}
+    cancelled: list[str] = []
+
+    def sink(rid: str):
+        def on(ev: EngineEvent) -> None:
+            events[rid].append(ev)
+            boundary = ev.scheduling
+            paused = boundary is not None and boundary.transition == "paused"
+            if paused and boundary.route == "snapshot" and not cancelled:
+                cancelled.append(rid)  # the first request paused to a snapshot goes away
+                e.core.cancel(rid)
+
+        return on
+
+    try:
+        for i in range(3):
+            rid = f"r{i}"
+            events[rid] = []
+            request = req(prompt(10, 100 * i), max_tokens=30, request_id=rid,
+                          scheduling_events=True)  # fmt: skip
+            e.core.submit(request, sink(rid))
+        e.wait_idle()
+    finally:
+        e.close()
+    (rid,) = cancelled
+    ev = events[rid]
+    names = [x.scheduling.transition for x in ev if x.kind == EventKind.SCHEDULING]
+    # reaped before any restore: the snapshot is revoked, then the cycle's terminal boundary
+    assert names[-4:] == ["pause_started", "paused", "snapshot_revoked", "terminal"], names
+    assert ev[-1].finish_reason == FinishReason.CANCELLED
+    others = [r for r in events if r != rid]
+    assert all(events[r][-1].finish_reason == FinishReason.LENGTH for r in others)
+    assert not e.sched.paused and e.images.host.used == sum(
+        e.images.image_bytes for ck in e.cache.checkpoints if not ck.image.on_device
+    )
+
+
 def test_soak_with_pauses_both_routes_shared_prefixes_and_cancellations(tokenizer) -> None:
     """300 requests, shared stems, 20 % cancelled, a pool far smaller than the demand and a host
     budget that fits some snapshots and not others: integrity after every step, no leak, every

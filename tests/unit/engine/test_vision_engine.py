@@ -16,6 +16,7 @@ from ninfer.engine.handles import RequestHandle
 from ninfer.media.errors import MediaError
 from ninfer.media.sources import MediaSource
 from ninfer.testing import TinySpec, make_tiny_checkpoint
+from ninfer.tokenizer import Tokenizer
 from support.media_files import encode_image, make_video, noise_image
 
 transformers = pytest.importorskip("transformers")
@@ -140,12 +141,21 @@ def test_repeated_image_hits_the_cache(tiny) -> None:
     before = engine.media_stats()
     first, _ = _chat_tokens(engine, _messages([{"type": "image", "image": img}]), 4)
     second, _ = _chat_tokens(engine, _messages([{"type": "image", "image": img}]), 4)
-    after = engine.media_stats()
+    middle = engine.media_stats()
+    # the same prompt again: a prefix-cache hit past the image, which skips the tower entirely
     assert first == second
-    assert after["builds"] - before["builds"] == 1  # decoded and resized once
-    assert after["hits"] - before["hits"] == 1
-    assert after["tower_encoded"] - before["tower_encoded"] == 1  # the tower ran once
-    assert after["tower_hits"] - before["tower_hits"] == 1
+    assert middle["builds"] - before["builds"] == 1  # decoded and resized once
+    assert middle["hits"] - before["hits"] == 1
+    assert middle["tower_encoded"] - before["tower_encoded"] == 1  # the tower ran once
+    assert middle["tower_prefix_skips"] - before["tower_prefix_skips"] == 1
+    assert middle["tower_hits"] == before["tower_hits"]
+    # other text after the same image: no checkpoint covers the image, the tower cache does
+    other = [{"role": "user", "content": [{"type": "image", "image": img},
+                                          {"type": "text", "text": "Other words."}]}]  # fmt: skip
+    _chat_tokens(engine, other, 2)
+    after = engine.media_stats()
+    assert after["tower_encoded"] == middle["tower_encoded"]
+    assert after["tower_hits"] - middle["tower_hits"] == 1
 
 
 def test_vision_disabled_engine_refuses_media(tiny, tmp_path: Path) -> None:
@@ -167,3 +177,97 @@ def test_bad_media_is_a_media_error_naming_the_part(tiny) -> None:
     assert e.value.code == "invalid_media"
     assert e.value.param == "messages[0].content[0]"
     assert engine.media.cache.snapshot()["live_bytes"] >= 0
+
+
+def _finished(engine: Engine, messages: list[dict], n: int, **kw) -> tuple[list[int], object]:
+    tokens, done = [], None
+    for event in engine.chat(
+        messages, enable_thinking=False, max_tokens=n, ignore_eos=True, **GREEDY, **kw
+    ):
+        tokens += event.token_ids
+        if event.kind == "finished":
+            done = event
+    return tokens, done
+
+
+def test_multimodal_history_reuses_its_prefix_and_skips_the_tower(tiny) -> None:
+    """A conversation with an image: the second turn starts from the first turn's checkpoint
+    (the image inside it never reaches the tower again) and still gives transformers' greedy
+    tokens, so its MRoPE positions after the image are right; a different image of the same
+    size reuses only the text before it (an explicit mark at the system prompt's end)."""
+    engine, hf, _ = tiny
+    system = {"role": "system", "content": "You look at pictures and answer briefly."}
+    first_image, other_image = noise_image(64, 48, seed=31), noise_image(64, 48, seed=32)
+
+    def turn(image) -> list[dict]:
+        uri = data_uri(encode_image(image), "image/png")
+        parts = [{"type": "image", "image": uri}, {"type": "text", "text": "Describe."}]
+        return [system, {"role": "user", "content": parts}]
+
+    mark = [(0, None)]  # a checkpoint right after the system prompt
+    one = turn(first_image)
+    answer, done_one = _finished(engine, one, 5, cache_marks=mark)
+    two = one + [
+        {"role": "assistant", "content": engine.tokenizer.decode(answer)},
+        {"role": "user", "content": "And the colors?"},
+    ]
+    before = engine.media_stats()
+    got, done_two = _finished(engine, two, 6, cache_marks=mark)
+    after = engine.media_stats()
+    ids = engine.render(two, enable_thinking=False)
+    expanded, media, lease = engine.prepare_prompt(ids, two)
+    lease.release()
+    last_pad = max(r.start + r.length for r in media.runs)
+    assert done_two.usage.cached_tokens > last_pad  # the image lies inside the reused prefix
+    assert done_two.usage.cached_tokens >= done_one.usage.prompt_tokens - 8  # minus the prologue
+    assert done_two.prefix_cache.startswith(f"hit={done_two.usage.cached_tokens};")
+    assert after["tower_encoded"] == before["tower_encoded"]  # the tower never ran
+    assert after["tower_hits"] == before["tower_hits"]
+    assert after["tower_prefix_skips"] - before["tower_prefix_skips"] == 1
+    ref, _ = _hf_greedy(engine, hf, two, 6, [first_image])
+    assert got == ref  # identical to a cold run (transformers on the whole prompt)
+
+    # the same text around another image of the same size: only the system prompt is reused
+    three = turn(other_image)
+    got3, done3 = _finished(engine, three, 5, cache_marks=mark)
+    first_pad = min(r.start for r in media.runs)
+    system_end = len(engine.render([system], enable_thinking=False, add_generation_prompt=False))
+    assert 0 < done3.usage.cached_tokens < first_pad
+    assert done3.usage.cached_tokens <= system_end
+    assert engine.media_stats()["tower_encoded"] == after["tower_encoded"] + 1
+    ref3, _ = _hf_greedy(engine, hf, three, 5, [other_image])
+    assert got3 == ref3
+
+
+def test_media_requests_paused_and_replayed_equal_their_solo_runs(tiny, monkeypatch) -> None:
+    """Two image requests over a KV pool of four 16-token pages (each prompt takes two, each
+    finished request three): the younger pauses and, with
+    no host backing, comes back by replay, which recomputes its media prompt (or restores its
+    own checkpoint past the image) and its committed output at MRoPE positions; both outputs
+    equal their solo runs."""
+    engine, _, art = tiny
+    convos = [
+        _messages([{"type": "image", "image": data_uri(encode_image(noise_image(64, 48, seed=s)),
+                                                        "image/png")}])  # fmt: skip
+        for s in (41, 42)
+    ]
+    solo = [_chat_tokens(engine, m, 24)[0] for m in convos]  # ~20 prompt tokens + 24
+    # the artifact's tokenizer is the one `engine` already built: reuse it (building the
+    # 248k-token vocabulary again costs seconds)
+    monkeypatch.setattr(Tokenizer, "from_json", staticmethod(lambda _json: engine.tokenizer))
+    with Engine.load(art, dtype="fp32", vision=True, max_concurrency=2, page_size=16,
+                     prefill_chunk=8, max_context=256, kv_capacity=64,
+                     host_context_mib=0) as small:  # fmt: skip
+        handles = []
+        for m in convos:
+            request, _, lease = small._chat_request(
+                m, None, False, None, {"max_tokens": 24, "ignore_eos": True, **GREEDY}
+            )
+            handles.append((RequestHandle(small.core, request), lease))
+        outs = []
+        for handle, lease in handles:
+            outs.append([t for e in handle for t in e.token_ids])
+            lease.release()
+        stats = small.stats()
+    assert stats.preemptions > 0 and stats.replay_restores > 0 and stats.replayed_tokens > 0
+    assert outs == solo

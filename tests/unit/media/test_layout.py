@@ -103,3 +103,44 @@ def test_placeholder_count_must_match_items() -> None:
         expand_prompt([VS, IMG, VE], [_image(2, 2), _image(2, 2)], TOK, _encode)
     with pytest.raises(MediaError, match="is a video, its placeholder is for an image"):
         expand_prompt([VS, IMG, VE], [_video(1, 2, 2)], TOK, _encode)
+
+
+def _digested(item: PreparedMedia, digest: str) -> PreparedMedia:
+    return PreparedMedia(item.modality, item.patches, item.grid_thw, item.merge_size,
+                         item.timestamps, digest=digest)  # fmt: skip
+
+
+def test_prefix_identity_covers_media_digest_and_grid() -> None:
+    ids = [5, 6, VS, IMG, VE, 7, VS, VID, VE, 8]
+    a, b = _digested(_image(4, 6), "a" * 64), _digested(_image(4, 6), "b" * 64)
+    v = _digested(_video(2, 4, 4), "c" * 64)
+    one = expand_prompt(ids, [a, v], TOK, _encode)
+    same = expand_prompt(ids, [_digested(_image(4, 6), "a" * 64), v], TOK, _encode)
+    other = expand_prompt(ids, [b, v], TOK, _encode)  # same pad count, other bytes
+    wider = expand_prompt(ids, [_digested(_image(6, 4), "a" * 64), v], TOK, _encode)
+    assert one.token_ids == other.token_ids  # the ids alone cannot tell the images apart
+    assert one.identity == same.identity and len(one.identity) == len(one.token_ids)
+    first_pad = one.runs[0].start
+    for changed in (other, wider):
+        pairs = zip(one.identity, changed.identity, strict=True)
+        diverge = next(i for i, (x, y) in enumerate(pairs) if x != y)
+        assert diverge == first_pad
+    assert one.identity[:first_pad] == tuple(ids[:first_pad])  # text keeps its ids
+    pixels = expand_prompt(ids, [_image(4, 6), v], TOK, _encode)  # no digest: matches nothing
+    again = expand_prompt(ids, [_image(4, 6), v], TOK, _encode)
+    assert pixels.identity[first_pad] != again.identity[first_pad]
+
+
+def test_rendered_offsets_map_past_expanded_media() -> None:
+    ids = [5, 6, VS, IMG, VE, 7, VS, VID, VE, 8]
+    prompt = expand_prompt(ids, [_image(4, 6), _video(2, 4, 4)], TOK, _encode)
+    out = prompt.token_ids
+    for offset in range(len(ids) + 1):
+        mapped = prompt.expanded_offset(offset)
+        if offset < 4:  # before (and at) the image pad: unchanged
+            assert mapped == offset
+        # the token at each boundary outside a placeholder is the same token after expansion
+        # (the video's whole vision_start / pad / vision_end triple is its placeholder)
+        if offset < len(ids) and offset not in (3, 6, 7, 8):
+            assert out[mapped] == ids[offset], offset
+    assert prompt.expanded_offset(len(ids)) == len(out)

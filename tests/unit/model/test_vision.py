@@ -16,7 +16,7 @@ import torch
 
 from ninfer.artifact.convert import convert
 from ninfer.artifact.reader import Artifact
-from ninfer.engine.media_join import chunk_inputs, encode_media
+from ninfer.engine.media_join import TowerCache, chunk_inputs, encode_media
 from ninfer.media.image import preprocess_image
 from ninfer.media.layout import MediaTokens, expand_prompt
 from ninfer.media.settings import MediaSettings
@@ -188,3 +188,41 @@ def test_tower_refuses_wrong_weights(tiny: Tiny, tmp_path: Path) -> None:
     weights = {n: torch.zeros(1) for n in ("patch_embed.proj.weight",)}
     with pytest.raises(WeightError, match="has shape"):
         VisionTower(tiny.tower.config, weights)
+
+
+def test_replay_past_a_media_prompt_and_a_start_after_its_media(tiny: Tiny) -> None:
+    """A replay rebuilds prompt + committed output as prefill chunks (one straddles the prompt's
+    end): positions past the prompt are KV index + rope_delta, as in decode, so the next greedy
+    token is the decoded one. A computation starting after the media (a prefix hit) encodes
+    none of it."""
+    items = [preprocess_image(noise_image(70, 50, seed=3), tiny.settings.image)]
+    prompt = _prompt(tiny, items)
+    _, tokens = _run_ours(tiny, prompt, 16, 6)
+    full = [*prompt.token_ids, *tokens[:5]]
+    pages = list(range(-(-(len(full) + 1) // PAGE)))
+    cache = ModelCache.allocate(
+        tiny.model.config, num_pages=len(pages), num_slots=1, page_size=PAGE, dtype=torch.float32
+    )
+    encoded = encode_media(tiny.tower, prompt)
+    chunk = 7
+    assert len(prompt.token_ids) % chunk  # a chunk crosses from the prompt into the output
+    for start in range(0, len(full), chunk):
+        ids = full[start : start + chunk]
+        positions, index, rows = chunk_inputs(encoded, start, len(ids))
+        assert positions.shape == (3, len(ids))
+        batch = ForwardBatch.prefill(
+            ids,
+            num_computed=start,
+            page_ids=pages,
+            state_slot=0,
+            positions=positions,
+            embed_index=index,
+            embed_rows=rows,
+        )
+        logits = tiny.model.forward(batch, cache)
+    assert int(logits[-1].argmax()) == tokens[5]
+    towers = TowerCache(1 << 20)
+    after = max(r.start + r.length for r in prompt.runs)
+    skipped = encode_media(tiny.tower, prompt, towers, start=after)
+    assert skipped.rows.shape[0] == 0 and towers.encoded == 0 and towers.prefix_skips == 1
+    assert torch.equal(skipped.positions, encoded.positions)

@@ -1,10 +1,12 @@
 """Stage times of request_done from the engine's instants: admitted or not, with or without
-output. Instants are exact binary fractions so the expected seconds are exact too."""
+output. Instants are exact binary fractions so the expected seconds are exact too. The prefix
+path and miss reason come from the request's x-ninfer-prefix-cache value, the scheduling object
+from the engine's per-request pressure facts."""
 
 from __future__ import annotations
 
 from ninfer.engine.request import RequestStats
-from ninfer.server.request_records import StageTimes
+from ninfer.server.request_records import StageTimes, prefix_fields, scheduling_json
 
 
 def test_a_request_with_output() -> None:
@@ -30,3 +32,27 @@ def test_prompt_only_request_has_no_ttft() -> None:
 def test_without_engine_facts_only_preparation_is_known() -> None:
     t = StageTimes.of(None, t_start=1.0, t_submitted=1.5, end=3.0)
     assert t == StageTimes(0.5, None, 0.0, None, None, None)
+
+
+def test_prefix_path_and_miss_reason() -> None:
+    hit = prefix_fields("hit=812; path=checkpoint", 812)
+    assert hit == {"prefix_reuse_path": "checkpoint", "prefix_cache_miss_reason": None}
+    diverged = prefix_fields("hit=0; miss=diverged@431", 0)
+    assert diverged == {"prefix_reuse_path": "root", "prefix_cache_miss_reason": "diverged@431"}
+    assert prefix_fields("miss=evicted", 0)["prefix_cache_miss_reason"] == "evicted"
+    assert prefix_fields("miss=disabled", 0) == {
+        "prefix_reuse_path": None, "prefix_cache_miss_reason": "disabled"}  # fmt: skip
+
+
+def test_scheduling_object_from_the_engine_facts() -> None:
+    stats = RequestStats(t_submitted=0.0, num_preemptions=3, num_snapshot_restores=1,
+                         num_replay_restores=2, num_replayed_tokens=40, paused_s=0.5,
+                         transfer_bytes={"state": {"to_host": 7, "to_device": 7}})  # fmt: skip
+    got = scheduling_json(stats)
+    assert got == {
+        "preemptions": 3, "snapshot_restores": 1, "replay_restores": 2, "replayed_tokens": 40,
+        "paused_seconds": 0.5,
+        "transfer_bytes": {"state": {"to_host": 7, "to_device": 7},
+                           "main_kv": {"to_host": 0, "to_device": 0}},
+    }  # fmt: skip
+    assert scheduling_json(None)["preemptions"] == 0
