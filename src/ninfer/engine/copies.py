@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from ninfer.engine.plan import PAGES, STATE, CopyOp
+from ninfer.engine.plan import PAGES, REWIND, STATE, CopyOp
 from ninfer.model.cache import ModelCache
 
 
@@ -29,6 +29,8 @@ class CopyEngine:
         for op in copies:
             if op.kind == STATE:
                 self._state(op)
+            elif op.kind == REWIND:
+                self.cache.rewind_slot(op.dst[0], op.src[0])
             else:
                 assert op.kind == PAGES
                 self._pages(op)

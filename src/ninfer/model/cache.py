@@ -7,7 +7,7 @@ at allocation so a gathered-but-masked page never holds NaN bit patterns that 0 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -19,7 +19,10 @@ from ninfer.model.errors import BatchError
 class ModelCache:
     """Per full-attention layer KV pages and per linear-attention layer state slots.
 
-    k_pages[i], v_pages[i]: [num_pages, page_size, Hk, D] (model dtype), i-th full-attention layer.
+    k_pages[i], v_pages[i]: [num_pages, page_size, Hk, D] (model dtype), i-th full-attention layer;
+    an MTP head's layers follow the model's (decoder layer ids `num_hidden_layers + j`), sharing
+    the page ids: its KV of token t sits where the model's does, so page copies, snapshots and
+    prefix checkpoints carry it without knowing it is there.
     conv_state[j]: [num_slots, conv_dim, K-1] (model dtype), the last K-1 conv inputs.
     ssm_state[j]: [num_slots, Hv, Dk, Dv] fp32, the gated delta rule state, j-th linear layer.
     """
@@ -30,6 +33,11 @@ class ModelCache:
     conv_state: list[torch.Tensor]
     ssm_state: list[torch.Tensor]
     layer_index: dict[int, int]  # decoder layer id -> index into its kind's lists
+    # slot -> (its row in that step, the (conv [B, W, ...], ssm [B, W, ...]) per linear layer) of
+    # the slot's latest speculative verify step: what `rewind_slot` restores from
+    verify_records: dict[int, tuple[int, list[tuple[torch.Tensor, torch.Tensor]]]] = field(
+        default_factory=dict
+    )
 
     @classmethod
     def allocate(
@@ -41,7 +49,9 @@ class ModelCache:
         page_size: int = 64,
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
+        extra_attention_layers: int = 0,
     ) -> ModelCache:
+        """`extra_attention_layers`: KV for that many MTP layers beside the model's."""
         if num_pages <= 0 or num_slots <= 0 or page_size <= 0:
             raise ValueError(
                 f"num_pages ({num_pages}), num_slots ({num_slots}) and page_size ({page_size}) "
@@ -56,6 +66,8 @@ class ModelCache:
             config.linear_value_head_dim,
         )
         full, linear = config.full_attention_layers, config.linear_attention_layers
+        mtp = range(config.num_hidden_layers, config.num_hidden_layers + extra_attention_layers)
+        full = (*full, *mtp)
         layer_index = {layer: i for i, layer in enumerate(full)}
         layer_index.update({layer: j for j, layer in enumerate(linear)})
         return cls(
@@ -68,11 +80,14 @@ class ModelCache:
         )
 
     @staticmethod
-    def bytes_per_page(config: TextConfig, page_size: int, dtype: torch.dtype) -> int:
-        """K and V of one page over every full-attention layer."""
+    def bytes_per_page(
+        config: TextConfig, page_size: int, dtype: torch.dtype, extra_attention_layers: int = 0
+    ) -> int:
+        """K and V of one page over every full-attention layer (MTP layers included)."""
         item = torch.empty((), dtype=dtype).element_size()
         per_token = 2 * config.num_key_value_heads * config.head_dim * item
-        return len(config.full_attention_layers) * page_size * per_token
+        layers = len(config.full_attention_layers) + extra_attention_layers
+        return layers * page_size * per_token
 
     @staticmethod
     def bytes_per_slot(config: TextConfig, dtype: torch.dtype) -> int:
@@ -117,6 +132,15 @@ class ModelCache:
         for conv, ssm in zip(self.conv_state, self.ssm_state, strict=True):
             conv[dst].copy_(conv[src])
             ssm[dst].copy_(ssm[src])
+
+    def rewind_slot(self, slot: int, column: int) -> None:
+        """Set a slot's state to the one its latest verify step recorded after `column`."""
+        row, records = self.verify_records[slot]
+        for conv, ssm, (conv_cols, ssm_cols) in zip(
+            self.conv_state, self.ssm_state, records, strict=True
+        ):
+            conv[slot].copy_(conv_cols[row, column])
+            ssm[slot].copy_(ssm_cols[row, column])
 
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.num_slots:

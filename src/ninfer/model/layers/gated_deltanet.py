@@ -147,6 +147,59 @@ def gated_delta_rule_decode(
     return out
 
 
+# --- speculative verify ----------------------------------------------------------------------
+
+
+def _verify_columns(
+    qkv: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    w: DeltaNetWeights,
+    conv_state: torch.Tensor,
+    ssm_state: torch.Tensor,
+    batch: ForwardBatch,
+    *,
+    key_dim: int,
+    scale: float,
+) -> torch.Tensor:
+    """A verify step's recurrence: column by column with exactly the decode step's ops, on
+    copies of the slots' state, recording the state after every column.
+
+    Why: the engine keeps only the accepted prefix of a verify row. Running each column as a
+    decode step makes the state after column i bit for bit the state that decoding those tokens
+    one by one would leave, so keeping column a's record is exactly "never having drafted". The
+    slots themselves are not written here; `batch.verify_states` gets ([B, W, C, K-1],
+    [B, W, Hv, Dk, Dv]) and the engine copies the accepted column back.
+    """
+    width = batch.verify_width
+    num_seqs = batch.num_seqs
+    _, num_v_heads, head_k_dim, _ = ssm_state.shape
+    rows = torch.arange(num_seqs, device=qkv.device)
+    conv = conv_state.index_select(0, batch.state_slots)  # [B, C, K-1] working copies
+    ssm = ssm_state.index_select(0, batch.state_slots)
+    qkv, a, b = (t.reshape(num_seqs, width, -1) for t in (qkv, a, b))
+    conv_cols, ssm_cols, outs = [], [], []
+    for j in range(width):
+        q, k, v, g, beta = dispatch.gdn_decode_front(
+            qkv[:, j],
+            a[:, j],
+            b[:, j],
+            w.conv1d,
+            w.A_log,
+            w.dt_bias,
+            conv,
+            rows,
+            num_k_heads=key_dim // head_k_dim,
+            head_k_dim=head_k_dim,
+        )
+        outs.append(dispatch.gated_delta_rule_decode(q, k, v, g, beta, ssm, rows, scale=scale))
+        conv_cols.append(conv.clone())
+        ssm_cols.append(ssm.clone())
+    if batch.verify_states is not None:
+        batch.verify_states.append((torch.stack(conv_cols, 1), torch.stack(ssm_cols, 1)))
+    return torch.stack(outs, 1).flatten(0, 1)  # [B * W, Hv, Dv] in token order
+
+
 # --- the layer -------------------------------------------------------------------------------
 
 
@@ -186,7 +239,11 @@ def gated_deltanet(
     z = z.reshape(num_tokens, num_v_heads, head_v_dim)
     scale = head_k_dim**-0.5
 
-    if batch.is_decode:
+    if batch.is_verify:
+        out = _verify_columns(
+            qkv, a, b, w, conv_state, ssm_state, batch, key_dim=key_dim, scale=scale
+        )
+    elif batch.is_decode:
         # One fused kernel on CUDA (conv update, SiLU, L2 norms, g, beta), the torch ops elsewhere.
         q, k, v, g, beta = dispatch.gdn_decode_front(
             qkv,
