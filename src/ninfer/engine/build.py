@@ -31,10 +31,12 @@ from ninfer.engine.sampling import (
     presets_for,
 )
 from ninfer.engine.scheduler import Scheduler, SchedulerConfig
+from ninfer.engine.spec_step import SpecStep
 from ninfer.engine.state_images import HostPool, StateImages
 from ninfer.engine.state_slots import SlotPool
 from ninfer.model.cache import ModelCache
 from ninfer.model.config import TextConfig
+from ninfer.model.mtp import MtpHead
 from ninfer.model.qwen3_5 import Qwen3_5Model
 from ninfer.model.vision import VisionConfig, VisionTower
 from ninfer.tokenizer import Tokenizer
@@ -80,6 +82,7 @@ def build(
         raise ValueError(f"device {options.device!r}: no CUDA device is available")
     model = Qwen3_5Model(config, artifact.load("text"), dtype=dtype, device=device, strict=True)
     vision = _vision_tower(artifact, dtype, device) if options.vision else None
+    mtp = _mtp_head(artifact, model) if options.spec == "mtp" else None
     return assemble(
         model,
         Tokenizer.from_json(artifact.tokenizer_json),
@@ -88,7 +91,17 @@ def build(
         eos_token_ids=frozenset(int(x) for x in gen.get("eos_token_ids", [])),
         vision=vision,
         on_graph_capture=on_graph_capture,
+        mtp=mtp,
     )
+
+
+def _mtp_head(artifact: Artifact, model: Qwen3_5Model) -> MtpHead:
+    """The artifact's MTP head bound beside the target (spec="mtp")."""
+    if "mtp" not in artifact.components:
+        raise ValueError(
+            "spec mtp: the artifact has no MTP head (convert the checkpoint with its mtp component)"
+        )
+    return MtpHead(model, artifact.load("mtp"))
 
 
 def _vision_tower(artifact: Artifact, dtype: torch.dtype, device: torch.device) -> VisionTower:
@@ -111,9 +124,16 @@ def assemble(
     eos_token_ids: frozenset[int],
     vision: VisionTower | None = None,
     on_graph_capture: OnCapture | None = None,
+    mtp: MtpHead | None = None,
 ) -> EngineParts:
-    """Pools, decode step, runner and worker over a bound model (benches pass random weights)."""
+    """Pools, decode step, runner and worker over a bound model (benches pass random weights).
+    With spec="mtp", `mtp` is the bound head: its KV joins the cache as one more attention
+    layer and every decode row runs through the speculative round (engine/spec_step.py)."""
     options.validate()
+    k = options.num_drafts
+    if k and mtp is None:
+        raise ValueError("spec mtp needs the model's MTP head")
+    extra_layers = 1 if k else 0
     config, device, dtype = model.config, model.device, model.dtype
     # Build the detokenizer's byte table (about a second) now, not inside the first request's
     # submit on a server's event loop.
@@ -123,9 +143,13 @@ def assemble(
     extra = options.device_state_slots
     num_slots = lanes + (lanes if extra is None else extra)
     graph_status = _graph_status(model, device.type == "cuda" and not options.no_cuda_graph, lanes)
+    if k and graph_status == "on":
+        # NOTE: the round (drafts, verify, acceptance, head pass) runs eagerly; capturing it per
+        # (batch bucket, k) is not built yet.
+        graph_status = "off: speculative rounds run eagerly (not captured in CUDA graphs yet)"
     use_graphs = graph_status == "on"
     spare = 1 if use_graphs else 0  # one state slot and KV page, never handed out, for padding
-    num_pages = _num_pages(options, config, model, num_slots + spare, dtype)
+    num_pages = _num_pages(options, config, model, num_slots + spare, dtype, extra_layers)
     cache = ModelCache.allocate(
         config,
         num_pages=num_pages + spare,
@@ -133,11 +157,12 @@ def assemble(
         page_size=options.page_size,
         dtype=dtype,
         device=device,
+        extra_attention_layers=extra_layers,
     )
     pages = PagePool(num_pages, options.page_size)
     image_bytes = ModelCache.bytes_per_slot(config, dtype)
     host_bytes = host_context_bytes(options, image_bytes)
-    page_bytes = ModelCache.bytes_per_page(config, options.page_size, dtype)
+    page_bytes = ModelCache.bytes_per_page(config, options.page_size, dtype, extra_layers)
     images = StateImages(range(lanes, num_slots), HostPool(host_bytes), image_bytes, page_bytes)
     scheduler = Scheduler(
         SchedulerConfig(
@@ -146,7 +171,8 @@ def assemble(
             pending_timeout_s=options.pending_timeout_ms / 1000.0,
             prefill_chunk=options.prefill_chunk,
             max_context=options.max_context,
-            max_batched_tokens=options.max_batched_tokens,
+            max_batched_tokens=_token_budget(options),
+            draft_tokens=k,
         ),
         pages,
         SlotPool(lanes),
@@ -164,10 +190,22 @@ def assemble(
         dummy_page=num_pages if use_graphs else None,
         on_capture=on_graph_capture,
     )
+    num_sampleable = min(tokenizer.vocab_size, config.vocab_size)
+    spec = None
+    if k:
+        assert mtp is not None
+        spec = SpecStep(
+            model, mtp, cache, draft_tokens=k, num_sampleable=num_sampleable, counts=decode.counts
+        )
     core = EngineCore(
         scheduler,
         ModelRunner(
-            model, cache, decode, vision=vision, tower_cache_bytes=options.vision_cache_mib << 20
+            model,
+            cache,
+            decode,
+            vision=vision,
+            tower_cache_bytes=options.vision_cache_mib << 20,
+            spec=spec,
         ),
         tokenizer,
         eos_token_ids=eos_token_ids,
@@ -189,6 +227,13 @@ def assemble(
     )
 
 
+def _token_budget(options: EngineOptions) -> int | None:
+    """`max_batched_tokens`; with speculation the default also fits every lane's verify row."""
+    if options.max_batched_tokens is not None or not options.num_drafts:
+        return options.max_batched_tokens
+    return options.prefill_chunk + options.max_concurrency * (options.num_drafts + 1)
+
+
 def host_context_bytes(options: EngineOptions, image_bytes: int) -> int:
     """`--host-context-mib`, or the default 8192 MiB plus eight StateImages."""
     if options.host_context_mib is not None:
@@ -202,6 +247,7 @@ def _num_pages(
     model: Qwen3_5Model,
     num_slots: int,
     dtype: torch.dtype,
+    extra_layers: int = 0,
 ) -> int:
     """KV pages for `--kv-capacity`: explicit tokens, `auto`, or (None) follow max_context."""
     if options.kv_capacity != KV_AUTO:
@@ -214,7 +260,8 @@ def _num_pages(
     free, _ = torch.cuda.mem_get_info(model.device)
     state = ModelCache.bytes_per_slot(config, dtype) * num_slots
     budget = free - state - workspace_bytes(config, options) - GIB
-    pages = min(budget // ModelCache.bytes_per_page(config, options.page_size, dtype), MAX_PAGES)
+    per_page = ModelCache.bytes_per_page(config, options.page_size, dtype, extra_layers)
+    pages = min(budget // per_page, MAX_PAGES)
     if pages < floor:
         raise ValueError(
             f"--kv-capacity auto: {max(budget, 0) / GIB:.1f} GiB left for KV after weights, "

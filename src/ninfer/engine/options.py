@@ -9,6 +9,8 @@ from ninfer.engine.sampling import SamplingParams
 
 KV_AUTO = "auto"  # --kv-capacity auto: size the KV pool from free device memory
 MAX_CONCURRENCY = 64  # an extension of the spec's 1..8 (issue: up to 64 lanes)
+MAX_DRAFT_TOKENS = 5  # --draft-tokens for MTP: 1..5
+DEFAULT_DRAFT_TOKENS = 3
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,9 @@ class EngineOptions:
     media_preprocess_threads: int = 0  # 0: min(16, host CPUs)
     allow_private_media_urls: bool = False  # let media URLs reach loopback / private networks
     vision_cache_mib: int = 256  # device memory for tower outputs of repeated media (0: off)
+    spec: str | None = None  # speculative decoding backend: "mtp" (the artifact's MTP head)
+    draft_tokens: int | None = None  # drafts per round, 1..5 (default 3 with spec="mtp")
+    lm_head_draft: bool = False  # the shortlist proposal head: not built (refused)
     # process-level sampling overrides (spec: preset < process flag < request field; greedy last)
     temperature: float | None = None
     top_p: float | None = None
@@ -91,6 +96,27 @@ class EngineOptions:
         need(
             _valid_device(self.device), f"device must be cpu, cuda, cuda:N or auto: {self.device!r}"
         )
+        need(
+            self.spec in (None, "mtp"),
+            f"spec must be 'mtp' (dflash and dflash2 are not built), got {self.spec!r}",
+        )
+        need(
+            self.draft_tokens is None
+            or (isinstance(self.draft_tokens, int) and 1 <= self.draft_tokens <= MAX_DRAFT_TOKENS),
+            f"draft_tokens must be in 1..{MAX_DRAFT_TOKENS}",
+        )
+        need(self.spec is not None or self.draft_tokens is None, "draft_tokens needs spec='mtp'")
+        need(
+            not self.lm_head_draft,
+            "lm_head_draft (the shortlist proposal head) is not supported in this version",
+        )
+
+    @property
+    def num_drafts(self) -> int:
+        """Drafts per speculative round; 0 without a speculative backend."""
+        if self.spec is None:
+            return 0
+        return self.draft_tokens if self.draft_tokens is not None else DEFAULT_DRAFT_TOKENS
 
     @property
     def process_sampling(self) -> dict[str, Any]:

@@ -124,6 +124,9 @@ class RequestStats:
     num_cached_tokens: int = 0  # prompt tokens reused from the prefix cache (none yet)
     output_ids: tuple[int, ...] = ()  # every committed output token, control tokens included
     sampling: Mapping[str, Any] = field(default_factory=dict)  # the resolved sampler and seed
+    # speculative engines, terminal event: request_done.speculative (backend, draft_window,
+    # rounds, drafted_tokens, accepted_tokens, fallback_steps, accepted_per_position)
+    speculative: Mapping[str, Any] | None = None
 
     @property
     def queue_wait_s(self) -> float | None:
