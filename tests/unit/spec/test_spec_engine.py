@@ -163,8 +163,8 @@ def test_preemption_with_spec(dense, host_context_mib) -> None:
 
 def test_seeded_sampling_with_spec_does_not_depend_on_batching(dense) -> None:
     sampled = {"temperature": 0.8, "top_p": 0.95, "presence_penalty": 0.4}
-    reqs = {f"s{i}": (prompt(30 + i, 10 + 3 * i), {"max_tokens": 12, "ignore_eos": True, "seed": 70 + i,
-            **sampled}) for i in range(3)}  # fmt: skip
+    kw = {"max_tokens": 12, "ignore_eos": True, **sampled}
+    reqs = {f"s{i}": (prompt(30 + i, 10 + 3 * i), {**kw, "seed": 70 + i}) for i in range(3)}
     with dense.engine(spec="mtp", draft_tokens=3, max_concurrency=1) as engine:
         solo = {rid: tokens(_run(engine, {rid: r})[rid]) for rid, r in reqs.items()}
     with dense.engine(spec="mtp", draft_tokens=3, max_concurrency=3) as engine:
