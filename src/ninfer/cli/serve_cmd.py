@@ -122,8 +122,18 @@ def serve(
         min=0,
     ),
     kv_dtype: str | None = hidden(None, "--kv-dtype"),
-    spec: str | None = hidden(None, "--spec"),
-    draft_tokens: int | None = hidden(None, "--draft-tokens"),
+    spec: str | None = opt(
+        None,
+        "--spec",
+        help="Speculative decoding backend: mtp (the artifact's MTP head).",
+        metavar="mtp",
+    ),
+    draft_tokens: int | None = opt(
+        None,
+        "--draft-tokens",
+        help="Drafts per speculative round, 1..5 (default 3; needs --spec).",
+        metavar="N",
+    ),
     lm_head_draft: bool = hidden(False, "--lm-head-draft"),
     vision: bool = opt(False, "--vision", help="Load the vision tower; accept images/video."),
     request_log_jsonl: Path | None = opt(
@@ -175,9 +185,11 @@ def serve(
     plus token counting, /v1/models and /health (docs/serving.md).
     Flags, files, the device and the listen address are checked before the model loads.
     """
+    if spec is not None and spec != "mtp":
+        raise UserError(f"--spec {spec} is not supported yet in this version of ninfer serve")
+    if draft_tokens is not None and spec is None:
+        raise UserError("--draft-tokens needs --spec mtp")
     not_built = {
-        "--spec": spec is not None,
-        "--draft-tokens": draft_tokens is not None,
         "--lm-head-draft": lm_head_draft,
         "--kv-dtype " + str(kv_dtype): kv_dtype not in (None, "bf16"),
         "--context-cost-presets": context_cost_presets is not None,
@@ -225,6 +237,7 @@ def serve(
         "media_live_mib": media_live_mib,
         "media_preprocess_threads": media_threads,
         "allow_private_media_urls": allow_private_media_urls,
+        **({"spec": spec, "draft_tokens": draft_tokens} if spec is not None else {}),
         **{k: v for k, v in sampling.items() if v is not None},
     }
     check_sampling(sampling)
