@@ -61,6 +61,11 @@ _TOKENIZERS: dict[str, Tokenizer] = {}
 def bind_tiny(tmp: Path, kind: str, seed: int = 5) -> Tiny:
     spec = TinySpec(kind=kind, vocab_size=VOCAB, with_vision=False)
     _, path = convert_tiny(tmp, spec, seed=seed, name="tiny")
+    return bind_artifact(path)
+
+
+def bind_artifact(path: Path) -> Tiny:
+    """Bind an artifact's text model and MTP head once (fp32, CPU)."""
     artifact = Artifact(path)
     config = TextConfig.from_hf(artifact.config["text"])
     model = Qwen3_5Model(config, artifact.load("text"), dtype=torch.float32)

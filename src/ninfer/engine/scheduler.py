@@ -222,6 +222,7 @@ class Scheduler:
         self.num_snapshot_restores = 0
         self.num_replay_restores = 0
         self.num_replayed_tokens = 0
+        self.num_spec_rewinds = 0  # rounds cut short of their accepted length (REWIND copies)
 
     # -- intake --------------------------------------------------------------------------------
     def check_fits(self, num_prompt: int, max_tokens: int) -> None:
@@ -761,6 +762,7 @@ class Scheduler:
                 break  # finished, or control tokens follow this one
         if kept < accepted and slot is not None:
             self._copies.insert(mark, CopyOp(REWIND, (kept,), (slot,)))
+            self.num_spec_rewinds += 1
         return events
 
     def _commit_token(self, seq: Sequence, token_id: int, now: float) -> list[Event]:

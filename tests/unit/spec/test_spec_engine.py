@@ -132,6 +132,7 @@ def test_prefix_hit_after_a_stop_inside_a_round(dense) -> None:
         got_a = _run(engine, {"a": (p, stop)})["a"]
         assert tokens(got_a) == first
         assert got_a[-1].stats.speculative["accepted_tokens"] > 0
+        assert engine.core.scheduler.num_spec_rewinds == 1
         got_b = _run(engine, {"b": (follow, {"max_tokens": 12, **GREEDY})})["b"]
         assert got_b[-1].num_cached == len(p) + len(first)  # the stopped turn was reused whole
         assert tokens(got_b) == want
@@ -187,3 +188,32 @@ def test_context_end_falls_back_to_single_steps(dense) -> None:
     s = got[-1].stats.speculative
     assert 1 <= s["fallback_steps"] <= 2 * 3 + 1 and s["rounds"] > 0
     assert [e for e in got if e.kind == EventKind.TOKENS]
+
+
+def test_thinking_budget_ending_inside_a_round() -> None:
+    """The demo artifact (the real vocabulary, so `</think>` exists): a budget of 3 thinking
+    tokens ends inside the first round (k = 3, oracle drafts always right); the control suffix
+    replaces the rest of the round, and the output equals the plain engine's."""
+    from ninfer.artifact.demo import ensure_demo
+    from support.spec_engines import bind_artifact
+
+    demo = bind_artifact(ensure_demo())
+    try:
+        p = demo.tokenizer.encode_template(
+            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n"
+        )
+        kw = {"max_tokens": 36, "thinking_budget": 3, **GREEDY}
+        with demo.engine(max_context=256, prefill_chunk=64) as plain:
+            want = _run(plain, {"t": (p, kw)})["t"]
+            free = tokens(_run(plain, {"f": (p, {"max_tokens": 8, **GREEDY})})["f"])
+        with demo.engine(max_context=256, prefill_chunk=64, spec="mtp", draft_tokens=3) as engine:
+            # before the cap: the free run's tokens; after it the drafts are simply wrong
+            OracleDrafts(engine, {"t": p + free}, wrong=lambda pos, j: False)
+            got = _run(engine, {"t": (p, kw)})["t"]
+            rewinds = engine.core.scheduler.num_spec_rewinds
+        assert tokens(got) == tokens(want)
+        assert rewinds == 1  # the suffix replaced d3 (accepted): the state went back a column
+        assert got[-1].usage == want[-1].usage
+        assert got[-1].stats.speculative["accepted_tokens"] >= 3
+    finally:
+        demo.artifact.close()
