@@ -163,18 +163,16 @@ class ModelRunner:
             token = self._sample_first(row, self.model.compute_logits(hidden[-1:]))
         end = row.start + row.num_new_tokens
         known = row.seq.token_ids[row.start + 1 : end + 1]  # the next token of each row, if known
-        next_ids: list[int | torch.Tensor] = list(known)
-        if len(next_ids) < row.num_new_tokens and token is not None:
-            next_ids.append(token[0])
+        last = token if token is not None and len(known) < row.num_new_tokens else None
         media = row.seq.request.media
         self.spec.prefill_pass(
             batch,
             hidden,
-            next_ids,
+            known,
+            last,
             start=row.start,
             pages=row.pages,
             slot=row.slot,
-            draft=token is not None,
             rope_offset=media.rope_delta if media is not None else 0,
         )
         return token

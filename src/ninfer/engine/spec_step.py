@@ -166,22 +166,24 @@ class SpecStep:
         self,
         batch: ForwardBatch,
         hidden: torch.Tensor,
-        next_ids: Sequence[int],
+        known: Sequence[int],
+        sample: torch.Tensor | None,
         *,
         start: int,
         pages: Sequence[int],
         slot: int,
-        draft: bool,
         rope_offset: int = 0,
     ) -> None:
         """The head's shifted pass over a prefill chunk of one sequence starting at KV index
-        `start`: its first `len(next_ids)` rows, row p fed (h_p, next_ids[p]). With `draft` (the
-        chunk that ends the prompt and samples; `next_ids` then ends with that sample, a device
-        tensor entry or int), the last row drafts d1..dk into the slot's drafts."""
-        num = len(next_ids)
+        `start`: row p fed (h_p, token p+1), the next tokens being `known` then, for the chunk
+        that ends the prompt, `sample` ([1], the first output token on the device), whose row
+        then drafts d1..dk into the slot's drafts."""
+        ids = self._ints(known)
+        if sample is not None:
+            ids = torch.cat((ids, sample.reshape(1).to(torch.int64)))
+        num = ids.shape[0]
         if num == 0:
             return
-        ids = torch.stack([torch.as_tensor(t, dtype=torch.int64) for t in next_ids]).to(self.device)
         head_batch = ForwardBatch(
             input_ids=ids.reshape(-1),
             positions=batch.positions[..., :num],
@@ -193,7 +195,7 @@ class SpecStep:
             max_kv_len=start + num,
         )
         out = self.head.forward_hidden(head_batch, self.cache, hidden[:num])
-        if not draft:
+        if sample is None:
             return
         last = start + num - 1
         row = SpecInput(

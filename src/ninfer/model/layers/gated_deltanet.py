@@ -181,9 +181,9 @@ def _verify_columns(
     conv_cols, ssm_cols, outs = [], [], []
     for j in range(width):
         q, k, v, g, beta = dispatch.gdn_decode_front(
-            qkv[:, j],
-            a[:, j],
-            b[:, j],
+            qkv[:, j].contiguous(),  # the kernels take one row per sequence, densely packed
+            a[:, j].contiguous(),
+            b[:, j].contiguous(),
             w.conv1d,
             w.A_log,
             w.dt_bias,
