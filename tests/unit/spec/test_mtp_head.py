@@ -96,3 +96,60 @@ def test_mtp_head_matches_reference_prefill_and_steps(tiny) -> None:
     # the head's KV is its own: the target's full-attention pages were never written
     assert all(not k.any() for k in cache.k_pages[:-1])
     assert cache.k_pages[-1][pages].any()
+
+
+def test_engine_drafts_equal_a_plain_reference_of_the_head(tiny) -> None:
+    """The head's drafts, as the engine computes them (prefill in two chunks, then rounds that
+    keep every prefix length: oracle drafts are verified, the head's own are recorded before
+    the oracle replaces them), equal a plain recomputation: the target over tokens 0..P in one
+    pass, the head over (h_p, token p + 1) for p <= P, its row P's argmax, then k - 1 steps
+    feeding its own hidden and draft back. This checks the shifted passes (row a of a verify),
+    the head's KV and positions, not only that the output stays exact."""
+    from ninfer.engine.handles import RequestHandle
+    from support.spec_engines import OracleDrafts, prompt, tokens
+
+    k, model, head = 3, tiny.model, tiny.head
+    p = prompt(3, 21)
+    with tiny.engine(max_concurrency=1) as plain:
+        req = plain.make_request(p, max_tokens=14, ignore_eos=True, greedy=True, request_id="x")
+        full = p + tokens(list(RequestHandle(plain.core, req)))
+    seen: list[tuple[int, list[int]]] = []  # (P, the head's drafts from its row at P)
+    with tiny.engine(spec="mtp", draft_tokens=k, max_concurrency=1) as engine:
+        spec = engine.core.runner.spec
+        original = spec._draft
+
+        def recording(rows, slots, hidden, positions, *, horizon):
+            original(rows, slots, hidden, positions, horizon=horizon)
+            for slot, pos in zip(slots.tolist(), positions.tolist(), strict=True):
+                seen.append((pos, spec.drafts[slot].tolist()))
+
+        spec._draft = recording
+        OracleDrafts(engine, {"x": full})
+        req = engine.make_request(p, max_tokens=14, ignore_eos=True, greedy=True, request_id="x")
+        events = list(RequestHandle(engine.core, req))
+    assert p + tokens(events) == full
+    assert events[-1].stats.speculative["accepted_tokens"] >= 3
+    assert len({pos - len(p) for pos, _ in seen}) >= 4
+    vocab = min(tiny.tokenizer.vocab_size, model.config.vocab_size)
+    for position, drafts in seen:
+        if position + k + 1 > len(full):
+            continue  # the request ended there: no reference continuation to compare
+        cache = ModelCache.allocate(
+            model.config, num_pages=8, num_slots=1, page_size=16, dtype=torch.float32,
+            extra_attention_layers=1,
+        )  # fmt: skip
+        pages = list(range(8))
+        ids = torch.tensor(full[: position + 2])
+        batch = ForwardBatch.prefill(ids[:-1], num_computed=0, page_ids=pages, state_slot=0)
+        hidden = model.forward_hidden(batch, cache)
+        shifted = ForwardBatch.prefill(ids[1:], num_computed=0, page_ids=pages, state_slot=0)
+        h = head.forward_hidden(shifted, cache, hidden)[-1:]
+        want = []
+        for i in range(k):
+            d = head.compute_logits(h)[:, :vocab].argmax(-1)
+            want.append(int(d))
+            step = ForwardBatch.decode(
+                d, num_computed=[position + 1 + i], page_tables=[pages], state_slots=[0]
+            )
+            h = head.forward_hidden(step, cache, h)
+        assert drafts == want, position
