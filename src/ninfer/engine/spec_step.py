@@ -82,6 +82,8 @@ class SpecStep:
         self.num_sampleable = num_sampleable
         self.counts = counts
         self.device = model.device
+        self._generation = 0  # verify steps run, for dropping old verify records
+        self._born: dict[int, int] = {}  # slot -> the generation of its kept records
         self.drafts = torch.zeros(
             (max(cache.num_slots, 1), draft_tokens), dtype=torch.int64, device=self.device
         )
@@ -269,8 +271,17 @@ class SpecStep:
         ):
             conv.index_copy_(0, slots, conv_cols[every, accepted])
             ssm.index_copy_(0, slots, ssm_cols[every, accepted])
+        # Keep this step's records and the previous step's: a rewind is queued when a round
+        # lands, which (overlapped loop) may be after one more verify step was launched. Older
+        # ones are dropped, so a finished sequence's records do not pin device memory.
+        self._generation += 1
+        kept = self.cache.verify_records
         for row, slot in enumerate(slot_ids):
-            self.cache.verify_records[slot] = (row, records)
+            kept[slot] = (row, records)
+            self._born[slot] = self._generation
+        for slot in [s for s, g in self._born.items() if g < self._generation - 1]:
+            kept.pop(slot, None)
+            del self._born[slot]
 
     def _batch(
         self, rows: Sequence[SpecInput], ids: torch.Tensor, width: int, *, verify: bool
