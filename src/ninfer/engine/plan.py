@@ -22,9 +22,9 @@ FROM_DEVICE = -1
 
 STATE = "state"  # CopyOp kind: one StateImage (conv + recurrent state of every linear layer)
 PAGES = "pages"  # CopyOp kind: KV pages (K and V of every full-attention layer)
-# CopyOp kind: a lane's recurrent state set back to column `src[0]` of its latest verify step
-# (a stop or a control token inside a speculative round keeps fewer tokens than were accepted)
-REWIND = "rewind"
+# CopyOp kind: lanes' recurrent state advanced over the kept columns of their latest verify step
+# (a speculative round leaves the state alone; how many tokens it keeps is known when it lands)
+FOLD = "fold"
 
 
 @dataclass(frozen=True)
@@ -32,8 +32,8 @@ class CopyOp:
     """One copy the runner performs before the step's forwards, in plan order.
 
     STATE: `src[0]` -> `dst[0]`, each a device state slot, or a host block id when the side's
-    `*_host` flag is set. REWIND: state slot `dst[0]` takes the state its latest verify step
-    recorded after column `src[0]`. PAGES: device pages `src[i]` -> `dst[i]`; towards the
+    `*_host` flag is set. FOLD: state slot `dst[i]` advances over the first `src[i]` columns
+    of its latest verify step. PAGES: device pages `src[i]` -> `dst[i]`; towards the
     host, `dst[0]` is one host block holding the pages in order; from the host, `src[0]` is
     that block and `dst` the device pages.
     """
@@ -45,7 +45,7 @@ class CopyOp:
     dst_host: bool = False
 
     def __post_init__(self) -> None:
-        assert self.kind in (STATE, PAGES, REWIND), self.kind
+        assert self.kind in (STATE, PAGES, FOLD), self.kind
         if self.kind == STATE or not (self.src_host or self.dst_host):
             assert len(self.src) == len(self.dst), (self.src, self.dst)
 

@@ -32,7 +32,7 @@ from ninfer.engine import snapshots
 from ninfer.engine.errors import ContextLengthExceeded, QueueTimeout
 from ninfer.engine.kv_pool import PagePool
 from ninfer.engine.output import OutputState
-from ninfer.engine.plan import FROM_DEVICE, PAGES, REWIND, CopyOp, Row, StepOutcome, StepPlan
+from ninfer.engine.plan import FOLD, FROM_DEVICE, PAGES, CopyOp, Row, StepOutcome, StepPlan
 from ninfer.engine.prefix_cache import DISABLED, Checkpoint, PrefixCache, PrefixLookup
 from ninfer.engine.request import (
     EngineEvent,
@@ -222,7 +222,7 @@ class Scheduler:
         self.num_snapshot_restores = 0
         self.num_replay_restores = 0
         self.num_replayed_tokens = 0
-        self.num_spec_rewinds = 0  # rounds cut short of their accepted length (REWIND copies)
+        self.num_spec_rewinds = 0  # rounds cut short of their accepted length by a commit
 
     # -- intake --------------------------------------------------------------------------------
     def check_fits(self, num_prompt: int, max_tokens: int) -> None:
@@ -688,6 +688,8 @@ class Scheduler:
         """Commit a landed step: advance frontiers, commit kept samples, decide finishes."""
         now = self.clock()
         events: list[Event] = []
+        mark = len(self._copies)  # folds go before any copy this commit queues (captures)
+        folds: list[tuple[int, int]] = []
         for i, (row, token) in enumerate(zip(plan.rows, outcome.sampled, strict=True)):
             seq = row.seq
             if seq.status == SeqStatus.FINISHED:
@@ -696,7 +698,7 @@ class Scheduler:
             if row.spec:
                 committed, accepted = outcome.committed[i], outcome.accepted[i]
                 assert committed is not None
-                events += self._land_spec(seq, row, committed, accepted, now)
+                events += self._land_spec(seq, row, committed, accepted, now, folds)
                 continue
             end = row.start + row.num_new_tokens
             seq.num_computed = max(seq.num_computed, end)
@@ -721,6 +723,9 @@ class Scheduler:
                 continue  # no sample, or its position already holds a known (control) token
             assert token is not None
             events += self._commit_token(seq, token, now)
+        if folds:
+            slots, nums = zip(*folds, strict=True)
+            self._copies.insert(mark, CopyOp(FOLD, tuple(nums), tuple(slots)))
         return events
 
     def _land_spec(
@@ -730,13 +735,14 @@ class Scheduler:
         committed: tuple[int, ...],
         accepted: int,
         now: float,
+        folds: list[tuple[int, int]],
     ) -> list[Event]:
         """Commit a round (or fallback step) token by token, as plain decoding would: a stop,
         the token limit or a cancel ends it early, a control token inserted after one replaces
         the rest. The fed frontier follows the committed tokens (a kept draft was fed; the
-        target's own last token was not); when it ends short of the accepted length, the slot's
-        state is rewound to that column of the verify (a REWIND copy ordered before any
-        capture the commit queued)."""
+        target's own last token was not); a round's slot then folds exactly that many verify
+        columns into its state (appended to `folds` as (slot, columns); `update` queues one
+        FOLD copy ahead of any capture the commit queued)."""
         q = row.start
         if seq.spec is not None:
             if row.num_drafts:
@@ -748,7 +754,6 @@ class Scheduler:
         if q + 1 != len(seq.token_ids):
             return []  # it fed a known control token: its sample is not the next token
         slot = seq.slot
-        mark = len(self._copies)
         events: list[Event] = []
         kept = 0
         for n, token in enumerate(committed, start=1):
@@ -760,9 +765,10 @@ class Scheduler:
             kept = min(n, accepted)
             if seq.status == SeqStatus.FINISHED or len(seq.token_ids) != q + 1 + n:
                 break  # finished, or control tokens follow this one
-        if kept < accepted and slot is not None:
-            self._copies.insert(mark, CopyOp(REWIND, (kept,), (slot,)))
-            self.num_spec_rewinds += 1
+        if row.num_drafts and slot is not None:
+            folds.append((slot, 1 + kept))
+            if kept < accepted:
+                self.num_spec_rewinds += 1
         return events
 
     def _commit_token(self, seq: Sequence, token_id: int, now: float) -> list[Event]:

@@ -1,17 +1,19 @@
-"""The speculative round with the MTP head: draft, verify, accept, commit the accepted state.
+"""The speculative round with the MTP head: draft, verify, accept; the state fold comes later.
 
 Imports torch, model/ and kernels/ (through the sampling twin). What runs on the device, per
 decode row of an engine loaded with `spec="mtp"`:
 
 - a **round** (row with k drafts, position L): the target verifies [t0, d1..dk] in one step with
-  logits on every column (the linear layers column by column, recording the state after each:
-  `ForwardBatch.verify_width`); `acceptance.verify` keeps the longest accepted prefix a and draws
-  the target's own token t*; each slot's DeltaNet and conv state become the record of column a
-  (bit for bit the state of feeding t0, d1..da one by one), and KV past L + a is simply dead
-  (the next round overwrites it). Then the MTP head runs its shifted pass over the verify's
-  hidden states, row j fed (h_j, d_{j+1}) with row a fed (h_a, t*), which refreshes its own KV
-  for positions L..L+a; row a's output drafts the next d1, and k - 1 autoregressive head steps
-  draft d2..dk into `drafts[slot]`.
+  logits on every column (the linear layers column by column with the decode step's ops on
+  working copies, recording each column's conv and delta-rule inputs: `ForwardBatch.
+  verify_width`, `gated_deltanet.VerifyRecord`); `acceptance.verify` keeps the longest accepted
+  prefix a and draws the target's own token t*. The slots keep their pre-round state: once the
+  round lands, the scheduler queues a FOLD of the kept columns (a + 1, or fewer when a stop or
+  a control token cuts the round), bit for bit the state of feeding those tokens one by one; KV
+  past the kept length is simply dead (the next round overwrites it). Then the MTP head runs its
+  shifted pass over the verify's hidden states, row j fed (h_j, d_{j+1}) with row a fed
+  (h_a, t*), which refreshes its own KV for positions L..L+a; row a's output drafts the next
+  d1, and k - 1 autoregressive head steps draft d2..dk into `drafts[slot]`.
 - a **fallback step** (no drafts: near the context end, or feeding a known control token): a
   plain decode step of the target, sampled as usual, then the same head pass for its one row.
 - after every **prefill chunk** (`prefill_pass`): the head's shifted pass over the chunk, row p
@@ -126,7 +128,7 @@ class SpecStep:
             counts=counts,
             count_rows=count_rows,
         )
-        self._keep_column(slots, accepted, batch.verify_states or [], [r.slot for r in rows])
+        self._record(batch.verify_states or [], [r.slot for r in rows])
         # the head's shifted pass over the verify: row j sees (h_j, d_{j+1}); row a (h_a, t*)
         every = torch.arange(num, device=self.device)
         next_ids = torch.cat((ids[:, 1:], ids[:, :1]), dim=1)
@@ -256,22 +258,10 @@ class SpecStep:
                 drafts[pick, i] = tok
         self.drafts.index_copy_(0, slots, drafts)
 
-    def _keep_column(
-        self,
-        slots: torch.Tensor,
-        accepted: torch.Tensor,
-        records: list[tuple[torch.Tensor, torch.Tensor]],
-        slot_ids: Sequence[int],
-    ) -> None:
-        """Each slot's state becomes its verify record at column a; the records stay for a later
-        rewind (a stop or control token inside the round keeps fewer tokens)."""
-        every = torch.arange(slots.shape[0], device=self.device)
-        for conv, ssm, (conv_cols, ssm_cols) in zip(
-            self.cache.conv_state, self.cache.ssm_state, records, strict=True
-        ):
-            conv.index_copy_(0, slots, conv_cols[every, accepted])
-            ssm.index_copy_(0, slots, ssm_cols[every, accepted])
-        # Keep this step's records and the previous step's: a rewind is queued when a round
+    def _record(self, records: list, slot_ids: Sequence[int]) -> None:
+        """Keep the verify's records for the fold the scheduler queues once the round lands
+        (the slots' state is still the pre-round one)."""
+        # Keep this step's records and the previous step's: a fold is queued when a round
         # lands, which (overlapped loop) may be after one more verify step was launched. Older
         # ones are dropped, so a finished sequence's records do not pin device memory.
         self._generation += 1

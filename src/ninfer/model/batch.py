@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -37,11 +38,11 @@ class ForwardBatch:
     embed_index: torch.Tensor | None = None  # [K] int64 flat token indices
     embed_rows: torch.Tensor | None = None  # [K, H] their input embeddings
     # A speculative verify step: every sequence feeds `verify_width` tokens, and the linear
-    # layers leave the state slots untouched, recording the state after each column instead
-    # (`verify_states`, one (conv, ssm) pair per linear layer in order) so the engine can keep
-    # exactly the accepted prefix (engine/spec_step.py).
+    # layers leave the state slots untouched, recording each column's inputs instead
+    # (`verify_states`, one `gated_deltanet.VerifyRecord` per linear layer in order) so the
+    # engine can fold exactly the kept prefix into the state later (engine/spec_step.py).
     verify_width: int = 0
-    verify_states: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+    verify_states: list[Any] | None = None
 
     def __post_init__(self) -> None:
         num_tokens = self.input_ids.shape[0]

@@ -8,6 +8,7 @@ at allocation so a gathered-but-masked page never holds NaN bit patterns that 0 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -33,11 +34,9 @@ class ModelCache:
     conv_state: list[torch.Tensor]
     ssm_state: list[torch.Tensor]
     layer_index: dict[int, int]  # decoder layer id -> index into its kind's lists
-    # slot -> (its row in that step, the (conv [B, W, ...], ssm [B, W, ...]) per linear layer) of
-    # the slot's latest speculative verify step: what `rewind_slot` restores from
-    verify_records: dict[int, tuple[int, list[tuple[torch.Tensor, torch.Tensor]]]] = field(
-        default_factory=dict
-    )
+    # slot -> (its row in that step, one gated_deltanet.VerifyRecord per linear layer) of the
+    # slot's latest speculative verify step: what a fold replays (engine/copies.py)
+    verify_records: dict[int, tuple[int, list[Any]]] = field(default_factory=dict)
 
     @classmethod
     def allocate(
@@ -132,15 +131,6 @@ class ModelCache:
         for conv, ssm in zip(self.conv_state, self.ssm_state, strict=True):
             conv[dst].copy_(conv[src])
             ssm[dst].copy_(ssm[src])
-
-    def rewind_slot(self, slot: int, column: int) -> None:
-        """Set a slot's state to the one its latest verify step recorded after `column`."""
-        row, records = self.verify_records[slot]
-        for conv, ssm, (conv_cols, ssm_cols) in zip(
-            self.conv_state, self.ssm_state, records, strict=True
-        ):
-            conv[slot].copy_(conv_cols[row, column])
-            ssm[slot].copy_(ssm_cols[row, column])
 
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.num_slots:

@@ -13,6 +13,7 @@ independent definition both prefill forms are tested against; the prefill twins
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -150,6 +151,17 @@ def gated_delta_rule_decode(
 # --- speculative verify ----------------------------------------------------------------------
 
 
+class VerifyRecord(NamedTuple):
+    """What a verify step's linear layer leaves for the fold, per sequence row and column:
+    the conv inputs and the delta rule's inputs (a few KB per token, not a state per column)."""
+
+    qkv: torch.Tensor  # [B, W, C] conv inputs, in the conv state's dtype
+    k: torch.Tensor  # [B, W, Hk, Dk] fp32, L2-normalised
+    v: torch.Tensor  # [B, W, Hv, Dv]
+    g: torch.Tensor  # [B, W, Hv] fp32
+    beta: torch.Tensor  # [B, W, Hv] fp32
+
+
 def _verify_columns(
     qkv: torch.Tensor,
     a: torch.Tensor,
@@ -163,13 +175,12 @@ def _verify_columns(
     scale: float,
 ) -> torch.Tensor:
     """A verify step's recurrence: column by column with exactly the decode step's ops, on
-    copies of the slots' state, recording the state after every column.
+    working copies of the slots' state, which stays as it was.
 
-    Why: the engine keeps only the accepted prefix of a verify row. Running each column as a
-    decode step makes the state after column i bit for bit the state that decoding those tokens
-    one by one would leave, so keeping column a's record is exactly "never having drafted". The
-    slots themselves are not written here; `batch.verify_states` gets ([B, W, C, K-1],
-    [B, W, Hv, Dk, Dv]) and the engine copies the accepted column back.
+    Why: the engine keeps only an accepted prefix of a verify row, known after the step. The
+    slots are left at the pre-round state and `batch.verify_states` gets each column's inputs
+    (`VerifyRecord`); `fold_verify` later replays the kept columns with the same ops in the same
+    order, so the result is bit for bit the state that decoding those tokens one by one leaves.
     """
     width = batch.verify_width
     num_seqs = batch.num_seqs
@@ -178,7 +189,7 @@ def _verify_columns(
     conv = conv_state.index_select(0, batch.state_slots)  # [B, C, K-1] working copies
     ssm = ssm_state.index_select(0, batch.state_slots)
     qkv, a, b = (t.reshape(num_seqs, width, -1) for t in (qkv, a, b))
-    conv_cols, ssm_cols, outs = [], [], []
+    outs, ks, vs, gs, betas = [], [], [], [], []
     for j in range(width):
         q, k, v, g, beta = dispatch.gdn_decode_front(
             qkv[:, j].contiguous(),  # the kernels take one row per sequence, densely packed
@@ -193,11 +204,54 @@ def _verify_columns(
             head_k_dim=head_k_dim,
         )
         outs.append(dispatch.gated_delta_rule_decode(q, k, v, g, beta, ssm, rows, scale=scale))
-        conv_cols.append(conv.clone())
-        ssm_cols.append(ssm.clone())
+        ks.append(k)
+        vs.append(v)
+        gs.append(g)
+        betas.append(beta)
     if batch.verify_states is not None:
-        batch.verify_states.append((torch.stack(conv_cols, 1), torch.stack(ssm_cols, 1)))
+        batch.verify_states.append(
+            VerifyRecord(
+                qkv.to(conv_state.dtype),
+                torch.stack(ks, 1),
+                torch.stack(vs, 1),
+                torch.stack(gs, 1),
+                torch.stack(betas, 1),
+            )
+        )
     return torch.stack(outs, 1).flatten(0, 1)  # [B * W, Hv, Dv] in token order
+
+
+def fold_verify(
+    record: VerifyRecord,
+    rows: torch.Tensor,
+    num_columns: torch.Tensor,
+    max_columns: int,
+    conv_state: torch.Tensor,
+    ssm_state: torch.Tensor,
+    state_slots: torch.Tensor,
+) -> None:
+    """Advance each slot over the first `num_columns[i]` columns of its verify row `rows[i]`
+    (at least 1): the conv state takes the last K-1 conv inputs, the delta-rule state replays
+    the recorded steps with the decode step's own op (bitwise what the verify computed).
+
+    Args:
+        rows, num_columns, state_slots: [N] int64; max_columns: a host bound on num_columns.
+    """
+    num, width = rows.shape[0], record.qkv.shape[1]
+    conv = conv_state.index_select(0, state_slots)  # [N, C, K-1]
+    window = torch.cat((conv, record.qkv.index_select(0, rows).transpose(1, 2)), dim=2)
+    tail = num_columns[:, None] + torch.arange(conv.shape[2], device=conv.device)  # [N, K-1]
+    conv_state.index_copy_(0, state_slots, window.gather(2, tail[:, None, :].expand_as(conv)))
+    work = ssm_state.index_select(0, state_slots)
+    local = torch.arange(num, device=work.device)
+    for c in range(min(max_columns, width)):
+        before = work.clone()
+        k = record.k[rows, c]
+        dispatch.gated_delta_rule_decode(
+            k, k, record.v[rows, c], record.g[rows, c], record.beta[rows, c], work, local, scale=1.0
+        )
+        work = torch.where((c < num_columns)[:, None, None, None], work, before)
+    ssm_state.index_copy_(0, state_slots, work)
 
 
 # --- the layer -------------------------------------------------------------------------------
