@@ -42,7 +42,7 @@ class Tiny:
     template: ChatTemplate
     presets: Any
 
-    def engine(self, **options: Any) -> Engine:
+    def engine(self, *, static_rounds: bool = False, **options: Any) -> Engine:
         opts = EngineOptions.from_kwargs(**{**BASE, **options})
         parts = assemble(
             self.model,
@@ -51,6 +51,7 @@ class Tiny:
             presets=self.presets,
             eos_token_ids=frozenset(),
             mtp=self.head if opts.spec else None,
+            static_rounds=static_rounds,
         )
         return Engine(parts, opts, self.template, "tiny")
 
@@ -101,10 +102,11 @@ class OracleDrafts:
         assert spec is not None
         self.spec, self.truth, self.wrong = spec, truth, wrong
         self.scheduler = engine.core.scheduler
-        original = spec._draft
+        previous = spec.on_drafts
 
-        def draft(rows, slots, hidden, positions, *, horizon) -> None:
-            original(rows, slots, hidden, positions, horizon=horizon)
+        def oracle(slots, positions) -> None:
+            if previous is not None:
+                previous(slots, positions)
             by_slot = {s.slot: s for s in self.scheduler.running}
             for slot, pos in zip(slots.tolist(), positions.tolist(), strict=True):
                 seq = by_slot.get(slot)
@@ -117,4 +119,4 @@ class OracleDrafts:
                         token = ref[at]
                         spec.drafts[slot, j] = (token + 1) % VOCAB if self.wrong(pos, j) else token
 
-        spec._draft = draft  # type: ignore[method-assign]
+        spec.on_drafts = oracle

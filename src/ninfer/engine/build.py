@@ -125,10 +125,13 @@ def assemble(
     vision: VisionTower | None = None,
     on_graph_capture: OnCapture | None = None,
     mtp: MtpHead | None = None,
+    static_rounds: bool = False,
 ) -> EngineParts:
     """Pools, decode step, runner and worker over a bound model (benches pass random weights).
     With spec="mtp", `mtp` is the bound head: its KV joins the cache as one more attention
-    layer and every decode row runs through the speculative round (engine/spec_step.py)."""
+    layer and every decode row runs through the speculative round (engine/spec_step.py).
+    `static_rounds` runs rounds over padded static buffers even without CUDA graphs (the CPU
+    tests of the graph body)."""
     options.validate()
     k = options.num_drafts
     if k and mtp is None:
@@ -142,13 +145,12 @@ def assemble(
     lanes = options.max_concurrency
     extra = options.device_state_slots
     num_slots = lanes + (lanes if extra is None else extra)
-    graph_status = _graph_status(model, device.type == "cuda" and not options.no_cuda_graph, lanes)
-    if k and graph_status == "on":
-        # NOTE: the round (drafts, verify, acceptance, head pass) runs eagerly; capturing it per
-        # (batch bucket, k) is not built yet.
-        graph_status = "off: speculative rounds run eagerly (not captured in CUDA graphs yet)"
+    wanted = device.type == "cuda" and not options.no_cuda_graph
+    # a round feeds k + 1 tokens per lane: the MoE path must be sync-free for that many rows
+    graph_status = _graph_status(model, wanted, lanes * (k + 1) if k else lanes)
     use_graphs = graph_status == "on"
-    spare = 1 if use_graphs else 0  # one state slot and KV page, never handed out, for padding
+    static = use_graphs or (static_rounds and k > 0)
+    spare = 1 if static else 0  # one state slot and KV page, never handed out, for padding
     num_pages = _num_pages(options, config, model, num_slots + spare, dtype, extra_layers)
     cache = ModelCache.allocate(
         config,
@@ -195,7 +197,18 @@ def assemble(
     if k:
         assert mtp is not None
         spec = SpecStep(
-            model, mtp, cache, draft_tokens=k, num_sampleable=num_sampleable, counts=decode.counts
+            model,
+            mtp,
+            cache,
+            draft_tokens=k,
+            num_sampleable=num_sampleable,
+            counts=decode.counts,
+            max_batch=lanes,
+            max_pages=-(-options.max_context // options.page_size),
+            use_graphs=use_graphs,
+            static=static,
+            dummy_slot=num_slots if static else None,
+            dummy_page=num_pages if static else None,
         )
     core = EngineCore(
         scheduler,
@@ -210,7 +223,10 @@ def assemble(
         tokenizer,
         eos_token_ids=eos_token_ids,
         resolve_sampling=resolver.resolve,
-        overlap=not options.no_overlap,
+        # NOTE: a speculative sequence waits for its round to land before its next row, so the
+        # overlapped loop would split the running sequences into two groups alternating between
+        # steps (half-size batches); speculative engines land each step before planning the next.
+        overlap=not options.no_overlap and not k,
     )
     return EngineParts(
         config,

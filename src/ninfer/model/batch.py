@@ -43,6 +43,9 @@ class ForwardBatch:
     # engine can fold exactly the kept prefix into the state later (engine/spec_step.py).
     verify_width: int = 0
     verify_states: list[Any] | None = None
+    # `max_kv_len` is a static bound, not the longest sequence (CUDA graphs of verify steps):
+    # attention takes every length from `num_computed` on the device
+    static_shapes: bool = False
 
     def __post_init__(self) -> None:
         num_tokens = self.input_ids.shape[0]

@@ -116,14 +116,12 @@ def test_engine_drafts_equal_a_plain_reference_of_the_head(tiny) -> None:
     seen: list[tuple[int, list[int]]] = []  # (P, the head's drafts from its row at P)
     with tiny.engine(spec="mtp", draft_tokens=k, max_concurrency=1) as engine:
         spec = engine.core.runner.spec
-        original = spec._draft
 
-        def recording(rows, slots, hidden, positions, *, horizon):
-            original(rows, slots, hidden, positions, horizon=horizon)
+        def recording(slots, positions) -> None:
             for slot, pos in zip(slots.tolist(), positions.tolist(), strict=True):
                 seen.append((pos, spec.drafts[slot].tolist()))
 
-        spec._draft = recording
+        spec.on_drafts = recording
         OracleDrafts(engine, {"x": full})
         req = engine.make_request(p, max_tokens=14, ignore_eos=True, greedy=True, request_id="x")
         events = list(RequestHandle(engine.core, req))

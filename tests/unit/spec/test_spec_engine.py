@@ -54,9 +54,18 @@ def _truth(baseline: dict[str, list[int]]) -> dict[str, list[int]]:
     return {rid: prompt(int(rid[1:])) + toks for rid, toks in baseline.items()}
 
 
-@pytest.mark.parametrize("k", [1, 2, 3, 4, 5])
-def test_greedy_spec_equals_plain_oracle_drafts_batched(tiny, baseline, k) -> None:
-    with tiny.engine(spec="mtp", draft_tokens=k, max_concurrency=3) as engine:
+@pytest.mark.parametrize(
+    ("k", "static"),
+    [(1, False), (2, False), (3, False), (4, False), (5, False), (2, True), (5, True)],
+)
+def test_greedy_spec_equals_plain_oracle_drafts_batched(tiny, baseline, k, static) -> None:
+    """`static`: rounds over the padded static buffers (the CUDA-graph body, run eagerly):
+    three rows in a bucket of four, attention lengths from the device."""
+    lanes = 5 if static else 3  # buckets 1, 2, 4, 5: three rows replay bucket 4, one padded
+    with tiny.engine(
+        spec="mtp", draft_tokens=k, max_concurrency=lanes, static_rounds=static
+    ) as engine:
+        assert engine.core.runner.spec.static == static
         OracleDrafts(engine, _truth(baseline))
         got = _run(engine, _requests(3))
     for rid, events in got.items():

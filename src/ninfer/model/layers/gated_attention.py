@@ -35,6 +35,9 @@ class AttentionMetadata(NamedTuple):
     page_table: torch.Tensor  # [B, max_pages] int64
     max_query_len: int
     max_kv_len: int
+    # max_kv_len is only a bound (a CUDA graph's static shape): the single-sequence fast paths,
+    # which take it for the sequence's length, are off; lengths come from kv_lens on the device
+    static: bool = False
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,7 @@ def build_attention_metadata(batch: ForwardBatch, page_size: int) -> AttentionMe
         page_table=page_table,
         max_query_len=batch.max_query_len,
         max_kv_len=batch.max_kv_len,
+        static=batch.static_shapes,
     )
 
 
@@ -170,9 +174,9 @@ def gated_attention(
 
     store_kv(k, v, k_pages, v_pages, meta.slot_mapping)
     scale = head_dim**-0.5
-    if _is_fresh_single_sequence(x, meta):
+    if not meta.static and _is_fresh_single_sequence(x, meta):
         out = fresh_causal_attention(q, k, v, scale=scale)
-    elif _is_continued_single_sequence(x, meta):
+    elif not meta.static and _is_continued_single_sequence(x, meta):
         out = continued_causal_attention(q, k_pages, v_pages, meta, scale=scale)
     elif meta.max_query_len == 1 and dispatch.paged_decode_supported(q, k_pages):
         # CUDA decode: split-KV kernel reading each live page once, no gather, no mask
