@@ -13,8 +13,8 @@ about real checkpoints. The report therefore has two parts per decode batch B:
   k - 1 head steps), each the median of `steps` timed runs at context `context`; from them the
   tok/s a round implies at a stated acceptance length L: B * L / round time (and the plain
   step's B / step time beside it).
-NOTE: rounds run eagerly (not captured in CUDA graphs yet), so the round cost includes host
-launch overhead that a captured round would not pay.
+On CUDA every cost is a CUDA-graph replay (the round as the engine replays it, staging
+included; the verify forward and the head step captured here for timing).
 """
 
 from __future__ import annotations
@@ -185,7 +185,19 @@ def _step_costs(
         dummy_slot=batch,
         dummy_page=batch * per_seq,
     )
-    spec = SpecStep(model, head, cache, draft_tokens=k, num_sampleable=vocab, counts=decode.counts)
+    spec = SpecStep(
+        model,
+        head,
+        cache,
+        draft_tokens=k,
+        num_sampleable=vocab,
+        counts=decode.counts,
+        max_batch=batch,
+        max_pages=per_seq,
+        use_graphs=cuda,
+        dummy_slot=batch,
+        dummy_page=batch * per_seq,
+    )
     tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(batch)]
     reals, ints = GREEDY_FIELDS
     plain_rows = [
@@ -205,10 +217,10 @@ def _step_costs(
         for i in range(batch)
     ]
     verify_ids = torch.ones((batch, k + 1), dtype=torch.int64, device=device)
+    verify_batch = spec._batch(spec_rows, verify_ids, k + 1, verify=True)
 
     def verify() -> None:
-        b = spec._batch(spec_rows, verify_ids, k + 1, verify=True)
-        model.compute_logits(model.forward_hidden(b, cache))
+        model.compute_logits(model.forward_hidden(verify_batch, cache))
 
     hidden = torch.zeros((batch, model.config.hidden_size), dtype=model.dtype, device=device)
     step_batch = ForwardBatch.decode(
@@ -224,10 +236,30 @@ def _step_costs(
 
     return {
         "plain_decode_ms": _median_ms(lambda: decode.run(plain_rows), steps, cuda),
-        "verify_ms": _median_ms(verify, steps, cuda),
-        "draft_step_ms": _median_ms(draft_step, steps, cuda),
+        "verify_ms": _median_ms(_graphed(verify, cuda), steps, cuda),
+        "draft_step_ms": _median_ms(_graphed(draft_step, cuda), steps, cuda),
         "round_ms": _median_ms(lambda: spec.run(spec_rows), steps, cuda),
     }
+
+
+def _graphed(fn: Callable[[], Any], cuda: bool) -> Callable[[], Any]:
+    """`fn` captured in a CUDA graph (timed as a replay, as the engine would run it); eager
+    elsewhere, or when it cannot be captured."""
+    if not cuda:
+        return fn
+    with torch.no_grad():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()  # warm-up: kernel compilation, one-time probes
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                fn()
+        except RuntimeError:
+            return fn
+    return graph.replay
 
 
 def _median_ms(fn: Callable[[], Any], steps: int, cuda: bool) -> float:
