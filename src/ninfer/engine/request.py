@@ -73,6 +73,9 @@ class Timings:
     prompt_ms: float
     predicted_n: int
     predicted_ms: float
+    # speculative requests that drafted: every drafted token, and the drafts accepted
+    draft_n: int | None = None
+    draft_n_accepted: int | None = None
 
     @property
     def prompt_per_token_ms(self) -> float:
@@ -103,6 +106,11 @@ class Timings:
             "predicted_ms": self.predicted_ms,
             "predicted_per_token_ms": self.predicted_per_token_ms,
             "predicted_per_second": self.predicted_per_second,
+            **(
+                {"draft_n": self.draft_n, "draft_n_accepted": self.draft_n_accepted}
+                if self.draft_n
+                else {}
+            ),
         }
 
 

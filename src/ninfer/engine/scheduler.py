@@ -942,4 +942,6 @@ def timings_of(seq: Sequence) -> Timings:
         prompt_ms=prompt_ms,
         predicted_n=seq.num_output,
         predicted_ms=predicted_ms,
+        draft_n=seq.spec.drafted_tokens if seq.spec is not None else None,
+        draft_n_accepted=seq.spec.accepted_tokens if seq.spec is not None else None,
     )

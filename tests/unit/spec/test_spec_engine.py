@@ -77,6 +77,9 @@ def test_greedy_spec_equals_plain_oracle_drafts_batched(tiny, baseline, k, stati
         assert s["backend"] == "mtp" and s["draft_window"] == k
         assert s["drafted_tokens"] == k * s["rounds"]
         assert sum(s["accepted_per_position"]) == s["accepted_tokens"]
+        timings = end.timings.to_dict()  # llama.cpp-compatible: draft_n, draft_n_accepted
+        assert timings["draft_n"] == s["drafted_tokens"]
+        assert timings["draft_n_accepted"] == s["accepted_tokens"]
         per = s["accepted_per_position"]
         assert all(a >= b for a, b in zip(per, per[1:], strict=False))
         # every committed token but the prefill's came from a round (a + 1) or a fallback step;
