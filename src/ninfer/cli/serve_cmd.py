@@ -134,7 +134,11 @@ def serve(
         help="Drafts per speculative round, 1..5 (default 3; needs --spec).",
         metavar="N",
     ),
-    lm_head_draft: bool = hidden(False, "--lm-head-draft"),
+    lm_head_draft: bool = opt(
+        False,
+        "--lm-head-draft",
+        help="Drafts read a 4-bit shortlist lm_head (needs --spec).",
+    ),
     vision: bool = opt(False, "--vision", help="Load the vision tower; accept images/video."),
     request_log_jsonl: Path | None = opt(
         None, "--request-log-jsonl", help="Append JSONL request records to FILE.", metavar="FILE"
@@ -189,8 +193,9 @@ def serve(
         raise UserError(f"--spec {spec} is not supported yet in this version of ninfer serve")
     if draft_tokens is not None and spec is None:
         raise UserError("--draft-tokens needs --spec mtp")
+    if lm_head_draft and spec is None:
+        raise UserError("--lm-head-draft needs --spec mtp")
     not_built = {
-        "--lm-head-draft": lm_head_draft,
         "--kv-dtype " + str(kv_dtype): kv_dtype not in (None, "bf16"),
         "--context-cost-presets": context_cost_presets is not None,
     }
@@ -238,6 +243,7 @@ def serve(
         "media_preprocess_threads": media_threads,
         "allow_private_media_urls": allow_private_media_urls,
         **({"spec": spec, "draft_tokens": draft_tokens} if spec is not None else {}),
+        **({"lm_head_draft": True} if lm_head_draft else {}),
         **{k: v for k, v in sampling.items() if v is not None},
     }
     check_sampling(sampling)

@@ -36,6 +36,7 @@ from ninfer.engine.state_images import HostPool, StateImages
 from ninfer.engine.state_slots import SlotPool
 from ninfer.model.cache import ModelCache
 from ninfer.model.config import TextConfig
+from ninfer.model.lm_head_draft import ShortlistHead
 from ninfer.model.mtp import MtpHead
 from ninfer.model.qwen3_5 import Qwen3_5Model
 from ninfer.model.vision import VisionConfig, VisionTower
@@ -209,6 +210,9 @@ def assemble(
             static=static,
             dummy_slot=num_slots if static else None,
             dummy_page=num_pages if static else None,
+            shortlist=ShortlistHead(model.lm_head, num_sampleable)
+            if options.lm_head_draft
+            else None,
         )
     core = EngineCore(
         scheduler,

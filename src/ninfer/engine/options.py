@@ -38,7 +38,7 @@ class EngineOptions:
     vision_cache_mib: int = 256  # device memory for tower outputs of repeated media (0: off)
     spec: str | None = None  # speculative decoding backend: "mtp" (the artifact's MTP head)
     draft_tokens: int | None = None  # drafts per round, 1..5 (default 3 with spec="mtp")
-    lm_head_draft: bool = False  # the shortlist proposal head: not built (refused)
+    lm_head_draft: bool = False  # drafts read a 4-bit shortlist lm_head (needs spec)
     # process-level sampling overrides (spec: preset < process flag < request field; greedy last)
     temperature: float | None = None
     top_p: float | None = None
@@ -106,10 +106,7 @@ class EngineOptions:
             f"draft_tokens must be in 1..{MAX_DRAFT_TOKENS}",
         )
         need(self.spec is not None or self.draft_tokens is None, "draft_tokens needs spec='mtp'")
-        need(
-            not self.lm_head_draft,
-            "lm_head_draft (the shortlist proposal head) is not supported in this version",
-        )
+        need(not self.lm_head_draft or self.spec is not None, "lm_head_draft needs spec='mtp'")
 
     @property
     def num_drafts(self) -> int:

@@ -43,6 +43,7 @@ from ninfer.engine import acceptance
 from ninfer.kernels.sampling.reference import FREQUENCY, PRESENCE, RowParams
 from ninfer.model.batch import ForwardBatch
 from ninfer.model.cache import ModelCache
+from ninfer.model.lm_head_draft import ShortlistHead
 from ninfer.model.mtp import MtpHead
 from ninfer.model.qwen3_5 import Qwen3_5Model
 
@@ -114,11 +115,15 @@ class SpecStep:
         static: bool = False,
         dummy_slot: int | None = None,
         dummy_page: int | None = None,
+        shortlist: ShortlistHead | None = None,
     ) -> None:
         """`counts`: the decode step's per-slot penalty counts (read for penalties only).
         `use_graphs` / `static`: rounds over static buffers (captured, or eager and padded),
-        which need `max_batch`, `max_pages` and a dummy slot and page for padding rows."""
+        which need `max_batch`, `max_pages` and a dummy slot and page for padding rows.
+        `shortlist`: the 4-bit proposal head (`lm_head_draft`) the drafts read instead of the
+        full lm_head; verification always uses the full one."""
         self.model = model
+        self.shortlist = shortlist
         self.on_drafts: OnDrafts | None = None
         self.max_batch = max_batch
         self.max_pages = max(1, max_pages)
@@ -450,8 +455,7 @@ class SpecStep:
         positions beyond it (else only d1 is drafted and repeated)."""
         page_size = self.cache.page_size
         reach = all(
-            h + self.k - 1 < len(r.pages) * page_size
-            for h, r in zip(horizon, rows, strict=True)
+            h + self.k - 1 < len(r.pages) * page_size for h, r in zip(horizon, rows, strict=True)
         )
         width = max(len(r.pages) for r in rows)
         self._draft_tensors(
@@ -478,7 +482,7 @@ class SpecStep:
         autoregressive head steps at positions + 1.. (when `bound`, a host bound on the KV
         length they reach, is given; else d1 is repeated). Writes `drafts[slots]`."""
         k = self.k
-        d = self._argmax(self.head.compute_logits(hidden))
+        d = self._propose(hidden)
         drafts = d[:, None].repeat(1, k)
         if bound is not None and k > 1:
             num = slots.shape[0]
@@ -497,7 +501,7 @@ class SpecStep:
                     static_shapes=static,
                 )
                 h = self.head.forward_hidden(step, self.cache, h)
-                tok = self._argmax(self.head.compute_logits(h))
+                tok = self._propose(h)
                 drafts[:, i] = tok
         self.drafts.index_copy_(0, slots, drafts)
 
@@ -552,9 +556,12 @@ class SpecStep:
             return self.counts
         return None
 
-    def _argmax(self, logits: torch.Tensor) -> torch.Tensor:
-        """The head's proposal: argmax over sampleable ids (torch returns the lowest on ties)."""
-        return logits[:, : self.num_sampleable].argmax(dim=-1)
+    def _propose(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The head's proposal from its output hidden: the argmax over sampleable ids (torch
+        returns the lowest on ties), through the shortlist head when there is one."""
+        if self.shortlist is not None:
+            return self.shortlist.propose(hidden)
+        return self.head.compute_logits(hidden)[:, : self.num_sampleable].argmax(dim=-1)
 
     def _result(
         self, num: torch.Tensor, accepted: torch.Tensor, committed: torch.Tensor

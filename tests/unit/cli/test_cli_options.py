@@ -28,7 +28,6 @@ COMMANDS = ("serve", "chat", "count-tokens", "inspect-artifact", "convert", "ben
 # every serve option the spec names that this version refuses (with a sample value)
 UNBUILT = {
     "--spec": ["dflash"],
-    "--lm-head-draft": [],
     "--kv-dtype": ["fp8"],
     "--context-cost-presets": ["presets.json"],
 }
@@ -71,9 +70,14 @@ def test_spec_mtp_reaches_the_engine_options(monkeypatch: pytest.MonkeyPatch, de
     result = invoke("serve", str(demo), "--spec", "mtp", "--draft-tokens", "4", "--port", "0")
     assert result.exit_code == 0, result.output
     assert seen[0]["options"]["spec"] == "mtp" and seen[0]["options"]["draft_tokens"] == 4
+    seen.clear()
+    result = invoke("serve", str(demo), "--spec", "mtp", "--lm-head-draft", "--port", "0")
+    assert result.exit_code == 0, result.output
+    assert seen[0]["options"]["lm_head_draft"] is True
     for bad, needle in (
         (["--spec", "mtp", "--draft-tokens", "6"], "--draft-tokens must be in 1..5"),
         (["--draft-tokens", "2"], "--draft-tokens needs --spec mtp"),
+        (["--lm-head-draft"], "--lm-head-draft needs --spec mtp"),
     ):
         result = invoke("serve", str(demo), *bad, "--port", "0")
         assert isinstance(result.exception, UserError), result.output
