@@ -109,3 +109,10 @@ def test_spec_bench_core_on_the_gpu() -> None:
                             context=256, prompt_tokens=64, output_tokens=32, steps=4)  # fmt: skip
     for r in report["rows"]:
         assert r["rounds"] > 0 and r["round_ms"] > 0 and r["plain_decode_ms"] > 0
+
+
+def test_spec_with_lm_head_draft_equals_plain_fp32(artifact: Path, plain) -> None:
+    with _engine(artifact, spec="mtp", draft_tokens=3, lm_head_draft=True) as engine:
+        got = _run(engine, PROMPTS, MAX_TOKENS)
+    for rid, events in got.items():
+        assert _tokens(events) == plain["fp32"][rid], rid
