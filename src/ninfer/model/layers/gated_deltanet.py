@@ -245,12 +245,13 @@ def fold_verify(
     work = ssm_state.index_select(0, state_slots)
     local = torch.arange(num, device=work.device)
     for c in range(min(max_columns, width)):
-        before = work.clone()
+        before = work.clone() if c else None  # column 0 is always kept: no select needed
         k = record.k[rows, c]
         dispatch.gated_delta_rule_decode(
             k, k, record.v[rows, c], record.g[rows, c], record.beta[rows, c], work, local, scale=1.0
         )
-        work = torch.where((c < num_columns)[:, None, None, None], work, before)
+        if before is not None:
+            work = torch.where((c < num_columns)[:, None, None, None], work, before)
     ssm_state.index_copy_(0, state_slots, work)
 
 
