@@ -229,3 +229,22 @@ def test_thinking_budget_ending_inside_a_round() -> None:
         assert got[-1].stats.speculative["accepted_tokens"] >= 3
     finally:
         demo.artifact.close()
+
+
+def test_spec_needs_the_artifacts_mtp_head_and_options_are_checked(tmp_path) -> None:
+    from ninfer import Engine
+    from ninfer.testing import TinySpec
+    from support.tiny_artifacts import convert_tiny
+
+    spec = TinySpec(kind="dense", vocab_size=1024, with_vision=False, with_mtp=False)
+    _, path = convert_tiny(tmp_path, spec, seed=1, name="no-mtp")
+    with pytest.raises(ValueError, match="the artifact has no MTP head"):
+        Engine.load(path, spec="mtp", dtype="fp32")
+    for bad, needle in (
+        ({"spec": "dflash"}, "spec must be 'mtp'"),
+        ({"spec": "mtp", "draft_tokens": 6}, "draft_tokens must be in 1..5"),
+        ({"draft_tokens": 2}, "draft_tokens needs spec"),
+        ({"lm_head_draft": True}, "lm_head_draft needs spec"),
+    ):
+        with pytest.raises(ValueError, match=needle):
+            Engine.load(path, dtype="fp32", **bad)
