@@ -40,6 +40,7 @@ from ninfer.media.layout import MediaPrompt, MediaTokens, expand_prompt
 from ninfer.media.preparer import MediaLease, MediaLimits, MediaPreparer
 from ninfer.media.settings import MediaSettings
 from ninfer.media.sources import collect_media
+from ninfer.model.mtp import MtpHead
 from ninfer.model.qwen3_5 import Qwen3_5Model
 from ninfer.tokenizer import Tokenizer
 
@@ -162,10 +163,12 @@ class Engine:
         *,
         architecture: str,
         model_id: str = "synthetic",
+        mtp: MtpHead | None = None,
         **options: Any,
     ) -> Engine:
         """An engine over an already bound model (random weights of a real shape in benches),
-        with the Qwen3.5 tokenizer and ninfer's chat template; the model stays on its device."""
+        with the Qwen3.5 tokenizer and ninfer's chat template; the model stays on its device.
+        `mtp`: its bound MTP head, needed with spec="mtp"."""
         opts = EngineOptions.from_kwargs(**options)
         parts = assemble(
             model,
@@ -173,6 +176,7 @@ class Engine:
             opts,
             presets=presets_for(architecture),
             eos_token_ids=frozenset(),
+            mtp=mtp,
         )
         return cls(parts, opts, ChatTemplate(load_default_template()), model_id)
 

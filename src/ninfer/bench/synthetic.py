@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ninfer.artifact.quantize import quantize_fp8_block
-from ninfer.artifact.schema import is_quantizable, text_tensors
+from ninfer.artifact.schema import is_quantizable, mtp_tensors, text_tensors
 from ninfer.model.config import TextConfig
 
 _ROPE = {
@@ -161,6 +161,28 @@ def random_weights(
         out[weight_name] = tensor
         if progress is not None:
             progress(done, total)
+    return out
+
+
+def random_mtp_weights(
+    name: str,
+    *,
+    device: torch.device | str,
+    dtype: torch.dtype = torch.bfloat16,
+    seed: int = 1,
+    fp8: bool = False,
+) -> dict[str, torch.Tensor]:
+    """Random weights of model `name`'s one-layer MTP head (names relative to `mtp.`), drawn
+    like `random_weights`: a head of the real shape, which proposes almost nothing useful."""
+    shapes = mtp_tensors(synthetic_hf_config(name), 1)
+    torch.manual_seed(seed)
+    out: dict[str, torch.Tensor] = {}
+    for weight_name, shape in shapes.items():
+        tensor = torch.empty(shape, dtype=dtype, device=device)
+        _init(weight_name, shape)(tensor)
+        if fp8 and is_quantizable(weight_name, shape):
+            tensor, out[weight_name + "_scale_inv"] = quantize_fp8_block(tensor)
+        out[weight_name] = tensor
     return out
 
 

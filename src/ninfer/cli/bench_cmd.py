@@ -125,6 +125,18 @@ def bench(
     kv_quality_contexts: str = opt(
         "4096,32768", "--kv-quality-contexts", help="Contexts.", metavar="N,N,..."
     ),
+    spec: str | None = opt(
+        None,
+        "--spec",
+        help="Instead of the text matrix: speculative decoding with a random MTP head per "
+        "--batches: e2e tok/s and acceptance, and the cost of a plain decode step, a verify "
+        "step, a draft step and a round at the first --contexts value, with the tok/s a round "
+        "implies at stated acceptance lengths (random weights accept almost nothing).",
+        metavar="mtp",
+    ),
+    draft_tokens: int = opt(
+        3, "--draft-tokens", min=1, max=5, help="--spec: drafts per round.", metavar="N"
+    ),  # fmt: skip
 ) -> None:
     """Benchmark prefill and decode of a real-shape model with random weights (needs a GPU)."""
     if kv_dtype not in KV_DTYPES:
@@ -138,6 +150,13 @@ def bench(
                                as_json, save)  # fmt: skip
         except ValueError as e:
             raise UserError(str(e)) from None
+        return
+    if spec is not None:
+        if spec != "mtp":
+            raise UserError(f"--spec {spec}: only mtp is built")
+        _spec(synthetic, cuda_device(device), weights, draft_tokens,
+              _ints(batches, "--batches"), _ints(contexts, "--contexts")[0], e2e_prompt,
+              e2e_output, steps, as_json, save)  # fmt: skip
         return
     if vision:
         _vision(synthetic, cuda_device(device), vision_size,
@@ -189,6 +208,81 @@ def bench(
         print(to_json(report))
     else:
         print_report(report, Console())
+
+
+def _spec(
+    synthetic: str,
+    device: str,
+    weights: str,
+    draft_tokens: int,
+    batches: tuple[int, ...],
+    context: int,
+    prompt_tokens: int,
+    output_tokens: int,
+    steps: int,
+    as_json: bool,
+    save: Path | None,
+) -> None:
+    import json
+
+    import torch
+
+    from ninfer.bench.spec_bench import run_spec_bench
+    from ninfer.bench.synthetic import (
+        UnknownSyntheticModel,
+        random_mtp_weights,
+        random_weights,
+        synthetic_config,
+    )
+    from ninfer.model.mtp import MtpHead
+    from ninfer.model.qwen3_5 import Qwen3_5Model
+
+    if not torch.cuda.is_available():
+        raise UserError("`ninfer bench --spec` needs a CUDA GPU; none is visible to torch")
+    if weights not in ("bf16", "fp8"):
+        raise UserError("--weights must be bf16 or fp8")
+    try:
+        config = synthetic_config(synthetic)
+    except UnknownSyntheticModel as e:
+        raise UserError(str(e)) from None
+    err = Console(stderr=True)
+    err.print(f"drawing random {synthetic} weights and MTP head on {device}", style="dim")
+    fp8 = weights == "fp8"
+    model = Qwen3_5Model(config, random_weights(synthetic, device=device, fp8=fp8),
+                         device=device, dtype=torch.bfloat16)  # fmt: skip
+    head = MtpHead(model, random_mtp_weights(synthetic, device=device, fp8=fp8))
+    architecture = "qwen3_5_moe" if config.is_moe else "qwen3_5"
+    report = run_spec_bench(
+        model,
+        head,
+        architecture=architecture,
+        draft_tokens=draft_tokens,
+        batches=batches,
+        context=context,
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens,
+        steps=steps,
+        on_progress=lambda msg: err.print(msg, style="dim"),
+    )
+    report |= {"synthetic": synthetic, "weights": weights,
+               "command": shlex.join(["ninfer", *sys.argv[1:]])}  # fmt: skip
+    text = json.dumps(report, indent=2)
+    if save is not None:
+        save.write_text(text + "\n")
+    if as_json:
+        print(text)
+        return
+    con = Console()
+    con.print(f"MTP k={draft_tokens}, {synthetic} {weights} (random weights: {report['note']})")
+    for r in report["rows"]:
+        proj = ", ".join(f"L={k}: {v:.0f}" for k, v in r["projected_tok_s"].items())
+        con.print(
+            f"batch {r['batch']}: e2e {r['e2e_tok_s']:.1f} tok/s, acceptance length "
+            f"{r['acceptance_length']:.2f}, per position {r['accepted_per_position']}; "
+            f"plain step {r['plain_decode_ms']:.2f} ms ({r['plain_tok_s']:.0f} tok/s), verify "
+            f"{r['verify_ms']:.2f} ms ({r['verify_over_plain_decode']:.2f}x), draft step "
+            f"{r['draft_step_ms']:.2f} ms, round {r['round_ms']:.2f} ms -> tok/s {proj}"
+        )
 
 
 def _vision(

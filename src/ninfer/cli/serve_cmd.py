@@ -122,9 +122,23 @@ def serve(
         min=0,
     ),
     kv_dtype: str = o.kv_dtype(),
-    spec: str | None = hidden(None, "--spec"),
-    draft_tokens: int | None = hidden(None, "--draft-tokens"),
-    lm_head_draft: bool = hidden(False, "--lm-head-draft"),
+    spec: str | None = opt(
+        None,
+        "--spec",
+        help="Speculative decoding backend: mtp (the artifact's MTP head).",
+        metavar="mtp",
+    ),
+    draft_tokens: int | None = opt(
+        None,
+        "--draft-tokens",
+        help="Drafts per speculative round, 1..5 (default 3; needs --spec).",
+        metavar="N",
+    ),
+    lm_head_draft: bool = opt(
+        False,
+        "--lm-head-draft",
+        help="Drafts read a 4-bit shortlist lm_head (needs --spec).",
+    ),
     vision: bool = opt(False, "--vision", help="Load the vision tower; accept images/video."),
     request_log_jsonl: Path | None = opt(
         None, "--request-log-jsonl", help="Append JSONL request records to FILE.", metavar="FILE"
@@ -175,10 +189,13 @@ def serve(
     plus token counting, /v1/models and /health (docs/serving.md).
     Flags, files, the device and the listen address are checked before the model loads.
     """
+    if spec is not None and spec != "mtp":
+        raise UserError(f"--spec {spec} is not supported yet in this version of ninfer serve")
+    if draft_tokens is not None and spec is None:
+        raise UserError("--draft-tokens needs --spec mtp")
+    if lm_head_draft and spec is None:
+        raise UserError("--lm-head-draft needs --spec mtp")
     not_built = {
-        "--spec": spec is not None,
-        "--draft-tokens": draft_tokens is not None,
-        "--lm-head-draft": lm_head_draft,
         "--context-cost-presets": context_cost_presets is not None,
     }
     for flag, given in not_built.items():
@@ -225,6 +242,8 @@ def serve(
         "media_live_mib": media_live_mib,
         "media_preprocess_threads": media_threads,
         "allow_private_media_urls": allow_private_media_urls,
+        **({"spec": spec, "draft_tokens": draft_tokens} if spec is not None else {}),
+        **({"lm_head_draft": True} if lm_head_draft else {}),
         **{k: v for k, v in sampling.items() if v is not None},
     }
     check_sampling(sampling)

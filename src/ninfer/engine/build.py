@@ -31,10 +31,13 @@ from ninfer.engine.sampling import (
     presets_for,
 )
 from ninfer.engine.scheduler import Scheduler, SchedulerConfig
+from ninfer.engine.spec_step import SpecStep
 from ninfer.engine.state_images import HostPool, StateImages
 from ninfer.engine.state_slots import SlotPool
 from ninfer.model.cache import ModelCache
 from ninfer.model.config import TextConfig
+from ninfer.model.lm_head_draft import ShortlistHead
+from ninfer.model.mtp import MtpHead
 from ninfer.model.qwen3_5 import Qwen3_5Model
 from ninfer.model.vision import VisionConfig, VisionTower
 from ninfer.tokenizer import Tokenizer
@@ -80,6 +83,7 @@ def build(
         raise ValueError(f"device {options.device!r}: no CUDA device is available")
     model = Qwen3_5Model(config, artifact.load("text"), dtype=dtype, device=device, strict=True)
     vision = _vision_tower(artifact, dtype, device) if options.vision else None
+    mtp = _mtp_head(artifact, model) if options.spec == "mtp" else None
     return assemble(
         model,
         Tokenizer.from_json(artifact.tokenizer_json),
@@ -88,7 +92,17 @@ def build(
         eos_token_ids=frozenset(int(x) for x in gen.get("eos_token_ids", [])),
         vision=vision,
         on_graph_capture=on_graph_capture,
+        mtp=mtp,
     )
+
+
+def _mtp_head(artifact: Artifact, model: Qwen3_5Model) -> MtpHead:
+    """The artifact's MTP head bound beside the target (spec="mtp")."""
+    if "mtp" not in artifact.components:
+        raise ValueError(
+            "spec mtp: the artifact has no MTP head (convert the checkpoint with its mtp component)"
+        )
+    return MtpHead(model, artifact.load("mtp"))
 
 
 def _vision_tower(artifact: Artifact, dtype: torch.dtype, device: torch.device) -> VisionTower:
@@ -111,9 +125,19 @@ def assemble(
     eos_token_ids: frozenset[int],
     vision: VisionTower | None = None,
     on_graph_capture: OnCapture | None = None,
+    mtp: MtpHead | None = None,
+    static_rounds: bool = False,
 ) -> EngineParts:
-    """Pools, decode step, runner and worker over a bound model (benches pass random weights)."""
+    """Pools, decode step, runner and worker over a bound model (benches pass random weights).
+    With spec="mtp", `mtp` is the bound head: its KV joins the cache as one more attention
+    layer and every decode row runs through the speculative round (engine/spec_step.py).
+    `static_rounds` runs rounds over padded static buffers even without CUDA graphs (the CPU
+    tests of the graph body)."""
     options.validate()
+    k = options.num_drafts
+    if k and mtp is None:
+        raise ValueError("spec mtp needs the model's MTP head")
+    extra_layers = 1 if k else 0
     config, device, dtype = model.config, model.device, model.dtype
     # Build the detokenizer's byte table (about a second) now, not inside the first request's
     # submit on a server's event loop.
@@ -122,10 +146,13 @@ def assemble(
     lanes = options.max_concurrency
     extra = options.device_state_slots
     num_slots = lanes + (lanes if extra is None else extra)
-    graph_status = _graph_status(model, device.type == "cuda" and not options.no_cuda_graph, lanes)
+    wanted = device.type == "cuda" and not options.no_cuda_graph
+    # a round feeds k + 1 tokens per lane: the MoE path must be sync-free for that many rows
+    graph_status = _graph_status(model, wanted, lanes * (k + 1) if k else lanes)
     use_graphs = graph_status == "on"
-    spare = 1 if use_graphs else 0  # one state slot and KV page, never handed out, for padding
-    num_pages = _num_pages(options, config, model, num_slots + spare, dtype)
+    static = use_graphs or (static_rounds and k > 0)
+    spare = 1 if static else 0  # one state slot and KV page, never handed out, for padding
+    num_pages = _num_pages(options, config, model, num_slots + spare, dtype, extra_layers)
     cache = ModelCache.allocate(
         config,
         num_pages=num_pages + spare,
@@ -134,11 +161,14 @@ def assemble(
         dtype=dtype,
         device=device,
         kv_dtype=options.kv_dtype,
+        extra_attention_layers=extra_layers,
     )
     pages = PagePool(num_pages, options.page_size)
     image_bytes = ModelCache.bytes_per_slot(config, dtype)
     host_bytes = host_context_bytes(options, image_bytes)
-    page_bytes = ModelCache.bytes_per_page(config, options.page_size, dtype, options.kv_dtype)
+    page_bytes = ModelCache.bytes_per_page(
+        config, options.page_size, dtype, options.kv_dtype, extra_layers
+    )
     images = StateImages(range(lanes, num_slots), HostPool(host_bytes), image_bytes, page_bytes)
     scheduler = Scheduler(
         SchedulerConfig(
@@ -147,7 +177,8 @@ def assemble(
             pending_timeout_s=options.pending_timeout_ms / 1000.0,
             prefill_chunk=options.prefill_chunk,
             max_context=options.max_context,
-            max_batched_tokens=options.max_batched_tokens,
+            max_batched_tokens=_token_budget(options),
+            draft_tokens=k,
         ),
         pages,
         SlotPool(lanes),
@@ -165,15 +196,44 @@ def assemble(
         dummy_page=num_pages if use_graphs else None,
         on_capture=on_graph_capture,
     )
+    num_sampleable = min(tokenizer.vocab_size, config.vocab_size)
+    spec = None
+    if k:
+        assert mtp is not None
+        spec = SpecStep(
+            model,
+            mtp,
+            cache,
+            draft_tokens=k,
+            num_sampleable=num_sampleable,
+            counts=decode.counts,
+            max_batch=lanes,
+            max_pages=-(-options.max_context // options.page_size),
+            use_graphs=use_graphs,
+            static=static,
+            dummy_slot=num_slots if static else None,
+            dummy_page=num_pages if static else None,
+            shortlist=ShortlistHead(model.lm_head, num_sampleable)
+            if options.lm_head_draft
+            else None,
+        )
     core = EngineCore(
         scheduler,
         ModelRunner(
-            model, cache, decode, vision=vision, tower_cache_bytes=options.vision_cache_mib << 20
+            model,
+            cache,
+            decode,
+            vision=vision,
+            tower_cache_bytes=options.vision_cache_mib << 20,
+            spec=spec,
         ),
         tokenizer,
         eos_token_ids=eos_token_ids,
         resolve_sampling=resolver.resolve,
-        overlap=not options.no_overlap,
+        # NOTE: a speculative sequence waits for its round to land before its next row, so the
+        # overlapped loop would split the running sequences into two groups alternating between
+        # steps (half-size batches); speculative engines land each step before planning the next.
+        overlap=not options.no_overlap and not k,
     )
     return EngineParts(
         config,
@@ -190,6 +250,13 @@ def assemble(
     )
 
 
+def _token_budget(options: EngineOptions) -> int | None:
+    """`max_batched_tokens`; with speculation the default also fits every lane's verify row."""
+    if options.max_batched_tokens is not None or not options.num_drafts:
+        return options.max_batched_tokens
+    return options.prefill_chunk + options.max_concurrency * (options.num_drafts + 1)
+
+
 def host_context_bytes(options: EngineOptions, image_bytes: int) -> int:
     """`--host-context-mib`, or the default 8192 MiB plus eight StateImages."""
     if options.host_context_mib is not None:
@@ -203,6 +270,7 @@ def _num_pages(
     model: Qwen3_5Model,
     num_slots: int,
     dtype: torch.dtype,
+    extra_layers: int = 0,
 ) -> int:
     """KV pages for `--kv-capacity`: explicit tokens, `auto`, or (None) follow max_context."""
     if options.kv_capacity != KV_AUTO:
@@ -216,7 +284,9 @@ def _num_pages(
     state = ModelCache.bytes_per_slot(config, dtype) * num_slots
     budget = free - state - workspace_bytes(config, options) - GIB
     # a quantized KV dtype shrinks the page (scales included), so the same budget holds more
-    page_bytes = ModelCache.bytes_per_page(config, options.page_size, dtype, options.kv_dtype)
+    page_bytes = ModelCache.bytes_per_page(
+        config, options.page_size, dtype, options.kv_dtype, extra_layers
+    )
     pages = min(budget // page_bytes, MAX_PAGES)
     if pages < floor:
         raise ValueError(

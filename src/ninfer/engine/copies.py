@@ -11,11 +11,13 @@ between two streams, which nothing in this tree can test without a GPU.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 
-from ninfer.engine.plan import PAGES, STATE, CopyOp
+from ninfer.engine.plan import FOLD, PAGES, STATE, CopyOp
 from ninfer.model.cache import ModelCache
+from ninfer.model.layers.gated_deltanet import fold_verify
 
 
 class CopyEngine:
@@ -29,6 +31,8 @@ class CopyEngine:
         for op in copies:
             if op.kind == STATE:
                 self._state(op)
+            elif op.kind == FOLD:
+                self._fold(op)
             else:
                 assert op.kind == PAGES
                 self._pages(op)
@@ -48,6 +52,21 @@ class CopyEngine:
         else:
             for t, h in zip(self._state_tensors(), self.host[src], strict=True):
                 t[dst].copy_(h, non_blocking=True)
+
+    # -- speculative rounds --------------------------------------------------------------------
+    def _fold(self, op: CopyOp) -> None:
+        """Advance slots over their kept verify columns (grouped by the verify step recorded)."""
+        groups: dict[int, tuple[list[Any], list[tuple[int, int, int]]]] = {}
+        for slot, num in zip(op.dst, op.src, strict=True):
+            row, records = self.cache.verify_records[slot]
+            groups.setdefault(id(records), (records, []))[1].append((slot, row, num))
+        for records, members in groups.values():
+            slots, rows, nums = (self._index(list(x)) for x in zip(*members, strict=True))
+            most = max(m[2] for m in members)
+            for conv, ssm, record in zip(
+                self.cache.conv_state, self.cache.ssm_state, records, strict=True
+            ):
+                fold_verify(record, rows, nums, most, conv, ssm, slots)
 
     # -- KV pages ------------------------------------------------------------------------------
     def _kv_tensors(self) -> list[torch.Tensor]:

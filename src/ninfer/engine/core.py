@@ -29,7 +29,7 @@ from ninfer.engine.output import OutputState
 from ninfer.engine.plan import Launched, Runner
 from ninfer.engine.request import EngineEvent, EventKind, GenerationRequest, RequestStats
 from ninfer.engine.sampling import SamplingParamError, SamplingParams
-from ninfer.engine.scheduler import Event, Scheduler, Sequence
+from ninfer.engine.scheduler import Event, Scheduler, Sequence, SpecCounts
 from ninfer.engine.stats import EngineStats, StatsRecorder
 from ninfer.engine.stops import StopStringError
 from ninfer.engine.thinking_budget import ThinkingBudget, ThinkingControl
@@ -139,6 +139,9 @@ class EngineCore:
             output=output,
             budget=budget,
         )
+        k = self.scheduler.config.draft_tokens
+        if k:
+            seq.spec = SpecCounts(draft_window=k, accepted_per_position=[0] * k)
         with self._lock:
             if self._closed or self.failure is not None:
                 raise EngineClosed("the engine is not running")
@@ -216,6 +219,9 @@ class EngineCore:
         plan = launched.plan
         if plan.decode:
             self._stats.on_decode_round(len(plan.decode))
+        for i, row in enumerate(plan.decode):
+            if row.spec:
+                self._stats.on_spec_step(row.num_drafts, outcome.accepted[i])
         self._deliver(self.scheduler.update(plan, outcome))
 
     def _intake(self) -> bool:
@@ -337,7 +343,24 @@ def _request_stats(seq: Sequence, *, terminal: bool) -> RequestStats:
         num_replayed_tokens=rec.replayed_tokens,
         paused_s=rec.paused_s,
         transfer_bytes={k: dict(v) for k, v in rec.transfer.items()},
+        speculative=_speculative(seq) if terminal else None,
     )
+
+
+def _speculative(seq: Sequence) -> dict | None:
+    """request_done.speculative of a speculative engine's request (None without one)."""
+    s = seq.spec
+    if s is None:
+        return None
+    return {
+        "backend": "mtp",
+        "draft_window": s.draft_window,
+        "rounds": s.rounds,
+        "drafted_tokens": s.drafted_tokens,
+        "accepted_tokens": s.accepted_tokens,
+        "fallback_steps": s.fallback_steps,
+        "accepted_per_position": list(s.accepted_per_position),
+    }
 
 
 __all__ = ["EngineCore", "QueueTimeout"]

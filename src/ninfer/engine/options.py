@@ -12,6 +12,8 @@ MAX_CONCURRENCY = 64  # an extension of the spec's 1..8 (issue: up to 64 lanes)
 # --kv-dtype names (the formats are kernels/kv_quant/formats.KV_DTYPES; spelled out here so that
 # option checks import no torch; a test holds the two equal)
 KV_DTYPES = ("bf16", "int8", "fp8", "nvfp4", "k8v4")
+MAX_DRAFT_TOKENS = 5  # --draft-tokens for MTP: 1..5
+DEFAULT_DRAFT_TOKENS = 3
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,9 @@ class EngineOptions:
     media_preprocess_threads: int = 0  # 0: min(16, host CPUs)
     allow_private_media_urls: bool = False  # let media URLs reach loopback / private networks
     vision_cache_mib: int = 256  # device memory for tower outputs of repeated media (0: off)
+    spec: str | None = None  # speculative decoding backend: "mtp" (the artifact's MTP head)
+    draft_tokens: int | None = None  # drafts per round, 1..5 (default 3 with spec="mtp")
+    lm_head_draft: bool = False  # drafts read a 4-bit shortlist lm_head (needs spec)
     # process-level sampling overrides (spec: preset < process flag < request field; greedy last)
     temperature: float | None = None
     top_p: float | None = None
@@ -100,6 +105,24 @@ class EngineOptions:
         need(
             _valid_device(self.device), f"device must be cpu, cuda, cuda:N or auto: {self.device!r}"
         )
+        need(
+            self.spec in (None, "mtp"),
+            f"spec must be 'mtp' (dflash and dflash2 are not built), got {self.spec!r}",
+        )
+        need(
+            self.draft_tokens is None
+            or (isinstance(self.draft_tokens, int) and 1 <= self.draft_tokens <= MAX_DRAFT_TOKENS),
+            f"draft_tokens must be in 1..{MAX_DRAFT_TOKENS}",
+        )
+        need(self.spec is not None or self.draft_tokens is None, "draft_tokens needs spec='mtp'")
+        need(not self.lm_head_draft or self.spec is not None, "lm_head_draft needs spec='mtp'")
+
+    @property
+    def num_drafts(self) -> int:
+        """Drafts per speculative round; 0 without a speculative backend."""
+        if self.spec is None:
+            return 0
+        return self.draft_tokens if self.draft_tokens is not None else DEFAULT_DRAFT_TOKENS
 
     @property
     def process_sampling(self) -> dict[str, Any]:

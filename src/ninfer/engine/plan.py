@@ -22,6 +22,9 @@ FROM_DEVICE = -1
 
 STATE = "state"  # CopyOp kind: one StateImage (conv + recurrent state of every linear layer)
 PAGES = "pages"  # CopyOp kind: KV pages (K and V of every full-attention layer)
+# CopyOp kind: lanes' recurrent state advanced over the kept columns of their latest verify step
+# (a speculative round leaves the state alone; how many tokens it keeps is known when it lands)
+FOLD = "fold"
 
 
 @dataclass(frozen=True)
@@ -29,9 +32,10 @@ class CopyOp:
     """One copy the runner performs before the step's forwards, in plan order.
 
     STATE: `src[0]` -> `dst[0]`, each a device state slot, or a host block id when the side's
-    `*_host` flag is set. PAGES: device pages `src[i]` -> `dst[i]`; towards the host, `dst[0]`
-    is one host block holding the pages in order; from the host, `src[0]` is that block and
-    `dst` the device pages.
+    `*_host` flag is set. FOLD: state slot `dst[i]` advances over the first `src[i]` columns
+    of its latest verify step. PAGES: device pages `src[i]` -> `dst[i]`; towards the
+    host, `dst[0]` is one host block holding the pages in order; from the host, `src[0]` is
+    that block and `dst` the device pages.
     """
 
     kind: str
@@ -41,7 +45,7 @@ class CopyOp:
     dst_host: bool = False
 
     def __post_init__(self) -> None:
-        assert self.kind in (STATE, PAGES), self.kind
+        assert self.kind in (STATE, PAGES, FOLD), self.kind
         if self.kind == STATE or not (self.src_host or self.dst_host):
             assert len(self.src) == len(self.dst), (self.src, self.dst)
 
@@ -74,6 +78,11 @@ class Row:
     checkpoint_at: tuple[int, ...] = ()
     after: tuple[CopyOp, ...] = ()
     first: bool = False
+    # speculative decoding: a decode row of an engine with an MTP head. `num_drafts` > 0 makes it
+    # a verify row (t0 then that many drafts read on the device; logits "all"); 0 is a plain
+    # decode step that still runs the head (a fallback step)
+    spec: bool = False
+    num_drafts: int = 0
 
     @property
     def num_new_tokens(self) -> int:
@@ -129,9 +138,15 @@ class StepPlan:
 
 @dataclass(frozen=True)
 class StepOutcome:
-    """`sampled[i]` is the token drawn by `plan.rows[i]`, or None for a row that does not sample."""
+    """`sampled[i]` is the token drawn by `plan.rows[i]`, or None for a row that does not sample.
+
+    Speculative rows (`Row.spec`) also have `committed[i]`: the accepted drafts then the target's
+    own token (a + 1 tokens, in order), and `accepted[i]` = a; both are empty for other plans.
+    """
 
     sampled: tuple[int | None, ...]
+    committed: tuple[tuple[int, ...] | None, ...] = ()
+    accepted: tuple[int, ...] = ()
 
 
 class Launched(Protocol):

@@ -76,6 +76,9 @@ class Timings:
     prompt_ms: float
     predicted_n: int
     predicted_ms: float
+    # speculative requests that drafted: every drafted token, and the drafts accepted
+    draft_n: int | None = None
+    draft_n_accepted: int | None = None
 
     @property
     def prompt_per_token_ms(self) -> float:
@@ -106,6 +109,11 @@ class Timings:
             "predicted_ms": self.predicted_ms,
             "predicted_per_token_ms": self.predicted_per_token_ms,
             "predicted_per_second": self.predicted_per_second,
+            **(
+                {"draft_n": self.draft_n, "draft_n_accepted": self.draft_n_accepted}
+                if self.draft_n
+                else {}
+            ),
         }
 
 
@@ -135,6 +143,9 @@ class RequestStats:
     num_replayed_tokens: int = 0
     paused_s: float = 0.0
     transfer_bytes: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    # speculative engines, terminal event: request_done.speculative (backend, draft_window,
+    # rounds, drafted_tokens, accepted_tokens, fallback_steps, accepted_per_position)
+    speculative: Mapping[str, Any] | None = None
 
     @property
     def queue_wait_s(self) -> float | None:

@@ -32,7 +32,7 @@ from ninfer.engine import snapshots
 from ninfer.engine.errors import ContextLengthExceeded, QueueTimeout
 from ninfer.engine.kv_pool import PagePool
 from ninfer.engine.output import OutputState
-from ninfer.engine.plan import FROM_DEVICE, PAGES, CopyOp, Row, StepOutcome, StepPlan
+from ninfer.engine.plan import FOLD, FROM_DEVICE, PAGES, CopyOp, Row, StepOutcome, StepPlan
 from ninfer.engine.prefix_cache import DISABLED, Checkpoint, PrefixCache, PrefixLookup
 from ninfer.engine.recovery import REPLAY, SNAPSHOT, Recovery, Work, split_prefill_row
 from ninfer.engine.request import (
@@ -103,6 +103,7 @@ class Sequence:
     recount: bool = False  # resumed: its first row's plan resets the slot's penalty counts
     num_progress: int = 0  # the highest prompt progress reported (never reported twice)
     recovery: Recovery = field(default_factory=Recovery)  # pause cycles, landed work
+    spec: SpecCounts | None = None  # speculative engines: this request's rounds
     _prompt_key: tuple | None = None  # memo of the prompt's prefix identity
 
     def key(self, end: int) -> tuple:
@@ -142,6 +143,29 @@ class Sequence:
         return max(self.num_prompt, self.replay_to)
 
 
+@dataclass
+class SpecCounts:
+    """One request's speculative work (request_done.speculative). A round commits accepted + 1
+    tokens; a fallback step is a plain decode step of a speculative engine; the first token
+    after prefill is neither."""
+
+    draft_window: int
+    rounds: int = 0
+    drafted_tokens: int = 0  # every drafted token of every round, the last one's included
+    accepted_tokens: int = 0  # drafts equal to the target's choice
+    fallback_steps: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    def on_round(self, num_drafts: int, num_accepted: int) -> None:
+        self.rounds += 1
+        self.drafted_tokens += num_drafts
+        self.accepted_tokens += num_accepted
+        if len(self.accepted_per_position) < num_drafts:
+            self.accepted_per_position += [0] * (num_drafts - len(self.accepted_per_position))
+        for i in range(num_accepted):
+            self.accepted_per_position[i] += 1
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_concurrency: int = 1
@@ -151,6 +175,7 @@ class SchedulerConfig:
     max_context: int = 8192
     max_bypass: int = 8
     max_batched_tokens: int | None = None  # per-step token budget; None: chunk + concurrency
+    draft_tokens: int = 0  # speculative decoding with the MTP head: k drafts per round (0: off)
 
     @property
     def token_budget(self) -> int:
@@ -212,6 +237,7 @@ class Scheduler:
         self.num_replay_restores = 0
         self.work = Work()  # landed prefill / decode / replay tokens, engine-wide
         self._pending: list[Event] = []  # SCHEDULING events decided inside planning helpers
+        self.num_spec_rewinds = 0  # rounds cut short of their accepted length by a commit
 
     @property
     def num_replayed_tokens(self) -> int:
@@ -245,7 +271,7 @@ class Scheduler:
         decode, starved = self._plan_decode(budget)
         for seq in starved:
             events += self._finish(seq, FinishReason.CONTEXT)
-        prefill = self._plan_prefill(budget - len(decode))
+        prefill = self._plan_prefill(budget - sum(r.num_new_tokens for r in decode))
         events += self._take_pending()
         plan = StepPlan(
             decode,
@@ -414,6 +440,8 @@ class Scheduler:
         return q
 
     def _plan_decode(self, budget: int) -> tuple[tuple[Row, ...], list[Sequence]]:
+        if self.config.draft_tokens:
+            return self._plan_spec(budget)
         rows: list[Row] = []
         starved: list[Sequence] = []
         for seq in list(self.running):
@@ -445,6 +473,56 @@ class Scheduler:
             )
             seq.num_scheduled = q + 1
             seq.sampled_until = max(seq.sampled_until, q + 2)
+            self._planned.add(id(seq))
+        return tuple(rows), starved
+
+    def _plan_spec(self, budget: int) -> tuple[tuple[Row, ...], list[Sequence]]:
+        """Decode rows of a speculative engine. A sequence gets a row only once its previous
+        step has landed (how many tokens a round keeps is known only then). A round feeds t0
+        and k drafts when t0 is its only unfed token, its context has room for the round and
+        the head's drafts after it (L + 2k + 1 <= max_context, pages for that many tokens
+        without pausing anyone) and the budget holds k + 1 tokens; otherwise a fallback step
+        feeds one token (reserving, or pausing for, just its page)."""
+        k = self.config.draft_tokens
+        rows: list[Row] = []
+        starved: list[Sequence] = []
+        for seq in list(self.running):
+            if seq.status != SeqStatus.RUNNING or seq.num_scheduled < seq.prefill_to:
+                continue
+            if seq.num_inflight or seq.sampled_until > len(seq.token_ids):
+                continue  # its last step lands first
+            q = seq.num_scheduled
+            if q >= len(seq.token_ids) or budget < 1:
+                continue
+            last = q == len(seq.token_ids) - 1
+            drafts = 0
+            if last and q + 2 * k + 1 <= self.config.max_context and budget >= k + 1:
+                drafts = k if self._reserve(seq, q + 2 * k + 1) else 0
+            if not drafts and not self._reserve_or_pause(seq, q + 1):
+                alone = len(self.running) == 1 and seq.status == SeqStatus.RUNNING
+                if alone and seq.num_inflight == 0:
+                    starved.append(seq)
+                continue
+            assert seq.slot is not None
+            rows.append(
+                Row(
+                    seq,
+                    start=q,
+                    token_ids=(seq.token_ids[q],) + (FROM_DEVICE,) * drafts,
+                    pages=tuple(seq.pages),
+                    slot=seq.slot,
+                    samples=True,
+                    sample_index=q + 1 - seq.num_prompt,
+                    logits="all" if drafts else "last",
+                    count_sample=last,
+                    first=self._first_row(seq),
+                    spec=True,
+                    num_drafts=drafts,
+                )
+            )
+            budget -= 1 + drafts
+            seq.num_scheduled = q + 1 + drafts
+            seq.sampled_until = q + 2 + drafts
             self._planned.add(id(seq))
         return tuple(rows), starved
 
@@ -526,7 +604,15 @@ class Scheduler:
     def _victim(self, seq: Sequence) -> Sequence | None:
         """The youngest request younger than seq without a row in this plan; else seq itself
         when it is the youngest of several residents; else None."""
-        younger = [s for s in self.running if s.order > seq.order and id(s) not in self._planned]
+        # (a speculative round in flight is never paused: how many of its tokens it keeps is
+        # only known when it lands, one loop later)
+        younger = [
+            s
+            for s in self.running
+            if s.order > seq.order
+            and id(s) not in self._planned
+            and not (self.config.draft_tokens and s.num_inflight)
+        ]
         if younger:
             return max(younger, key=lambda s: s.order)
         if len(self.running) > 1 and seq is max(self.running, key=lambda s: s.order):
@@ -642,11 +728,18 @@ class Scheduler:
         """Commit a landed step: advance frontiers, commit kept samples, decide finishes."""
         now = self.clock()
         events: list[Event] = []
-        for row, token in zip(plan.rows, outcome.sampled, strict=True):
+        mark = len(self._copies)  # folds go before any copy this commit queues (captures)
+        folds: list[tuple[int, int]] = []
+        for i, (row, token) in enumerate(zip(plan.rows, outcome.sampled, strict=True)):
             seq = row.seq
             if seq.status == SeqStatus.FINISHED:
                 continue  # finished while this step was in flight: nothing of it is kept
             # (a request paused after this step launched still commits what it sampled)
+            if row.spec:
+                committed, accepted = outcome.committed[i], outcome.accepted[i]
+                assert committed is not None
+                events += self._land_spec(seq, row, committed, accepted, now, folds)
+                continue
             end = row.start + row.num_new_tokens
             seq.num_computed = max(seq.num_computed, end)
             self._landed_prefill(seq, row.start, end)
@@ -671,6 +764,9 @@ class Scheduler:
                 continue  # no sample, or its position already holds a known (control) token
             assert token is not None
             events += self._commit_token(seq, token, now)
+        if folds:
+            slots, nums = zip(*folds, strict=True)
+            self._copies.insert(mark, CopyOp(FOLD, tuple(nums), tuple(slots)))
         return events + self._take_pending()
 
     def _landed_prefill(self, seq: Sequence, start: int, end: int) -> None:
@@ -705,6 +801,49 @@ class Scheduler:
     def _take_pending(self) -> list[Event]:
         out, self._pending = self._pending, []
         return out
+
+    def _land_spec(
+        self,
+        seq: Sequence,
+        row: Row,
+        committed: tuple[int, ...],
+        accepted: int,
+        now: float,
+        folds: list[tuple[int, int]],
+    ) -> list[Event]:
+        """Commit a round (or fallback step) token by token, as plain decoding would: a stop,
+        the token limit or a cancel ends it early, a control token inserted after one replaces
+        the rest. The fed frontier follows the committed tokens (a kept draft was fed; the
+        target's own last token was not); a round's slot then folds exactly that many verify
+        columns into its state (appended to `folds` as (slot, columns); `update` queues one
+        FOLD copy ahead of any capture the commit queued)."""
+        q = row.start
+        if seq.spec is not None:
+            if row.num_drafts:
+                seq.spec.on_round(row.num_drafts, accepted)
+            else:
+                seq.spec.fallback_steps += 1
+        seq.sampled_until = len(seq.token_ids)
+        seq.num_computed = seq.num_scheduled = q + 1 + accepted
+        if q + 1 != len(seq.token_ids):
+            return []  # it fed a known control token: its sample is not the next token
+        slot = seq.slot
+        events: list[Event] = []
+        kept = 0
+        for n, token in enumerate(committed, start=1):
+            # the frontier as if committed one at a time (checkpoints at a stop see it)
+            seq.num_computed = seq.num_scheduled = q + 1 + min(n, accepted)
+            if seq.slot is not None:
+                self._count.append((seq.slot, token))
+            events += self._commit_token(seq, token, now)
+            kept = min(n, accepted)
+            if seq.status == SeqStatus.FINISHED or len(seq.token_ids) != q + 1 + n:
+                break  # finished, or control tokens follow this one
+        if row.num_drafts and slot is not None:
+            folds.append((slot, 1 + kept))
+            if kept < accepted:
+                self.num_spec_rewinds += 1
+        return events
 
     def _commit_token(self, seq: Sequence, token_id: int, now: float) -> list[Event]:
         if seq.cancelled:  # two-phase commit: a cancelled row commits nothing
@@ -890,4 +1029,6 @@ def timings_of(seq: Sequence) -> Timings:
         prompt_ms=prompt_ms,
         predicted_n=seq.num_output,
         predicted_ms=predicted_ms,
+        draft_n=seq.spec.drafted_tokens if seq.spec is not None else None,
+        draft_n_accepted=seq.spec.accepted_tokens if seq.spec is not None else None,
     )

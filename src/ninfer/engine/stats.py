@@ -156,6 +156,15 @@ class StatsRecorder:
         if not first:
             self._c.decode_tokens += num_tokens
 
+    def on_spec_step(self, num_drafts: int, num_accepted: int) -> None:
+        """One speculative row landed: a round of `num_drafts` drafts, or (0) a fallback step."""
+        if num_drafts:
+            self._c.spec_rounds += 1
+            self._c.spec_draft_tokens += num_drafts
+            self._c.spec_accepted_tokens += num_accepted
+        else:
+            self._c.spec_fallback_steps += 1
+
     def on_decode_round(self, num_rows: int) -> None:
         self._c.decode_rounds += 1
         self._c.decode_row_rounds += num_rows

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -36,6 +37,15 @@ class ForwardBatch:
     max_kv_len: int  # host bound on num_computed[b] + query_lens[b]
     embed_index: torch.Tensor | None = None  # [K] int64 flat token indices
     embed_rows: torch.Tensor | None = None  # [K, H] their input embeddings
+    # A speculative verify step: every sequence feeds `verify_width` tokens, and the linear
+    # layers leave the state slots untouched, recording each column's inputs instead
+    # (`verify_states`, one `gated_deltanet.VerifyRecord` per linear layer in order) so the
+    # engine can fold exactly the kept prefix into the state later (engine/spec_step.py).
+    verify_width: int = 0
+    verify_states: list[Any] | None = None
+    # `max_kv_len` is a static bound, not the longest sequence (CUDA graphs of verify steps):
+    # attention takes every length from `num_computed` on the device
+    static_shapes: bool = False
 
     def __post_init__(self) -> None:
         num_tokens = self.input_ids.shape[0]
@@ -58,6 +68,8 @@ class ForwardBatch:
                 raise BatchError(f"{name} shape {shape} != [{num_seqs}]")
         if self.page_table.dim() != 2 or self.page_table.shape[0] != num_seqs:
             raise BatchError(f"page_table shape {tuple(self.page_table.shape)} != [{num_seqs}, *]")
+        if self.verify_width and self.query_lens != (self.verify_width,) * num_seqs:
+            raise BatchError(f"a verify step feeds {self.verify_width} tokens per sequence")
         if (self.embed_index is None) != (self.embed_rows is None):
             raise BatchError("embed_index and embed_rows come together")
         if self.embed_index is not None and self.embed_rows is not None:
@@ -85,6 +97,11 @@ class ForwardBatch:
     def is_decode(self) -> bool:
         """Every sequence advances by exactly one token (the batched recurrent path)."""
         return self.max_query_len == 1
+
+    @property
+    def is_verify(self) -> bool:
+        """A speculative verify step of more than one column (see `verify_width`)."""
+        return self.verify_width > 1
 
     @classmethod
     def prefill(

@@ -11,7 +11,8 @@ page-indexed tensor, which is what page copies move.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -26,7 +27,10 @@ class ModelCache:
     """Per full-attention layer KV pages and per linear-attention layer state slots.
 
     k_pages[i], v_pages[i]: [num_pages, page_size, Hk, D] (model dtype), i-th full-attention layer,
-        or a `QuantPages` of that logical shape when `kv_dtype` quantizes.
+        or a `QuantPages` of that logical shape when `kv_dtype` quantizes; an MTP head's layers
+        follow the model's (decoder layer ids `num_hidden_layers + j`), sharing the page ids: its
+        KV of token t sits where the model's does, so page copies, snapshots and prefix
+        checkpoints carry it without knowing it is there.
     conv_state[j]: [num_slots, conv_dim, K-1] (model dtype), the last K-1 conv inputs.
     ssm_state[j]: [num_slots, Hv, Dk, Dv] fp32, the gated delta rule state, j-th linear layer.
     """
@@ -38,6 +42,9 @@ class ModelCache:
     ssm_state: list[torch.Tensor]
     layer_index: dict[int, int]  # decoder layer id -> index into its kind's lists
     kv_dtype: str = "bf16"  # --kv-dtype: bf16 (the model dtype), int8, fp8, nvfp4 or k8v4
+    # slot -> (its row in that step, one gated_deltanet.VerifyRecord per linear layer) of the
+    # slot's latest speculative verify step: what a fold replays (engine/copies.py)
+    verify_records: dict[int, tuple[int, list[Any]]] = field(default_factory=dict)
 
     @classmethod
     def allocate(
@@ -50,7 +57,9 @@ class ModelCache:
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
         kv_dtype: str = "bf16",
+        extra_attention_layers: int = 0,
     ) -> ModelCache:
+        """`extra_attention_layers`: KV for that many MTP layers beside the model's."""
         k_fmt, v_fmt = formats.kv_formats(kv_dtype)
         if num_pages <= 0 or num_slots <= 0 or page_size <= 0:
             raise ValueError(
@@ -66,6 +75,8 @@ class ModelCache:
             config.linear_value_head_dim,
         )
         full, linear = config.full_attention_layers, config.linear_attention_layers
+        mtp = range(config.num_hidden_layers, config.num_hidden_layers + extra_attention_layers)
+        full = (*full, *mtp)
         layer_index = {layer: i for i, layer in enumerate(full)}
         layer_index.update({layer: j for j, layer in enumerate(linear)})
         return cls(
@@ -80,14 +91,20 @@ class ModelCache:
 
     @staticmethod
     def bytes_per_page(
-        config: TextConfig, page_size: int, dtype: torch.dtype, kv_dtype: str = "bf16"
+        config: TextConfig,
+        page_size: int,
+        dtype: torch.dtype,
+        kv_dtype: str = "bf16",
+        extra_attention_layers: int = 0,
     ) -> int:
-        """K and V of one page over every full-attention layer, scales included (what
-        `--kv-capacity auto` divides free memory by and what a page costs on the host)."""
+        """K and V of one page over every full-attention layer (MTP layers included), scales
+        included (what `--kv-capacity auto` divides free memory by and what a page costs on the
+        host)."""
         per_token = formats.bytes_per_token(
             kv_dtype, config.num_key_value_heads, config.head_dim, dtype
         )
-        return len(config.full_attention_layers) * page_size * per_token
+        layers = len(config.full_attention_layers) + extra_attention_layers
+        return layers * page_size * per_token
 
     @staticmethod
     def bytes_per_slot(config: TextConfig, dtype: torch.dtype) -> int:

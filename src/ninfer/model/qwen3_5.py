@@ -256,7 +256,7 @@ class Qwen3_5Model:
                 )
             k_pages = cache.k_pages[0]
             expected = (c.num_key_value_heads, c.head_dim)
-            if len(cache.k_pages) != len(c.full_attention_layers) or k_pages.shape[2:] != expected:
+            if len(cache.k_pages) < len(c.full_attention_layers) or k_pages.shape[2:] != expected:
                 raise BatchError("cache KV layout does not match the model config")
         if c.linear_attention_layers and (
             len(cache.ssm_state) != len(c.linear_attention_layers)

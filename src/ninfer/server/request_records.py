@@ -13,6 +13,7 @@ from ninfer.chat.output_decoder import ToolCallParseStats
 from ninfer.engine.request import RequestStats, SchedulingTransition
 from ninfer.protocol.errors import ProtocolError
 
+# Without a speculative backend (no --spec) request_done.speculative is present and zero.
 # Features not built yet: their request_done objects are present and zero.
 SPECULATIVE_OFF = {
     "backend": None,
@@ -197,7 +198,9 @@ def done_body(
             "admitted": times.resident is not None,
             "resident_seconds": times.resident,
         },
-        "speculative": dict(SPECULATIVE_OFF),
+        "speculative": dict(stats.speculative)
+        if stats is not None and stats.speculative is not None
+        else dict(SPECULATIVE_OFF),
         "scheduling": scheduling_json(stats),
         "sampling": dict(stats.sampling) if stats else {},
     }

@@ -27,9 +27,7 @@ from ninfer.cli.errors import UserError
 COMMANDS = ("serve", "chat", "count-tokens", "inspect-artifact", "convert", "bench")
 # every serve option the spec names that this version refuses (with a sample value)
 UNBUILT = {
-    "--spec": ["mtp"],
-    "--draft-tokens": ["3"],
-    "--lm-head-draft": [],
+    "--spec": ["dflash"],
     "--context-cost-presets": ["presets.json"],
 }
 TYPE_NOISE = re.compile(r"<(bool|int|float|str|text|path|integer)[^>]*>", re.IGNORECASE)
@@ -59,11 +57,30 @@ def test_unbuilt_options_are_absent_from_help_and_refused_by_name(demo: Path) ->
     assert shown.exit_code == 0 and "--max-context" in shown.output
     help_text = shown.output
     for flag, value in UNBUILT.items():
-        assert flag not in help_text
+        assert flag == "--spec" or flag not in help_text
         result = invoke("serve", str(demo), flag, *value)
         assert result.exit_code != 0
         assert isinstance(result.exception, UserError), (flag, result.output)
         assert flag in str(result.exception) and "not supported" in str(result.exception)
+
+
+def test_spec_mtp_reaches_the_engine_options(monkeypatch: pytest.MonkeyPatch, demo: Path) -> None:
+    seen = _record_serve(monkeypatch)
+    result = invoke("serve", str(demo), "--spec", "mtp", "--draft-tokens", "4", "--port", "0")
+    assert result.exit_code == 0, result.output
+    assert seen[0]["options"]["spec"] == "mtp" and seen[0]["options"]["draft_tokens"] == 4
+    seen.clear()
+    result = invoke("serve", str(demo), "--spec", "mtp", "--lm-head-draft", "--port", "0")
+    assert result.exit_code == 0, result.output
+    assert seen[0]["options"]["lm_head_draft"] is True
+    for bad, needle in (
+        (["--spec", "mtp", "--draft-tokens", "6"], "--draft-tokens must be in 1..5"),
+        (["--draft-tokens", "2"], "--draft-tokens needs --spec mtp"),
+        (["--lm-head-draft"], "--lm-head-draft needs --spec mtp"),
+    ):
+        result = invoke("serve", str(demo), *bad, "--port", "0")
+        assert isinstance(result.exception, UserError), result.output
+        assert needle in str(result.exception)
 
 
 @pytest.mark.parametrize("kv_dtype", ["bf16", "fp8", "k8v4"])

@@ -67,6 +67,36 @@ def sample_tokens(
     Returns:
         [B] int64 token ids.
     """
+    cand_ids, log_ratio, keep = survivors(
+        logits, rows, num_sampleable=num_sampleable, counts=counts, count_rows=count_rows
+    )
+    ints = rows.ints
+    greedy = ints[:, GREEDY] != 0
+    uniforms = counter_uniforms(ints[:, SEED], ints[:, STEP], cand_ids, RngPurpose.SAMPLE)
+    race = log_ratio - torch.log(-torch.log(uniforms))  # log(p_i / E_i) + const
+    choice = race.masked_fill(~keep, -math.inf).argmax(dim=-1)
+    drawn = cand_ids.gather(1, choice[:, None]).squeeze(1)
+    return torch.where(greedy, cand_ids[:, 0], drawn)
+
+
+class Survivors(NamedTuple):
+    """A row's candidates after penalties, top-k, temperature, top-p and min-p."""
+
+    cand_ids: torch.Tensor  # [B, K] int64, (logit desc, id asc); column 0 is the greedy choice
+    log_ratio: torch.Tensor  # [B, K] float64 log(p_i / p_max), -inf outside the top k
+    keep: torch.Tensor  # [B, K] bool, the survivors the draw chooses among
+
+
+def survivors(
+    logits: torch.Tensor,
+    rows: RowParams,
+    *,
+    num_sampleable: int,
+    counts: torch.Tensor | None = None,
+    count_rows: torch.Tensor | None = None,
+) -> Survivors:
+    """Steps 1-7 of the pipeline (everything before the draw), shared by `sample_tokens` and
+    speculative acceptance, which needs the same distribution p the sampler draws from."""
     reals, ints = rows
     z = logits[:, :num_sampleable].float()
     if counts is not None:
@@ -94,11 +124,7 @@ def sample_tokens(
     keep &= log_ratio >= torch.log(reals[:, MIN_P, None])
     keep[:, 0] = True
 
-    uniforms = counter_uniforms(ints[:, SEED], ints[:, STEP], cand_ids, RngPurpose.SAMPLE)
-    race = log_ratio - torch.log(-torch.log(uniforms))  # log(p_i / E_i) + const
-    choice = race.masked_fill(~keep, -math.inf).argmax(dim=-1)
-    drawn = cand_ids.gather(1, choice[:, None]).squeeze(1)
-    return torch.where(greedy, cand_ids[:, 0], drawn)
+    return Survivors(cand_ids, log_ratio, keep)
 
 
 def top_candidates(z: torch.Tensor, num_candidates: int) -> tuple[torch.Tensor, torch.Tensor]:

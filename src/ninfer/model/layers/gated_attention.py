@@ -39,6 +39,9 @@ class AttentionMetadata(NamedTuple):
     page_table: torch.Tensor  # [B, max_pages] int64
     max_query_len: int
     max_kv_len: int
+    # max_kv_len is only a bound (a CUDA graph's static shape): the single-sequence fast paths,
+    # which take it for the sequence's length, are off; lengths come from kv_lens on the device
+    static: bool = False
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,7 @@ def build_attention_metadata(batch: ForwardBatch, page_size: int) -> AttentionMe
         page_table=page_table,
         max_query_len=batch.max_query_len,
         max_kv_len=batch.max_kv_len,
+        static=batch.static_shapes,
     )
 
 
@@ -174,10 +178,10 @@ def gated_attention(
     store_kv(k, v, k_pages, v_pages, meta.slot_mapping)
     scale = head_dim**-0.5
     quantized = isinstance(k_pages, QuantPages) or isinstance(v_pages, QuantPages)
-    fresh = _is_fresh_single_sequence(x, meta)
+    fresh = not meta.static and _is_fresh_single_sequence(x, meta)
     if fresh and not quantized:
         out = fresh_causal_attention(q, k, v, scale=scale)
-    elif fresh or _is_continued_single_sequence(x, meta):
+    elif fresh or (not meta.static and _is_continued_single_sequence(x, meta)):
         # a quantized fresh prefill reads its stored rows too (lower-right causal = causal here)
         out = continued_causal_attention(q, k_pages, v_pages, meta, scale=scale)
     elif meta.max_query_len == 1 and dispatch.paged_decode_supported(q, k_pages, v_pages):

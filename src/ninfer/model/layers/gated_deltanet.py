@@ -13,6 +13,7 @@ independent definition both prefill forms are tested against; the prefill twins
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -147,6 +148,113 @@ def gated_delta_rule_decode(
     return out
 
 
+# --- speculative verify ----------------------------------------------------------------------
+
+
+class VerifyRecord(NamedTuple):
+    """What a verify step's linear layer leaves for the fold, per sequence row and column:
+    the conv inputs and the delta rule's inputs (a few KB per token, not a state per column)."""
+
+    qkv: torch.Tensor  # [B, W, C] conv inputs, in the conv state's dtype
+    k: torch.Tensor  # [B, W, Hk, Dk] fp32, L2-normalised
+    v: torch.Tensor  # [B, W, Hv, Dv]
+    g: torch.Tensor  # [B, W, Hv] fp32
+    beta: torch.Tensor  # [B, W, Hv] fp32
+
+
+def _verify_columns(
+    qkv: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    w: DeltaNetWeights,
+    conv_state: torch.Tensor,
+    ssm_state: torch.Tensor,
+    batch: ForwardBatch,
+    *,
+    key_dim: int,
+    scale: float,
+) -> torch.Tensor:
+    """A verify step's recurrence: column by column with exactly the decode step's ops, on
+    working copies of the slots' state, which stays as it was.
+
+    Why: the engine keeps only an accepted prefix of a verify row, known after the step. The
+    slots are left at the pre-round state and `batch.verify_states` gets each column's inputs
+    (`VerifyRecord`); `fold_verify` later replays the kept columns with the same ops in the same
+    order, so the result is bit for bit the state that decoding those tokens one by one leaves.
+    """
+    width = batch.verify_width
+    num_seqs = batch.num_seqs
+    _, num_v_heads, head_k_dim, _ = ssm_state.shape
+    rows = torch.arange(num_seqs, device=qkv.device)
+    conv = conv_state.index_select(0, batch.state_slots)  # [B, C, K-1] working copies
+    ssm = ssm_state.index_select(0, batch.state_slots)
+    qkv, a, b = (t.reshape(num_seqs, width, -1) for t in (qkv, a, b))
+    outs, ks, vs, gs, betas = [], [], [], [], []
+    for j in range(width):
+        q, k, v, g, beta = dispatch.gdn_decode_front(
+            qkv[:, j].contiguous(),  # the kernels take one row per sequence, densely packed
+            a[:, j].contiguous(),
+            b[:, j].contiguous(),
+            w.conv1d,
+            w.A_log,
+            w.dt_bias,
+            conv,
+            rows,
+            num_k_heads=key_dim // head_k_dim,
+            head_k_dim=head_k_dim,
+        )
+        outs.append(dispatch.gated_delta_rule_decode(q, k, v, g, beta, ssm, rows, scale=scale))
+        ks.append(k)
+        vs.append(v)
+        gs.append(g)
+        betas.append(beta)
+    if batch.verify_states is not None:
+        batch.verify_states.append(
+            VerifyRecord(
+                qkv.to(conv_state.dtype),
+                torch.stack(ks, 1),
+                torch.stack(vs, 1),
+                torch.stack(gs, 1),
+                torch.stack(betas, 1),
+            )
+        )
+    return torch.stack(outs, 1).flatten(0, 1)  # [B * W, Hv, Dv] in token order
+
+
+def fold_verify(
+    record: VerifyRecord,
+    rows: torch.Tensor,
+    num_columns: torch.Tensor,
+    max_columns: int,
+    conv_state: torch.Tensor,
+    ssm_state: torch.Tensor,
+    state_slots: torch.Tensor,
+) -> None:
+    """Advance each slot over the first `num_columns[i]` columns of its verify row `rows[i]`
+    (at least 1): the conv state takes the last K-1 conv inputs, the delta-rule state replays
+    the recorded steps with the decode step's own op (bitwise what the verify computed).
+
+    Args:
+        rows, num_columns, state_slots: [N] int64; max_columns: a host bound on num_columns.
+    """
+    num, width = rows.shape[0], record.qkv.shape[1]
+    conv = conv_state.index_select(0, state_slots)  # [N, C, K-1]
+    window = torch.cat((conv, record.qkv.index_select(0, rows).transpose(1, 2)), dim=2)
+    tail = num_columns[:, None] + torch.arange(conv.shape[2], device=conv.device)  # [N, K-1]
+    conv_state.index_copy_(0, state_slots, window.gather(2, tail[:, None, :].expand_as(conv)))
+    work = ssm_state.index_select(0, state_slots)
+    local = torch.arange(num, device=work.device)
+    for c in range(min(max_columns, width)):
+        before = work.clone() if c else None  # column 0 is always kept: no select needed
+        k = record.k[rows, c]
+        dispatch.gated_delta_rule_decode(
+            k, k, record.v[rows, c], record.g[rows, c], record.beta[rows, c], work, local, scale=1.0
+        )
+        if before is not None:
+            work = torch.where((c < num_columns)[:, None, None, None], work, before)
+    ssm_state.index_copy_(0, state_slots, work)
+
+
 # --- the layer -------------------------------------------------------------------------------
 
 
@@ -186,7 +294,11 @@ def gated_deltanet(
     z = z.reshape(num_tokens, num_v_heads, head_v_dim)
     scale = head_k_dim**-0.5
 
-    if batch.is_decode:
+    if batch.is_verify:
+        out = _verify_columns(
+            qkv, a, b, w, conv_state, ssm_state, batch, key_dim=key_dim, scale=scale
+        )
+    elif batch.is_decode:
         # One fused kernel on CUDA (conv update, SiLU, L2 norms, g, beta), the torch ops elsewhere.
         q, k, v, g, beta = dispatch.gdn_decode_front(
             qkv,

@@ -1,0 +1,277 @@
+"""`ninfer bench --spec mtp`: speculative decoding with the MTP head on random weights.
+
+Imports torch, the public api, engine/ and model/. Random weights accept almost nothing (the
+head's argmax rarely equals the target's), so a measured acceptance length near 1 says nothing
+about real checkpoints. The report therefore has two parts per decode batch B:
+
+- **measured end to end**: B greedy requests through `Engine.from_model(spec="mtp")`: output
+  tok/s over the decode phase, acceptance length (mean tokens committed per round) and the
+  accepted drafts per position, summed over the requests' `speculative` counters;
+- **step costs and projections**: the plain decode step (the engine's `DecodeStep`, a CUDA
+  graph when available), the verify forward of B rows of k + 1 tokens, one autoregressive head
+  step, and a whole round as the engine runs it (verify, acceptance, state commit, head pass,
+  k - 1 head steps), each the median of `steps` timed runs at context `context`; from them the
+  tok/s a round implies at a stated acceptance length L: B * L / round time (and the plain
+  step's B / step time beside it).
+On CUDA every cost is a CUDA-graph replay (the round as the engine replays it, staging
+included; the verify forward and the head step captured here for timing).
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ninfer.engine.graphs import DecodeInput, DecodeStep
+from ninfer.engine.handles import RequestHandle
+from ninfer.engine.request import EventKind
+from ninfer.engine.spec_step import SpecInput, SpecStep
+from ninfer.model.batch import ForwardBatch
+from ninfer.model.cache import ModelCache
+from ninfer.model.mtp import MtpHead
+from ninfer.model.qwen3_5 import Qwen3_5Model
+
+PAGE_SIZE = 64
+GREEDY_FIELDS = ((1.0, 1.0, 0.0, 0.0, 0.0), (1, 1, 0, 0))
+
+
+def run_spec_bench(
+    model: Qwen3_5Model,
+    head: MtpHead,
+    *,
+    architecture: str,
+    draft_tokens: int,
+    batches: Sequence[int],
+    context: int,
+    prompt_tokens: int,
+    output_tokens: int,
+    steps: int,
+    acceptance_lengths: Sequence[float] = (1.0, 2.0, 3.2),
+    on_progress: Callable[[str], None] = lambda _: None,
+) -> dict[str, Any]:
+    """Measure every batch in `batches`; returns the JSON-ready report (see the module doc)."""
+    rows = []
+    for batch in batches:
+        on_progress(f"spec e2e: batch {batch}")
+        e2e = _e2e(model, head, architecture, draft_tokens, batch, prompt_tokens, output_tokens)
+        on_progress(f"spec step costs: batch {batch}, context {context}")
+        costs = _step_costs(model, head, draft_tokens, batch, context, steps)
+        round_s = costs["round_ms"] / 1000.0
+        costs["projected_tok_s"] = {
+            f"{length:g}": batch * length / round_s for length in acceptance_lengths
+        }
+        costs["plain_tok_s"] = batch / (costs["plain_decode_ms"] / 1000.0)
+        costs["verify_over_plain_decode"] = costs["verify_ms"] / costs["plain_decode_ms"]
+        rows.append({"batch": batch, **e2e, **costs})
+    return {
+        "draft_tokens": draft_tokens,
+        "context": context,
+        "prompt_tokens": prompt_tokens,
+        "output_tokens": output_tokens,
+        "note": "random weights: the measured acceptance length is not a model's; the "
+        "projections assume the stated acceptance lengths",
+        "rows": rows,
+    }
+
+
+def _e2e(
+    model: Qwen3_5Model,
+    head: MtpHead,
+    architecture: str,
+    k: int,
+    batch: int,
+    prompt_tokens: int,
+    output_tokens: int,
+) -> dict[str, Any]:
+    from ninfer.api import Engine
+
+    max_context = prompt_tokens + output_tokens + 2 * k + 2
+    pages = -(-max_context // PAGE_SIZE)
+    engine = Engine.from_model(
+        model,
+        architecture=architecture,
+        mtp=head,
+        spec="mtp",
+        draft_tokens=k,
+        max_concurrency=batch,
+        max_pending_requests=batch,
+        max_context=max_context,
+        kv_capacity=batch * pages * PAGE_SIZE,
+        device_state_slots=0,
+        prefill_chunk=min(8192, prompt_tokens),
+        pending_timeout_ms=600_000,
+        no_prefix_reuse=True,
+        page_size=PAGE_SIZE,
+        dtype="bf16" if model.dtype == torch.bfloat16 else "fp32",
+        device=str(model.device),
+    )
+    try:
+        vocab = min(model.config.vocab_size, 200_000)
+        g = torch.Generator().manual_seed(7)
+        handles = [
+            RequestHandle(
+                engine.core,
+                engine.make_request(
+                    torch.randint(0, vocab, (prompt_tokens,), generator=g).tolist(),
+                    max_tokens=output_tokens,
+                    ignore_eos=True,
+                    greedy=True,
+                ),
+            )
+            for _ in range(batch)
+        ]
+        stamps: list[list[float]] = [[] for _ in handles]
+        finals: list[Any] = [None] * batch
+
+        def drain(i: int) -> None:
+            for ev in handles[i]:
+                if ev.kind == EventKind.TOKENS:
+                    stamps[i].extend([time.perf_counter()] * len(ev.token_ids))
+                elif ev.is_terminal:
+                    finals[i] = ev
+
+        threads = [threading.Thread(target=drain, args=(i,)) for i in range(batch)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        engine.close()
+    first = min(s[0] for s in stamps)
+    last = max(s[-1] for s in stamps)
+    decoded = sum(len(s) - 1 for s in stamps)
+    spec = [f.stats.speculative for f in finals]
+    rounds = sum(s["rounds"] for s in spec)
+    accepted = sum(s["accepted_tokens"] for s in spec)
+    per_position = [sum(s["accepted_per_position"][i] for s in spec) for i in range(k)]
+    return {
+        "e2e_tok_s": decoded / (last - first) if last > first else 0.0,
+        "rounds": rounds,
+        "fallback_steps": sum(s["fallback_steps"] for s in spec),
+        "acceptance_length": (rounds + accepted) / rounds if rounds else 0.0,
+        "accepted_per_position": [n / rounds if rounds else 0.0 for n in per_position],
+    }
+
+
+def _step_costs(
+    model: Qwen3_5Model, head: MtpHead, k: int, batch: int, context: int, steps: int
+) -> dict[str, float]:
+    """Median milliseconds of the pieces of a round, on a private cache (zero KV: timing only)."""
+    device = model.device
+    cuda = device.type == "cuda"
+    per_seq = -(-(context + 2 * k + 1) // PAGE_SIZE)
+    cache = ModelCache.allocate(
+        model.config,
+        num_pages=batch * per_seq + 1,
+        num_slots=batch + 1,
+        page_size=PAGE_SIZE,
+        dtype=model.dtype,
+        device=device,
+        extra_attention_layers=1,
+    )
+    vocab = min(model.config.vocab_size, 248077)
+    decode = DecodeStep(
+        model,
+        cache,
+        max_batch=batch,
+        max_pages=per_seq,
+        num_sampleable=vocab,
+        use_graphs=cuda,
+        dummy_slot=batch,
+        dummy_page=batch * per_seq,
+    )
+    spec = SpecStep(
+        model,
+        head,
+        cache,
+        draft_tokens=k,
+        num_sampleable=vocab,
+        counts=decode.counts,
+        max_batch=batch,
+        max_pages=per_seq,
+        use_graphs=cuda,
+        dummy_slot=batch,
+        dummy_page=batch * per_seq,
+    )
+    tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(batch)]
+    reals, ints = GREEDY_FIELDS
+    plain_rows = [
+        DecodeInput(token=1, position=context, slot=i, pages=tables[i], reals=reals, ints=ints)
+        for i in range(batch)
+    ]
+    spec_rows = [
+        SpecInput(
+            token=1,
+            position=context,
+            slot=i,
+            pages=tables[i],
+            num_drafts=k,
+            reals=reals,
+            ints=ints,
+        )
+        for i in range(batch)
+    ]
+    verify_ids = torch.ones((batch, k + 1), dtype=torch.int64, device=device)
+    verify_batch = spec._batch(spec_rows, verify_ids, k + 1, verify=True)
+
+    def verify() -> None:
+        model.compute_logits(model.forward_hidden(verify_batch, cache))
+
+    hidden = torch.zeros((batch, model.config.hidden_size), dtype=model.dtype, device=device)
+    step_batch = ForwardBatch.decode(
+        [1] * batch,
+        num_computed=[context] * batch,
+        page_tables=tables,
+        state_slots=list(range(batch)),
+        device=device,
+    )
+
+    def draft_step() -> None:
+        head.compute_logits(head.forward_hidden(step_batch, cache, hidden)).argmax(-1)
+
+    return {
+        "plain_decode_ms": _median_ms(lambda: decode.run(plain_rows), steps, cuda),
+        "verify_ms": _median_ms(_graphed(verify, cuda), steps, cuda),
+        "draft_step_ms": _median_ms(_graphed(draft_step, cuda), steps, cuda),
+        "round_ms": _median_ms(lambda: spec.run(spec_rows), steps, cuda),
+    }
+
+
+def _graphed(fn: Callable[[], Any], cuda: bool) -> Callable[[], Any]:
+    """`fn` captured in a CUDA graph (timed as a replay, as the engine would run it); eager
+    elsewhere, or when it cannot be captured."""
+    if not cuda:
+        return fn
+    with torch.no_grad():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()  # warm-up: kernel compilation, one-time probes
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                fn()
+        except RuntimeError:
+            return fn
+    return graph.replay
+
+
+def _median_ms(fn: Callable[[], Any], steps: int, cuda: bool) -> float:
+    with torch.no_grad():
+        fn()  # warm-up (graph capture, kernel compilation)
+        times = []
+        for _ in range(steps):
+            if cuda:
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            fn()
+            if cuda:
+                torch.cuda.synchronize()
+            times.append((time.perf_counter() - start) * 1000.0)
+    return statistics.median(times)

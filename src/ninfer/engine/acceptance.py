@@ -1,0 +1,137 @@
+"""Speculative acceptance: which drafted tokens a verify step keeps, and what it commits after.
+
+Imports torch and the sampling twin only. Per verify row, column j holds the target's logits
+after feeding t0, d1..dj. Its distribution p_j is exactly the one the sampler would draw the
+next token from (kernels/sampling `survivors`: penalties, top-k, temperature, top-p, min-p; the
+penalty counts include the drafts d1..dj, as they would after committing them). Walking the
+columns left to right, draft d_{j+1} is accepted:
+
+- greedy rows: iff it is the target's argmax (ties to the lowest id), so the committed tokens
+  are exactly those plain greedy decoding would commit;
+- sampled rows: with probability min(1, p(d) / q(d)) (q is the draft distribution; MTP drafts
+  are argmax, so q is one-hot and the test is u < p(d)); on rejection the committed token is
+  drawn from norm(max(p - q, 0)). This keeps every committed token distributed by p exactly
+  (Leviathan et al. 2023; Chen et al. 2023).
+
+The first rejected column commits its replacement and ends the row; a row whose drafts all pass
+commits a bonus token drawn from its last column like a plain decode step. Every uniform comes
+from the counter RNG keyed by (seed, output index, token id, purpose) with its own purpose per
+use (`RngPurpose.SPEC_ACCEPT`, `SPEC_RESIDUAL`), so a draw never depends on batch neighbours.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ninfer.kernels.sampling.reference import GREEDY, SEED, STEP, RowParams, survivors
+from ninfer.kernels.sampling.rng import RngPurpose, counter_uniforms
+
+
+def accept_draft(
+    p: torch.Tensor,
+    q: torch.Tensor,
+    lane_ids: torch.Tensor,
+    draft_lane: torch.Tensor,
+    seeds: torch.Tensor,
+    steps: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rejection-sampling step over N lanes per row (token ids `lane_ids`).
+
+    Args:
+        p, q: [B, N] target and draft probabilities (rows sum to 1; q > 0 at the draft).
+        lane_ids: [B, N] int64 token ids of the lanes (distinct within a row).
+        draft_lane: [B] int64, the lane of the drafted token.
+        seeds, steps: [B] int64 RNG key and output index of the token being decided.
+    Returns:
+        (accepted [B] bool, replacement [B] int64: the lane drawn from norm(max(p - q, 0)),
+        meaningful where not accepted).
+    """
+    p, q = p.double(), q.double()
+    p_d = p.gather(1, draft_lane[:, None]).squeeze(1)
+    q_d = q.gather(1, draft_lane[:, None]).squeeze(1)
+    draft_ids = lane_ids.gather(1, draft_lane[:, None])
+    u = counter_uniforms(seeds, steps, draft_ids, RngPurpose.SPEC_ACCEPT).squeeze(1)
+    accepted = u * q_d < p_d  # u < p/q, i.e. probability min(1, p/q)
+    residual = (p - q).clamp_min(0.0)
+    # an exponential race over the residual's support: lane i wins with probability r_i / sum r
+    race_u = counter_uniforms(seeds, steps, lane_ids, RngPurpose.SPEC_RESIDUAL)
+    race = torch.log(residual) - torch.log(-torch.log(race_u))
+    race = race.masked_fill(residual <= 0, -math.inf)
+    return accepted, race.argmax(dim=-1)
+
+
+def verify(
+    logits: torch.Tensor,
+    drafts: torch.Tensor,
+    rows: RowParams,
+    *,
+    num_sampleable: int,
+    counts: torch.Tensor | None = None,
+    count_rows: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Acceptance over verify rows of W = k + 1 columns.
+
+    Args:
+        logits: [B, W, V] target logits; column j follows t0, d1..dj.
+        drafts: [B, k] int64 drafted ids (argmax proposals: q is one-hot).
+        rows: per-row sampling fields; STEP is the output index of column 0's token.
+        counts, count_rows: penalty counts (as for `sample_tokens`), without the drafts.
+    Returns:
+        (committed [B, W] int64: the a + 1 committed tokens first, then padding,
+        num_accepted [B] int64: a, the drafts kept).
+    """
+    num_rows, width, _ = logits.shape
+    device = logits.device
+    reals, ints = rows
+    greedy = ints[:, GREEDY] != 0
+    own = None
+    if counts is not None:
+        base = counts if count_rows is None else counts.index_select(0, count_rows)
+        own = base[:, :num_sampleable].clone()
+    committed = torch.zeros((num_rows, width), dtype=torch.int64, device=device)
+    num_accepted = torch.zeros(num_rows, dtype=torch.int64, device=device)
+    alive = torch.ones(num_rows, dtype=torch.bool, device=device)
+    for j in range(width):
+        step_ints = ints.clone()
+        step_ints[:, STEP] = ints[:, STEP] + j
+        params = RowParams(reals, step_ints)
+        cand, log_ratio, keep = survivors(
+            logits[:, j], params, num_sampleable=num_sampleable, counts=own
+        )
+        weights = torch.exp(log_ratio).masked_fill(~keep, 0.0)
+        p = weights / weights.sum(-1, keepdim=True)
+        plain = _race(cand, log_ratio, keep, step_ints)
+        token = torch.where(greedy, cand[:, 0], plain)  # the bonus: a plain decode step's draw
+        if j < width - 1:
+            d = drafts[:, j]
+            # lanes: the candidates plus the draft itself (it may lie outside them: p = 0 there)
+            lanes = torch.cat((cand, d[:, None]), dim=1)
+            p_ext = torch.cat((p, p.new_zeros(num_rows, 1)), dim=1)
+            is_d = cand == d[:, None]
+            inside = is_d.any(dim=1)
+            d_lane = torch.where(inside, is_d.to(torch.int64).argmax(dim=1), cand.shape[1])
+            q_ext = torch.zeros_like(p_ext).scatter_(1, d_lane[:, None], 1.0)
+            ok, lane = accept_draft(p_ext, q_ext, lanes, d_lane, ints[:, SEED], step_ints[:, STEP])
+            ok = torch.where(greedy, cand[:, 0] == d, ok)
+            replacement = torch.where(greedy, cand[:, 0], lanes.gather(1, lane[:, None])[:, 0])
+            token = torch.where(ok, d, replacement)
+            if own is not None:  # the next column sees d counted, as after committing it
+                own.scatter_add_(1, d[:, None].clamp_max(num_sampleable - 1), ok[:, None].int())
+        else:
+            ok = torch.zeros(num_rows, dtype=torch.bool, device=device)
+        committed[:, j] = torch.where(alive, token, committed[:, j])
+        num_accepted += (alive & ok).to(torch.int64)
+        alive &= ok
+    return committed, num_accepted
+
+
+def _race(
+    cand: torch.Tensor, log_ratio: torch.Tensor, keep: torch.Tensor, ints: torch.Tensor
+) -> torch.Tensor:
+    """The sampler's own draw among the survivors (purpose SAMPLE: a plain decode step's)."""
+    uniforms = counter_uniforms(ints[:, SEED], ints[:, STEP], cand, RngPurpose.SAMPLE)
+    race = log_ratio - torch.log(-torch.log(uniforms))
+    choice = race.masked_fill(~keep, -math.inf).argmax(dim=-1)
+    return cand.gather(1, choice[:, None]).squeeze(1)

@@ -1,0 +1,49 @@
+"""`ninfer bench --spec mtp`'s measuring core on the CPU with the tiny synthetic model: every
+field of the report is there and consistent (the GPU numbers come from the integrator's run)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from ninfer.bench.spec_bench import run_spec_bench
+from ninfer.bench.synthetic import random_mtp_weights, random_weights, synthetic_config
+from ninfer.model.mtp import MtpHead
+from ninfer.model.qwen3_5 import Qwen3_5Model
+
+
+@pytest.fixture(autouse=True)
+def _one_intra_op_thread() -> Iterator[None]:
+    """Tiny ops on a 2-core machine: OpenMP spin-waiting costs more than it gains."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def test_spec_bench_report_on_the_cpu() -> None:
+    config = synthetic_config("tiny-dense")
+    model = Qwen3_5Model(
+        config, random_weights("tiny-dense", device="cpu", dtype=torch.float32), device="cpu"
+    )
+    head = MtpHead(model, random_mtp_weights("tiny-dense", device="cpu", dtype=torch.float32))
+    report = run_spec_bench(
+        model,
+        head,
+        architecture="qwen3_5",
+        draft_tokens=2,
+        batches=(2,),
+        context=24,
+        prompt_tokens=12,
+        output_tokens=6,
+        steps=1,
+    )
+    assert [r["batch"] for r in report["rows"]] == [2]
+    for r in report["rows"]:
+        assert r["rounds"] > 0 and 1.0 <= r["acceptance_length"] <= 3.0
+        assert len(r["accepted_per_position"]) == 2
+        for key in ("plain_decode_ms", "verify_ms", "draft_step_ms", "round_ms", "e2e_tok_s"):
+            assert r[key] > 0, key
+        assert r["projected_tok_s"]["3.2"] > r["projected_tok_s"]["1"]
