@@ -61,14 +61,15 @@ def _clone(pages: QuantPages) -> QuantPages:
     ids=["27b-decode", "27b-odd", "35b-prefill", "tiny-d32", "d64", "d128", "d512"],
 )
 def test_store_is_bit_equal_to_the_twin(dtype, fmt, num_tokens, heads, d, gen) -> None:
-    num_pages, page = 12, 16
+    page = 16
+    num_pages = max(12, -(-num_tokens // page) + 2)  # room for every row, and unused slots
     pages = formats.allocate(fmt, (num_pages, page, heads, d), dtype=dtype, device="cuda")
     assert isinstance(pages, QuantPages)
     # V is a strided view into the fused projection: read through token and head strides
     proj = torch.randn(num_tokens, heads * d + 40, device="cuda", generator=gen).to(dtype)
     proj *= torch.logspace(-2, 2, num_tokens, device="cuda")[:, None].to(dtype)
     x = proj[:, 40:].view(num_tokens, heads, d)
-    assert not x.is_contiguous()
+    assert num_tokens == 1 or not x.is_contiguous()  # (one row of a view is contiguous)
     slots = torch.randperm(num_pages * page, device="cuda", generator=gen)[:num_tokens]
     twin = _clone(pages)
     assert kv_cuda.supports_store(x, pages)

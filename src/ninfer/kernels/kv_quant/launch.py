@@ -56,6 +56,10 @@ def store_kv(x: torch.Tensor, pages: QuantPages, slot_mapping: torch.Tensor) -> 
             f"{tuple(pages.shape)}"
         )
     num_tokens, num_heads, head_dim = x.shape
+    if slot_mapping.shape != (num_tokens,):
+        raise rt.KernelInputError(
+            f"{tuple(slot_mapping.shape)} slots for {num_tokens} rows: one slot per row"
+        )
     if num_tokens == 0:
         return
     slots = slot_mapping.to(torch.int64).contiguous()
