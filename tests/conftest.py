@@ -2,10 +2,10 @@
 (the CI command) runs on two xdist workers where pytest-xdist is installed (the `[test]` extra).
 
 A run that names paths, or passes `-n`/`--dist`/`-p no:xdist`, is left as given: a targeted run
-stays in one process. Workers take whole files (`--dist loadfile`), so each module-scoped live
-server still starts once. Each worker runs torch on one intra-op thread (two workers already fill
-the two CI cores; OpenMP spin-waiting on a busy core made tiny ops many times slower), and passes
-OMP_NUM_THREADS=1 on to the servers and CLI commands it starts.
+stays in one process. Workers take whole files (`--dist loadfile`, in collection order), so each
+module-scoped live server still starts once. Each worker runs torch on one intra-op thread (two
+workers already fill the two CI cores; OpenMP spin-waiting on a busy core made tiny ops many times
+slower), and passes OMP_NUM_THREADS=1 on to the servers and CLI commands it starts.
 """
 
 from __future__ import annotations
@@ -40,6 +40,9 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
         return
     opt.numprocesses = WORKERS
     opt.dist = "loadfile"
+    # files in collection order (tests/e2e first: few tests, long server-bound files); xdist's
+    # default reorder by test count would leave those for last and one worker idle at the end
+    opt.loadscopereorder = False
 
 
 def pytest_configure(config: pytest.Config) -> None:
