@@ -21,6 +21,8 @@ from contextlib import contextmanager
 from typing import Any
 
 START_TIMEOUT_S = 90.0
+PORT_ATTEMPTS = 3
+PORT_TAKEN = "already in use"  # the server's bind error (errno EADDRINUSE)
 MODEL_ID = "ninfer-demo-random"
 BASE_ARGS = ("--dtype", "fp32", "--max-context", "512")
 
@@ -38,6 +40,18 @@ class ServeProcess:
     """`ninfer serve ARGS`, or with `scripted=True` the scripted-engine server of the tests."""
 
     def __init__(self, *args: str, scripted: bool = False) -> None:
+        # free_port() only finds a port that was free a moment ago: another test process (xdist
+        # workers run in parallel) may take it first, so a start that lost it tries a new one
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                self._start(args, scripted)
+                return
+            except AssertionError:
+                self.stop()
+                if attempt == PORT_ATTEMPTS or not any(PORT_TAKEN in line for line in self.log):
+                    raise
+
+    def _start(self, args: tuple[str, ...], scripted: bool) -> None:
         self.port = free_port()
         if scripted:
             cmd = [sys.executable, "-m", "support.scripted_serve", "--port", str(self.port)]
