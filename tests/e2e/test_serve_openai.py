@@ -232,7 +232,7 @@ def test_stream_progress_and_per_token_timings(server: ServeProcess) -> None:
 
 def test_unsupported_serve_flag_exits_2() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "ninfer.cli.app", "serve", "--spec", "mtp"],
+        [sys.executable, "-m", "ninfer.cli.app", "serve", "--spec", "dflash"],
         capture_output=True,
         text=True,
         timeout=60,
