@@ -145,9 +145,7 @@ def test_sdks_read_through_keep_alive_comments(server) -> None:
     """Every stream here is kept alive during its held prefill; the SDKs must not mind."""
     chat = openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
     text = ""
-    for chunk in chat.chat.completions.create(
-        model=MODEL_ID, messages=_ask("REASON"), stream=True
-    ):
+    for chunk in chat.chat.completions.create(model=MODEL_ID, messages=_ask("REASON"), stream=True):
         if chunk.choices:
             text += chunk.choices[0].delta.content or ""
     assert text == "The answer is 42."
@@ -271,6 +269,8 @@ def test_scraping_metrics_while_eight_streams_decode_changes_no_output() -> None
     assert outputs == {i: " ".join([f"client-{i}"] * 12) for i in range(8)}
     assert widest == 8  # scrapes ran while all eight decoded together
     latencies.sort()
-    print(f"/metrics during 8-stream decode: {len(latencies)} scrapes, "
-          f"median {latencies[len(latencies) // 2] * 1e3:.2f} ms, max {latencies[-1] * 1e3:.2f} ms")
+    print(
+        f"/metrics during 8-stream decode: {len(latencies)} scrapes, "
+        f"median {latencies[len(latencies) // 2] * 1e3:.2f} ms, max {latencies[-1] * 1e3:.2f} ms"
+    )
     assert latencies[-1] < 2.0  # a sanity bound only

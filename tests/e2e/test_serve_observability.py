@@ -212,9 +212,7 @@ def test_every_metric_counts_the_mix_exactly(mix) -> None:
         assert m[f"ninfer_{zero}_total"] == 0  # features not built yet
 
 
-def test_the_request_log_has_one_terminal_per_start_and_the_returned_tokens(
-    mix, tokenizer
-) -> None:
+def test_the_request_log_has_one_terminal_per_start_and_the_returned_tokens(mix, tokenizer) -> None:
     log = records(mix["log"])  # every line validates against the published schema
     assert log[0]["event"] == "server_start"
     assert {r["server_instance_id"] for r in log} == {log[0]["server_instance_id"]}

@@ -111,6 +111,7 @@ def test_paused_streams_finish_exactly_and_every_record_counts_the_pauses(tmp_pa
         assert len(starts) == record["scheduling"]["preemptions"], rid
         if mine:
             assert mine[-1]["transition"] == "terminal", rid
-            assert mine[-1]["progress"]["request"]["replay"] == (
-                record["scheduling"]["replayed_tokens"]
+            assert (
+                mine[-1]["progress"]["request"]["replay"]
+                == (record["scheduling"]["replayed_tokens"])
             )

@@ -497,7 +497,6 @@ def _paged_timing(b: int, context: int, device: torch.device) -> KernelTiming:
     )
 
 
-
 def delta_decode_sweep(batches: Sequence[int], device: torch.device) -> str:
     """µs per call and state GB/s of the narrow and wide delta-rule decode kernels (graphs).
 

@@ -145,7 +145,14 @@ def run_kv_quality(
             tok_s = _decode_tok_s(model, kv_dtype, context, timed_steps) if time_decode else None
             results.append(
                 KvQualityResult(
-                    kv_dtype, context, per_token[kv_dtype], p_top1, p_kl, d_top1, d_kl, tok_s,
+                    kv_dtype,
+                    context,
+                    per_token[kv_dtype],
+                    p_top1,
+                    p_kl,
+                    d_top1,
+                    d_kl,
+                    tok_s,
                     ref_tok_s,
                 )  # fmt: skip
             )

@@ -66,9 +66,7 @@ def _arch(device: torch.device) -> str:
     return f"sm_{major}{minor}"
 
 
-def get_kernel(
-    op: str, instance: str, device: torch.device, headers: tuple[str, ...] = ()
-) -> Any:
+def get_kernel(op: str, instance: str, device: torch.device, headers: tuple[str, ...] = ()) -> Any:
     """The compiled `instance` (a template instantiation such as `f<bf16, true>`) of `op`.cu.
 
     `headers`: device-code files (paths under kernels/) compiled between common.cu and the op's

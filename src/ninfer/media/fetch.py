@@ -110,9 +110,7 @@ def fetch(url: str, policy: FetchPolicy) -> bytes:
                 continue
             if resp.status != 200:
                 resp.close()
-                raise MediaError(
-                    f"media URL answered HTTP {resp.status}", code=MEDIA_FETCH_FAILED
-                )
+                raise MediaError(f"media URL answered HTTP {resp.status}", code=MEDIA_FETCH_FAILED)
             return _read(resp, sock, policy, deadline)
         raise MediaError(
             f"media URL redirected more than {policy.max_redirects} times",

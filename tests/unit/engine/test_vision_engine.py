@@ -247,8 +247,14 @@ def test_media_requests_paused_and_replayed_equal_their_solo_runs(tiny, monkeypa
     equal their solo runs."""
     engine, _, art = tiny
     convos = [
-        _messages([{"type": "image", "image": data_uri(encode_image(noise_image(64, 48, seed=s)),
-                                                        "image/png")}])  # fmt: skip
+        _messages(
+            [
+                {
+                    "type": "image",
+                    "image": data_uri(encode_image(noise_image(64, 48, seed=s)), "image/png"),
+                }
+            ]
+        )  # fmt: skip
         for s in (41, 42)
     ]
     solo = [_chat_tokens(engine, m, 24)[0] for m in convos]  # ~20 prompt tokens + 24

@@ -85,7 +85,10 @@ def test_decode_sample_and_patchify_match_reference(
         frames_ref.append(x)
     video = torch.from_numpy(np.stack(frames_ref))[None]  # [1, F, C, H, W]
     patches, gt, gh, gw = _REF["patchify"](
-        None, video, patch_size=v.patch_size, merge_size=v.merge_size,
+        None,
+        video,
+        patch_size=v.patch_size,
+        merge_size=v.merge_size,
         temporal_patch_size=v.temporal_patch_size,
     )
     assert prepared.grid_thw == (gt, gh, gw)

@@ -60,9 +60,7 @@ def scrape(engine: SimpleNamespace, server: ServerMetrics) -> dict:
 
 
 def value(family, suffix: str = "", **labels: str) -> float:
-    (sample,) = [
-        s for s in family.samples if s.name == family.name + suffix and s.labels == labels
-    ]
+    (sample,) = [s for s in family.samples if s.name == family.name + suffix and s.labels == labels]
     return sample.value
 
 
