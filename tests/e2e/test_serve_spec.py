@@ -47,6 +47,8 @@ def test_spec_serve_equals_plain_and_logs_its_counters(tmp_path) -> None:
     args = ("--greedy", "--no-thinking", "--spec", "mtp", "--draft-tokens", str(K),
             "--request-log-jsonl", str(log))  # fmt: skip
     with serve(*args) as server:
+        ready = next(line for line in server.log if "engine ready in" in line)
+        assert f"spec=mtp draft_tokens={K}" in ready
         got = _ask(server)
         conn = server.connection()
         conn.request("GET", "/metrics")

@@ -56,9 +56,10 @@ def serve(
         kv_tokens = engine.parts.num_pages * opts.page_size
         log.info(
             "engine ready in %.1fs: model=%s device=%s dtype=%s kv_dtype=%s max_context=%d "
-            "kv_capacity=%d max_concurrency=%d max_pending=%d",
+            "kv_capacity=%d max_concurrency=%d max_pending=%d%s",
             time.monotonic() - t0, engine.model_id, opts.device, opts.dtype, opts.kv_dtype,
             opts.max_context, kv_tokens, opts.max_concurrency, opts.max_pending_requests,
+            _spec_words(opts),
         )  # fmt: skip
         if engine.artifact.metadata.get("random_weights"):
             log.warning("%s has RANDOM weights: its output is meaningless", engine.model_id)
@@ -66,6 +67,15 @@ def serve(
     finally:
         engine.close()
         log.info("shutdown complete")
+
+
+def _spec_words(opts: Any) -> str:
+    """The ready line's speculative part: empty without --spec, so plain logs stay as they were."""
+    spec = getattr(opts, "spec", None)
+    if spec is None:
+        return ""
+    words = f" spec={spec} draft_tokens={opts.num_drafts}"
+    return words + (" lm_head_draft" if getattr(opts, "lm_head_draft", False) else "")
 
 
 def run_server(
