@@ -71,11 +71,10 @@ def serve(
 
 def _spec_words(opts: Any) -> str:
     """The ready line's speculative part: empty without --spec, so plain logs stay as they were."""
-    spec = getattr(opts, "spec", None)
-    if spec is None:
+    if opts.spec is None:
         return ""
-    words = f" spec={spec} draft_tokens={opts.num_drafts}"
-    return words + (" lm_head_draft" if getattr(opts, "lm_head_draft", False) else "")
+    words = f" spec={opts.spec} draft_tokens={opts.num_drafts}"
+    return words + (" lm_head_draft" if opts.lm_head_draft else "")
 
 
 def run_server(

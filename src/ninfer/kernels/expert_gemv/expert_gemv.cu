@@ -1,5 +1,42 @@
-// Grouped GEMVs for MoE decode, reading each chosen expert's matrix in place by id.
-//
+// Grouped GEMVs for MoE decode, reading each chosen expert's matrix in place by id, and the
+// device helpers the kernels of this file share.
+
+// Step c (16 bytes per lane) of ROWS consecutive weight rows from row0, all loads issued before
+// any is used; rows past n re-read row n - 1 (computed, never stored).
+template <typename T, int ROWS>
+__device__ __forceinline__ void load_rows(uint4 (&u)[ROWS], const T* we, int row0, int n, int k,
+                                          int c) {
+  constexpr int V = 16 / sizeof(T);
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+    const int row = row0 + r < n ? row0 + r : n - 1;
+    u[r] = *reinterpret_cast<const uint4*>(we + static_cast<long long>(row) * k + c * V);
+  }
+}
+
+// SwiGLU of one gate and up element, rounded like silu_mul: silu(g) to T, then the product to T.
+template <typename T>
+__device__ __forceinline__ T swiglu_rounded(T gate, T up) {
+  const float g = to_float(gate);
+  const float act = to_float(from_float<T>(g / (1.0f + __expf(-g))));
+  return from_float<T>(act * to_float(up));
+}
+
+// A MoE output element: the routed sum (fp32) to T, plus sigmoid(shared_gate[gate_at]) *
+// shared[shared_at] op by op in T when the shared expert is given (the twin's
+// `routed + torch.sigmoid(gate) * shared`).
+template <typename T>
+__device__ __forceinline__ T moe_output(float routed_sum, const T* shared, long long shared_at,
+                                        const T* shared_gate, long long gate_at) {
+  float y = to_float(from_float<T>(routed_sum));
+  if (shared != nullptr) {
+    const float z = to_float(shared_gate[gate_at]);
+    const float sig = to_float(from_float<T>(1.0f / (1.0f + __expf(-z))));
+    y += to_float(from_float<T>(sig * to_float(shared[shared_at])));
+  }
+  return from_float<T>(y);
+}
+
 // expert_gemv: out[a, :] = W[ids[a]] @ x[a / x_div], W: [E, N, K], one launch for
 // every (token, expert) assignment a, reading each chosen expert's rows in place (no gathered
 // copy of the weights). Grid (row tiles, assignments); the block stages its x row in shared memory
@@ -26,11 +63,7 @@ __global__ void __launch_bounds__(256) expert_gemv(
   for (int r = 0; r < ROWS; ++r) acc[r] = 0.0f;
   for (int c = lane; c < chunks; c += 32) {
     uint4 u[ROWS];
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-      const int row = row0 + r < n ? row0 + r : n - 1;  // past n: computed, never stored
-      u[r] = *reinterpret_cast<const uint4*>(we + static_cast<long long>(row) * k + c * V);
-    }
+    load_rows<T, ROWS>(u, we, row0, n, k, c);
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
       const T* e = reinterpret_cast<const T*>(&u[r]);
@@ -80,22 +113,14 @@ __global__ void __launch_bounds__(256) expert_down_sum(
     for (int r = 0; r < ROWS; ++r) acc[r] = 0.0f;
     for (int c = lane; c < chunks; c += 32) {
       uint4 q[ROWS];
-#pragma unroll
-      for (int r = 0; r < ROWS; ++r) {
-        const int row = row0 + r < n ? row0 + r : n - 1;  // past n: computed, never stored
-        q[r] = *reinterpret_cast<const uint4*>(we + static_cast<long long>(row) * k + c * V);
-      }
+      load_rows<T, ROWS>(q, we, row0, n, k, c);
       const uint4 gq = *reinterpret_cast<const uint4*>(gr + c * V);
       const uint4 uq = *reinterpret_cast<const uint4*>(gr + k + c * V);
       const T* ge = reinterpret_cast<const T*>(&gq);
       const T* ue = reinterpret_cast<const T*>(&uq);
       float h[V];
 #pragma unroll
-      for (int i = 0; i < V; ++i) {
-        const float g = to_float(ge[i]);
-        const float act = to_float(from_float<T>(g / (1.0f + __expf(-g))));
-        h[i] = to_float(from_float<T>(act * to_float(ue[i])));
-      }
+      for (int i = 0; i < V; ++i) h[i] = to_float(swiglu_rounded(ge[i], ue[i]));
 #pragma unroll
       for (int r = 0; r < ROWS; ++r) {
         const T* e = reinterpret_cast<const T*>(&q[r]);
@@ -118,13 +143,8 @@ __global__ void __launch_bounds__(256) expert_down_sum(
   const int r = i - g * ROWS;
   float sum = 0.0f;
   for (int j = 0; j < top_k; ++j) sum += part[(g * top_k + j) * ROWS + r];
-  float y = to_float(from_float<T>(sum));
-  if (shared != nullptr) {
-    const float z = to_float(shared_gate[t * gate_stride]);
-    const float sig = to_float(from_float<T>(1.0f / (1.0f + __expf(-z))));
-    y += to_float(from_float<T>(sig * to_float(shared[t * shared_stride + row])));
-  }
-  out[static_cast<long long>(t) * n + row] = from_float<T>(y);
+  out[static_cast<long long>(t) * n + row] = moe_output(
+      sum, shared, t * shared_stride + row, shared_gate, t * gate_stride);
 }
 
 // expert_group_gemv: the same products as expert_gemv (out[a] = W[ids[a]] @ x[a / x_div]) with
@@ -168,11 +188,7 @@ __global__ void __launch_bounds__(256) expert_group_gemv(
         const T* ue = reinterpret_cast<const T*>(&uq);
         T* he = reinterpret_cast<T*>(&val);
 #pragma unroll
-        for (int j = 0; j < V; ++j) {
-          const float g = to_float(ge[j]);
-          const float act = to_float(from_float<T>(g / (1.0f + __expf(-g))));
-          he[j] = from_float<T>(act * to_float(ue[j]));
-        }
+        for (int j = 0; j < V; ++j) he[j] = swiglu_rounded(ge[j], ue[j]);
       } else {
         val = *reinterpret_cast<const uint4*>(xr + c * V);
       }
@@ -187,11 +203,7 @@ __global__ void __launch_bounds__(256) expert_group_gemv(
         for (int m = 0; m < MAXM; ++m) acc[r][m] = 0.0f;
       for (int c = lane; c < chunks; c += 32) {
         uint4 u[ROWS];
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r) {
-          const int row = row0 + r < n ? row0 + r : n - 1;  // past n: computed, never stored
-          u[r] = *reinterpret_cast<const uint4*>(we + static_cast<long long>(row) * k + c * V);
-        }
+        load_rows<T, ROWS>(u, we, row0, n, k, c);
 #pragma unroll
         for (int m = 0; m < MAXM; ++m) {
           if (m < count) {
@@ -238,11 +250,6 @@ __global__ void __launch_bounds__(256) moe_combine(
   const long long a0 = static_cast<long long>(t) * top_k;
   float sum = 0.0f;
   for (int j = 0; j < top_k; ++j) sum += to_float(y[(a0 + j) * n + row]) * route_w[a0 + j];
-  float out_v = to_float(from_float<T>(sum));
-  if (shared != nullptr) {
-    const float z = to_float(shared_gate[t * gate_stride]);
-    const float sig = to_float(from_float<T>(1.0f / (1.0f + __expf(-z))));
-    out_v += to_float(from_float<T>(sig * to_float(shared[t * shared_stride + row])));
-  }
-  out[static_cast<long long>(t) * n + row] = from_float<T>(out_v);
+  out[static_cast<long long>(t) * n + row] = moe_output(
+      sum, shared, t * shared_stride + row, shared_gate, t * gate_stride);
 }

@@ -73,11 +73,21 @@ def supports_down_sum(
         and (row_bytes % 16 == 0 or num_tokens * top_k <= 1)
         and gate_up_out.data_ptr() % 16 == 0
     )
+    return ok and _shared_fits(shared, shared_gate, dtype, num_tokens, n)
+
+
+def _shared_fits(
+    shared: torch.Tensor | None,
+    shared_gate: torch.Tensor | None,
+    dtype: torch.dtype,
+    num_tokens: int,
+    n: int,
+) -> bool:
+    """Neither, or a shared expert output [T, N] with dense rows and its gate logits [T, 1]."""
     if shared is None:
-        return ok and shared_gate is None
+        return shared_gate is None
     return (
-        ok
-        and shared_gate is not None
+        shared_gate is not None
         and shared.dtype == shared_gate.dtype == dtype
         and shared.shape == (num_tokens, n)
         and shared.stride(1) == 1
@@ -271,16 +281,7 @@ def supports_combine(
         return False
     num_tokens, top_k = weights.shape
     ok = y.shape[0] == num_tokens * top_k and num_tokens <= MAX_TOKENS
-    if shared is None:
-        return ok and shared_gate is None
-    return (
-        ok
-        and shared_gate is not None
-        and shared.dtype == shared_gate.dtype == y.dtype
-        and shared.shape == (num_tokens, y.shape[1])
-        and shared.stride(1) == 1
-        and shared_gate.shape == (num_tokens, 1)
-    )
+    return ok and _shared_fits(shared, shared_gate, y.dtype, num_tokens, y.shape[1])
 
 
 def moe_combine(
