@@ -52,3 +52,31 @@ __device__ __forceinline__ float block_sum(float v) {
   float total = lane < num_warps ? partial[lane] : 0.0f;
   return warp_sum(total);
 }
+
+// e4m3 (fn: no infinities, S.1111.111 is NaN) to fp32, exact.
+__device__ __forceinline__ float e4m3_to_float(unsigned int v) {
+  const unsigned int sign = (v & 0x80u) << 24;
+  const unsigned int mag = v & 0x7fu;
+  float f;
+  if (mag == 0x7fu) {
+    f = __uint_as_float(0x7fc00000u);
+  } else if (mag >= 8u) {  // normal: exponent e - 7 -> fp32 exponent e + 120
+    f = __uint_as_float((mag << 20) + (120u << 23));
+  } else {  // subnormal: mantissa * 2^-9
+    f = static_cast<float>(mag) * 0.001953125f;
+  }
+  return __uint_as_float(__float_as_uint(f) | sign);
+}
+
+// fp32 to e4m3, round to nearest even, saturating at 448 (NaN stays NaN).
+__device__ __forceinline__ unsigned int float_to_e4m3(float v) {
+  const unsigned int sign = (__float_as_uint(v) >> 24) & 0x80u;
+  if (v != v) return sign | 0x7fu;
+  const float a = fminf(fabsf(v), 448.0f);
+  if (a < 0.015625f) {  // below the smallest normal 2^-6: multiples of 2^-9 (8 rounds to 2^-6)
+    return sign | static_cast<unsigned int>(__float2int_rn(a * 512.0f));
+  }
+  unsigned int u = __float_as_uint(a);
+  u += 0x7ffffu + ((u >> 20) & 1u);  // round the 23-bit mantissa to 3 bits, ties to even
+  return sign | ((u >> 20) - (120u << 3));
+}

@@ -1,38 +1,10 @@
 // fp8 prefill GEMM helpers: (1) quantize activations to e4m3 with one fp32 scale per row and
 // 128-column group (the 1x128 operand of a block-scaled torch._scaled_mm), (2) dequantize a
 // 128x128 block-scaled e4m3 weight into a bf16/fp32 scratch copy for cuBLAS where that GEMM is
-// not available. e4m3 <-> fp32 conversions are done with integer bit operations rather than the
+// not available. e4m3 <-> fp32 conversions are common.cu's integer bit operations rather than the
 // sm_89 cvt instructions, so both kernels are exact and portable, and their rounding (round to
 // nearest even, after a clamp to +-448) matches torch's .to(float8_e4m3fn) bit for bit. Divisions
 // use __fdiv_rn so --use_fast_math does not turn them into approximations.
-
-// e4m3 (fn: no infinities, S.1111.111 is NaN) to fp32, exact.
-__device__ __forceinline__ float e4m3_to_float(unsigned int v) {
-  const unsigned int sign = (v & 0x80u) << 24;
-  const unsigned int mag = v & 0x7fu;
-  float f;
-  if (mag == 0x7fu) {
-    f = __uint_as_float(0x7fc00000u);
-  } else if (mag >= 8u) {  // normal: exponent e - 7 -> fp32 exponent e + 120
-    f = __uint_as_float((mag << 20) + (120u << 23));
-  } else {  // subnormal: mantissa * 2^-9
-    f = static_cast<float>(mag) * 0.001953125f;
-  }
-  return __uint_as_float(__float_as_uint(f) | sign);
-}
-
-// fp32 to e4m3, round to nearest even, saturating at 448 (NaN stays NaN).
-__device__ __forceinline__ unsigned int float_to_e4m3(float v) {
-  const unsigned int sign = (__float_as_uint(v) >> 24) & 0x80u;
-  if (v != v) return sign | 0x7fu;
-  const float a = fminf(fabsf(v), 448.0f);
-  if (a < 0.015625f) {  // below the smallest normal 2^-6: multiples of 2^-9 (8 rounds to 2^-6)
-    return sign | static_cast<unsigned int>(__float2int_rn(a * 512.0f));
-  }
-  unsigned int u = __float_as_uint(a);
-  u += 0x7ffffu + ((u >> 20) & 1u);  // round the 23-bit mantissa to 3 bits, ties to even
-  return sign | ((u >> 20) - (120u << 3));
-}
 
 // NaN-propagating max (as torch's amax): once a NaN is seen it stays.
 __device__ __forceinline__ float nan_max(float a, float b) { return (b > a || b != b) ? b : a; }

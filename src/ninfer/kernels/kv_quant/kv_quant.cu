@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(KVQ_WARPS * 32) kv_store(
         const int q = max(-127, min(127, __float2int_rn(s)));
         dst[j] = static_cast<unsigned char>(static_cast<signed char>(q));
       } else {
-        dst[j] = static_cast<unsigned char>(kvq_float_to_e4m3(s));
+        dst[j] = static_cast<unsigned char>(float_to_e4m3(s));
       }
     }
     if (lane == 0) scales[row] = scale;
@@ -69,8 +69,8 @@ __global__ void __launch_bounds__(KVQ_WARPS * 32) kv_store(
     for (int offset = 1; offset < LANES; offset <<= 1) {
       bamax = fmaxf(bamax, __shfl_xor_sync(0xffffffffu, bamax, offset));
     }
-    const unsigned int bs = kvq_float_to_e4m3(__fdiv_rn(bamax, g * 6.0f));
-    const float eff = kvq_e4m3_to_float(bs) * g;
+    const unsigned int bs = float_to_e4m3(__fdiv_rn(bamax, g * 6.0f));
+    const float eff = e4m3_to_float(bs) * g;
     unsigned int codes[E];
 #pragma unroll
     for (int j = 0; j < E; ++j) {
