@@ -9,15 +9,6 @@
 // partial sum is scaled by its block's scale, and the warp reduces each row at the end. fp32
 // accumulation, one rounding to T.
 
-__device__ __forceinline__ void fp8x2_to_float2(unsigned short v, float& lo, float& hi) {
-  unsigned int h2;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(v));
-  const unsigned short l = static_cast<unsigned short>(h2 & 0xffffu);
-  const unsigned short h = static_cast<unsigned short>(h2 >> 16);
-  asm("cvt.f32.f16 %0, %1;" : "=f"(lo) : "h"(l));
-  asm("cvt.f32.f16 %0, %1;" : "=f"(hi) : "h"(h));
-}
-
 // 16 consecutive x values of one row as fp32 (the row is 16-byte aligned, k0 a multiple of 16).
 __device__ __forceinline__ void load_x16(const float* p, float* xv) {
 #pragma unroll

@@ -142,13 +142,18 @@ __device__ __forceinline__ void kvq_decode(const KvRowBuf<T, FMT, E>& r, int lan
   if constexpr (FMT == KV_PLAIN) {
 #pragma unroll
     for (int j = 0; j < E; ++j) out[j] = r.v[j];
-  } else if constexpr (FMT == KV_INT8 || FMT == KV_FP8) {
+  } else if constexpr (FMT == KV_INT8) {
 #pragma unroll
-    for (int j = 0; j < E; ++j) {
-      const float c = FMT == KV_INT8 ? static_cast<float>(static_cast<signed char>(r.b[j]))
-                                     : e4m3_to_float(r.b[j]);
-      out[j] = c * r.scale;
+    for (int j = 0; j < E; ++j) out[j] = static_cast<float>(static_cast<signed char>(r.b[j])) * r.scale;
+  } else if constexpr (FMT == KV_FP8) {
+#pragma unroll
+    for (int j = 0; j + 1 < E; j += 2) {  // pairs through the hardware cvt: same exact values
+      float lo, hi;
+      fp8x2_to_float2(static_cast<unsigned short>(r.b[j] | (r.b[j + 1] << 8)), lo, hi);
+      out[j] = lo * r.scale;
+      out[j + 1] = hi * r.scale;
     }
+    if constexpr (E % 2) out[E - 1] = e4m3_to_float(r.b[E - 1]) * r.scale;
   } else {
     const float eff = e4m3_to_float(r.block) * r.scale;
     if constexpr (E == 1) {
