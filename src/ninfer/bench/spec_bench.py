@@ -33,6 +33,7 @@ from ninfer.engine.request import EventKind
 from ninfer.engine.spec_step import SpecInput, SpecStep
 from ninfer.model.batch import ForwardBatch
 from ninfer.model.cache import ModelCache
+from ninfer.model.lm_head_draft import ShortlistHead
 from ninfer.model.mtp import MtpHead
 from ninfer.model.qwen3_5 import Qwen3_5Model
 
@@ -52,15 +53,26 @@ def run_spec_bench(
     output_tokens: int,
     steps: int,
     acceptance_lengths: Sequence[float] = (1.0, 2.0, 3.2),
+    lm_head_draft: bool = False,
     on_progress: Callable[[str], None] = lambda _: None,
 ) -> dict[str, Any]:
-    """Measure every batch in `batches`; returns the JSON-ready report (see the module doc)."""
+    """Measure every batch in `batches`; returns the JSON-ready report (see the module doc).
+    `lm_head_draft`: drafts through the 4-bit shortlist head, as `--lm-head-draft` serves."""
     rows = []
     for batch in batches:
         on_progress(f"spec e2e: batch {batch}")
-        e2e = _e2e(model, head, architecture, draft_tokens, batch, prompt_tokens, output_tokens)
+        e2e = _e2e(
+            model,
+            head,
+            architecture,
+            draft_tokens,
+            batch,
+            prompt_tokens,
+            output_tokens,
+            lm_head_draft,
+        )
         on_progress(f"spec step costs: batch {batch}, context {context}")
-        costs = _step_costs(model, head, draft_tokens, batch, context, steps)
+        costs = _step_costs(model, head, draft_tokens, batch, context, steps, lm_head_draft)
         round_s = costs["round_ms"] / 1000.0
         costs["projected_tok_s"] = {
             f"{length:g}": batch * length / round_s for length in acceptance_lengths
@@ -70,6 +82,7 @@ def run_spec_bench(
         rows.append({"batch": batch, **e2e, **costs})
     return {
         "draft_tokens": draft_tokens,
+        "lm_head_draft": lm_head_draft,
         "context": context,
         "prompt_tokens": prompt_tokens,
         "output_tokens": output_tokens,
@@ -87,6 +100,7 @@ def _e2e(
     batch: int,
     prompt_tokens: int,
     output_tokens: int,
+    lm_head_draft: bool,
 ) -> dict[str, Any]:
     from ninfer.api import Engine
 
@@ -98,6 +112,7 @@ def _e2e(
         mtp=head,
         spec="mtp",
         draft_tokens=k,
+        lm_head_draft=lm_head_draft,
         max_concurrency=batch,
         max_pending_requests=batch,
         max_context=max_context,
@@ -111,35 +126,11 @@ def _e2e(
         device=str(model.device),
     )
     try:
+        # a first, untimed pass captures the round graphs of every page-table width the timed
+        # pass reaches (and compiles the kernels), as a serving engine has after its first turns
         vocab = min(model.config.vocab_size, 200_000)
-        g = torch.Generator().manual_seed(7)
-        handles = [
-            RequestHandle(
-                engine.core,
-                engine.make_request(
-                    torch.randint(0, vocab, (prompt_tokens,), generator=g).tolist(),
-                    max_tokens=output_tokens,
-                    ignore_eos=True,
-                    greedy=True,
-                ),
-            )
-            for _ in range(batch)
-        ]
-        stamps: list[list[float]] = [[] for _ in handles]
-        finals: list[Any] = [None] * batch
-
-        def drain(i: int) -> None:
-            for ev in handles[i]:
-                if ev.kind == EventKind.TOKENS:
-                    stamps[i].extend([time.perf_counter()] * len(ev.token_ids))
-                elif ev.is_terminal:
-                    finals[i] = ev
-
-        threads = [threading.Thread(target=drain, args=(i,)) for i in range(batch)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        _drive(engine, batch, prompt_tokens, output_tokens, vocab)
+        stamps, finals = _drive(engine, batch, prompt_tokens, output_tokens, vocab)
     finally:
         engine.close()
     first = min(s[0] for s in stamps)
@@ -158,8 +149,50 @@ def _e2e(
     }
 
 
+def _drive(
+    engine: Any, batch: int, prompt_tokens: int, output_tokens: int, vocab: int
+) -> tuple[list[list[float]], list[Any]]:
+    """`batch` greedy requests at once; per request the arrival time of each token and the
+    terminal event."""
+    g = torch.Generator().manual_seed(7)
+    handles = [
+        RequestHandle(
+            engine.core,
+            engine.make_request(
+                torch.randint(0, vocab, (prompt_tokens,), generator=g).tolist(),
+                max_tokens=output_tokens,
+                ignore_eos=True,
+                greedy=True,
+            ),
+        )
+        for _ in range(batch)
+    ]
+    stamps: list[list[float]] = [[] for _ in handles]
+    finals: list[Any] = [None] * batch
+
+    def drain(i: int) -> None:
+        for ev in handles[i]:
+            if ev.kind == EventKind.TOKENS:
+                stamps[i].extend([time.perf_counter()] * len(ev.token_ids))
+            elif ev.is_terminal:
+                finals[i] = ev
+
+    threads = [threading.Thread(target=drain, args=(i,)) for i in range(batch)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return stamps, finals
+
+
 def _step_costs(
-    model: Qwen3_5Model, head: MtpHead, k: int, batch: int, context: int, steps: int
+    model: Qwen3_5Model,
+    head: MtpHead,
+    k: int,
+    batch: int,
+    context: int,
+    steps: int,
+    lm_head_draft: bool,
 ) -> dict[str, float]:
     """Median milliseconds of the pieces of a round, on a private cache (zero KV: timing only)."""
     device = model.device
@@ -197,6 +230,7 @@ def _step_costs(
         use_graphs=cuda,
         dummy_slot=batch,
         dummy_page=batch * per_seq,
+        shortlist=ShortlistHead(model.lm_head, vocab) if lm_head_draft else None,
     )
     tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(batch)]
     reals, ints = GREEDY_FIELDS
@@ -232,7 +266,7 @@ def _step_costs(
     )
 
     def draft_step() -> None:
-        head.compute_logits(head.forward_hidden(step_batch, cache, hidden)).argmax(-1)
+        spec._propose(head.forward_hidden(step_batch, cache, hidden))
 
     return {
         "plain_decode_ms": _median_ms(lambda: decode.run(plain_rows), steps, cuda),

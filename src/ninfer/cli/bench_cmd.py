@@ -137,6 +137,11 @@ def bench(
     draft_tokens: int = opt(
         3, "--draft-tokens", min=1, max=5, help="--spec: drafts per round.", metavar="N"
     ),  # fmt: skip
+    lm_head_draft: bool = opt(
+        False,
+        "--lm-head-draft",
+        help="--spec: draft through the 4-bit shortlist head (as `serve --lm-head-draft`).",
+    ),
 ) -> None:
     """Benchmark prefill and decode of a real-shape model with random weights (needs a GPU)."""
     if kv_dtype not in KV_DTYPES:
@@ -151,12 +156,14 @@ def bench(
         except ValueError as e:
             raise UserError(str(e)) from None
         return
+    if lm_head_draft and spec is None:
+        raise UserError("--lm-head-draft needs --spec mtp")
     if spec is not None:
         if spec != "mtp":
             raise UserError(f"--spec {spec}: only mtp is built")
         _spec(synthetic, cuda_device(device), weights, draft_tokens,
               _ints(batches, "--batches"), _ints(contexts, "--contexts")[0], e2e_prompt,
-              e2e_output, steps, as_json, save)  # fmt: skip
+              e2e_output, steps, as_json, save, lm_head_draft)  # fmt: skip
         return
     if vision:
         _vision(synthetic, cuda_device(device), vision_size,
@@ -222,6 +229,7 @@ def _spec(
     steps: int,
     as_json: bool,
     save: Path | None,
+    lm_head_draft: bool,
 ) -> None:
     import json
 
@@ -262,6 +270,7 @@ def _spec(
         prompt_tokens=prompt_tokens,
         output_tokens=output_tokens,
         steps=steps,
+        lm_head_draft=lm_head_draft,
         on_progress=lambda msg: err.print(msg, style="dim"),
     )
     report |= {"synthetic": synthetic, "weights": weights,
@@ -273,7 +282,10 @@ def _spec(
         print(text)
         return
     con = Console()
-    con.print(f"MTP k={draft_tokens}, {synthetic} {weights} (random weights: {report['note']})")
+    shortlist = ", lm-head-draft" if lm_head_draft else ""
+    con.print(
+        f"MTP k={draft_tokens}{shortlist}, {synthetic} {weights} (random weights: {report['note']})"
+    )
     for r in report["rows"]:
         proj = ", ".join(f"L={k}: {v:.0f}" for k, v in r["projected_tok_s"].items())
         con.print(

@@ -17,7 +17,7 @@ import torch
 
 from ninfer.engine.plan import FOLD, PAGES, STATE, CopyOp
 from ninfer.model.cache import ModelCache
-from ninfer.model.layers.gated_deltanet import fold_verify
+from ninfer.model.layers.gated_deltanet import fold_verify_layers
 
 
 class CopyEngine:
@@ -63,10 +63,9 @@ class CopyEngine:
         for records, members in groups.values():
             slots, rows, nums = (self._index(list(x)) for x in zip(*members, strict=True))
             most = max(m[2] for m in members)
-            for conv, ssm, record in zip(
-                self.cache.conv_state, self.cache.ssm_state, records, strict=True
-            ):
-                fold_verify(record, rows, nums, most, conv, ssm, slots)
+            fold_verify_layers(
+                records, self.cache.conv_state, self.cache.ssm_state, slots, rows, nums, most
+            )
 
     # -- KV pages ------------------------------------------------------------------------------
     def _kv_tensors(self) -> list[torch.Tensor]:

@@ -30,6 +30,9 @@ from ninfer.kernels.gated_delta_decode import launch as _delta_cuda
 from ninfer.kernels.gated_delta_decode import reference as _delta_ref
 from ninfer.kernels.gated_delta_prefill import launch as _prefill_cuda
 from ninfer.kernels.gated_delta_prefill import reference as _prefill_ref
+from ninfer.kernels.gated_delta_verify import launch as _verify_cuda
+from ninfer.kernels.gated_delta_verify import reference as _verify_ref
+from ninfer.kernels.gated_delta_verify.reference import FoldLayer
 from ninfer.kernels.gated_rms_norm import launch as _gated_norm_cuda
 from ninfer.kernels.gated_rms_norm import reference as _gated_norm_ref
 from ninfer.kernels.gdn_decode_front import launch as _front_cuda
@@ -135,6 +138,69 @@ def gdn_decode_front(
         num_k_heads=num_k_heads,
         head_k_dim=head_k_dim,
     )
+
+
+def gdn_verify_front(
+    qkv: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    conv_weight: torch.Tensor,
+    a_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    conv_state: torch.Tensor,
+    state_slots: torch.Tensor,
+    *,
+    width: int,
+    num_k_heads: int,
+    head_k_dim: int,
+) -> DecodeFront:
+    """The decode front over a verify step's W columns; see kernels/gated_delta_verify."""
+    fn = _verify_cuda if use_cuda_kernels(qkv, "gdn_verify_front") else _verify_ref
+    return fn.gdn_verify_front(
+        qkv,
+        a,
+        b,
+        conv_weight,
+        a_log,
+        dt_bias,
+        conv_state,
+        state_slots,
+        width=width,
+        num_k_heads=num_k_heads,
+        head_k_dim=head_k_dim,
+    )
+
+
+def gated_delta_verify(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    ssm_state: torch.Tensor,
+    state_slots: torch.Tensor,
+    *,
+    width: int,
+    scale: float,
+) -> torch.Tensor:
+    """W decode steps per sequence, state unwritten; see kernels/gated_delta_verify."""
+    fn = _verify_cuda if use_cuda_kernels(q, "gated_delta_verify") else _verify_ref
+    return fn.gated_delta_verify(q, k, v, g, beta, ssm_state, state_slots, width=width, scale=scale)
+
+
+def fold_verify_layers(
+    layers: list[FoldLayer],
+    state_slots: torch.Tensor,
+    rows: torch.Tensor,
+    num_columns: torch.Tensor,
+    max_columns: int,
+) -> None:
+    """Commit kept verify columns into the slots of every layer; see kernels/gated_delta_verify."""
+    if not layers:
+        return
+    use = use_cuda_kernels(layers[0].ssm_state, "gated_delta_fold")
+    fn = _verify_cuda if use else _verify_ref
+    fn.fold_layers(layers, state_slots, rows, num_columns, max_columns)
 
 
 def causal_conv1d(

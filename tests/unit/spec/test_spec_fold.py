@@ -10,7 +10,7 @@ import torch
 
 from ninfer.engine.copies import CopyEngine
 from ninfer.engine.plan import FOLD, CopyOp
-from ninfer.kernels import dispatch
+from ninfer.kernels.gated_delta_decode import reference as delta_ref
 from ninfer.model.batch import ForwardBatch
 from ninfer.model.cache import ModelCache
 
@@ -45,18 +45,19 @@ def test_fold_equals_decode_steps_bitwise(dense, num_kept: int) -> None:
         verify_states=[],
     )
     trajectory: list[torch.Tensor] = []  # each linear layer's working state after each column
-    real_step = dispatch.gated_delta_rule_decode
+    real_step = delta_ref.gated_delta_rule_decode  # what the verify twin steps with
 
     def recording(q, k, v, g, beta, ssm_state, state_slots, *, scale):
         out = real_step(q, k, v, g, beta, ssm_state, state_slots, scale=scale)
         trajectory.append(ssm_state[0].clone())
         return out
 
-    dispatch.gated_delta_rule_decode = recording
+    delta_ref.gated_delta_rule_decode = recording
     try:
         verify_logits = model.compute_logits(model.forward_hidden(verify, cache))
     finally:
-        dispatch.gated_delta_rule_decode = real_step
+        delta_ref.gated_delta_rule_decode = real_step
+    assert len(trajectory) == 4 * len(cache.ssm_state)  # the patch saw every verify column
     after = [t[0] for t in (*cache.conv_state, *cache.ssm_state)]
     assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
     cache.verify_records[0] = (0, verify.verify_states)

@@ -12,6 +12,7 @@ independent definition both prefill forms are tested against; the prefill twins
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -24,6 +25,7 @@ from ninfer.kernels.fp8_gemv.reference import Fp8Weight
 from ninfer.kernels.gated_delta_prefill.reference import (
     chunk_gated_delta_rule as chunk_gated_delta_rule,
 )
+from ninfer.kernels.gated_delta_verify.reference import FoldLayer
 from ninfer.model.batch import ForwardBatch
 
 
@@ -174,85 +176,70 @@ def _verify_columns(
     key_dim: int,
     scale: float,
 ) -> torch.Tensor:
-    """A verify step's recurrence: column by column with exactly the decode step's ops, on
-    working copies of the slots' state, which stays as it was.
+    """A verify step's recurrence: W decode steps per sequence with the decode step's
+    arithmetic, the slots' state read and left as it was.
 
     Why: the engine keeps only an accepted prefix of a verify row, known after the step. The
-    slots are left at the pre-round state and `batch.verify_states` gets each column's inputs
-    (`VerifyRecord`); `fold_verify` later replays the kept columns with the same ops in the same
-    order, so the result is bit for bit the state that decoding those tokens one by one leaves.
+    slots stay at the pre-round state and `batch.verify_states` gets each column's inputs
+    (`VerifyRecord`); `fold_verify_layers` later replays the kept columns with the same
+    arithmetic, so the result is bit for bit the state that decoding those tokens one by one
+    leaves. On CUDA one front and one recurrence kernel per layer (kernels/gated_delta_verify).
     """
     width = batch.verify_width
     num_seqs = batch.num_seqs
     _, num_v_heads, head_k_dim, _ = ssm_state.shape
-    rows = torch.arange(num_seqs, device=qkv.device)
-    conv = conv_state.index_select(0, batch.state_slots)  # [B, C, K-1] working copies
-    ssm = ssm_state.index_select(0, batch.state_slots)
-    qkv, a, b = (t.reshape(num_seqs, width, -1) for t in (qkv, a, b))
-    outs, ks, vs, gs, betas = [], [], [], [], []
-    for j in range(width):
-        q, k, v, g, beta = dispatch.gdn_decode_front(
-            qkv[:, j].contiguous(),  # the kernels take one row per sequence, densely packed
-            a[:, j].contiguous(),
-            b[:, j].contiguous(),
-            w.conv1d,
-            w.A_log,
-            w.dt_bias,
-            conv,
-            rows,
-            num_k_heads=key_dim // head_k_dim,
-            head_k_dim=head_k_dim,
-        )
-        outs.append(dispatch.gated_delta_rule_decode(q, k, v, g, beta, ssm, rows, scale=scale))
-        ks.append(k)
-        vs.append(v)
-        gs.append(g)
-        betas.append(beta)
+    q, k, v, g, beta = dispatch.gdn_verify_front(
+        qkv,
+        a,
+        b,
+        w.conv1d,
+        w.A_log,
+        w.dt_bias,
+        conv_state,
+        batch.state_slots,
+        width=width,
+        num_k_heads=key_dim // head_k_dim,
+        head_k_dim=head_k_dim,
+    )
+    out = dispatch.gated_delta_verify(
+        q, k, v, g, beta, ssm_state, batch.state_slots, width=width, scale=scale
+    )
     if batch.verify_states is not None:
         batch.verify_states.append(
             VerifyRecord(
-                qkv.to(conv_state.dtype),
-                torch.stack(ks, 1),
-                torch.stack(vs, 1),
-                torch.stack(gs, 1),
-                torch.stack(betas, 1),
+                qkv.to(conv_state.dtype).reshape(num_seqs, width, -1),
+                k.reshape(num_seqs, width, *k.shape[1:]),
+                v.reshape(num_seqs, width, *v.shape[1:]),
+                g.reshape(num_seqs, width, -1),
+                beta.reshape(num_seqs, width, -1),
             )
         )
-    return torch.stack(outs, 1).flatten(0, 1)  # [B * W, Hv, Dv] in token order
+    return out  # [B * W, Hv, Dv] in token order
 
 
-def fold_verify(
-    record: VerifyRecord,
+def fold_verify_layers(
+    records: Sequence[VerifyRecord],
+    conv_states: Sequence[torch.Tensor],
+    ssm_states: Sequence[torch.Tensor],
+    state_slots: torch.Tensor,
     rows: torch.Tensor,
     num_columns: torch.Tensor,
     max_columns: int,
-    conv_state: torch.Tensor,
-    ssm_state: torch.Tensor,
-    state_slots: torch.Tensor,
 ) -> None:
-    """Advance each slot over the first `num_columns[i]` columns of its verify row `rows[i]`
-    (at least 1): the conv state takes the last K-1 conv inputs, the delta-rule state replays
-    the recorded steps with the decode step's own op (bitwise what the verify computed).
+    """Advance each slot state_slots[i] of every linear layer over the first num_columns[i]
+    (at least 1) columns of its verify row rows[i]: the conv state takes the last K-1 conv
+    inputs, the delta-rule state replays the recorded steps with the decode step's arithmetic
+    (bitwise what the verify computed). One kernel per state kind for all layers on CUDA.
 
     Args:
-        rows, num_columns, state_slots: [N] int64; max_columns: a host bound on num_columns.
+        records, conv_states, ssm_states: one per linear layer, in layer order;
+        state_slots, rows, num_columns: [N] int64; max_columns: a host bound on num_columns.
     """
-    num, width = rows.shape[0], record.qkv.shape[1]
-    conv = conv_state.index_select(0, state_slots)  # [N, C, K-1]
-    window = torch.cat((conv, record.qkv.index_select(0, rows).transpose(1, 2)), dim=2)
-    tail = num_columns[:, None] + torch.arange(conv.shape[2], device=conv.device)  # [N, K-1]
-    conv_state.index_copy_(0, state_slots, window.gather(2, tail[:, None, :].expand_as(conv)))
-    work = ssm_state.index_select(0, state_slots)
-    local = torch.arange(num, device=work.device)
-    for c in range(min(max_columns, width)):
-        before = work.clone() if c else None  # column 0 is always kept: no select needed
-        k = record.k[rows, c]
-        dispatch.gated_delta_rule_decode(
-            k, k, record.v[rows, c], record.g[rows, c], record.beta[rows, c], work, local, scale=1.0
-        )
-        if before is not None:
-            work = torch.where((c < num_columns)[:, None, None, None], work, before)
-    ssm_state.index_copy_(0, state_slots, work)
+    layers = [
+        FoldLayer(conv, ssm, r.qkv, r.k, r.v, r.g, r.beta)
+        for r, conv, ssm in zip(records, conv_states, ssm_states, strict=True)
+    ]
+    dispatch.fold_verify_layers(layers, state_slots, rows, num_columns, max_columns)
 
 
 # --- the layer -------------------------------------------------------------------------------

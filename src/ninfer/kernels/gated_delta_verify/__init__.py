@@ -1,0 +1,1 @@
+"""Speculative verify and fold kernels of the Gated DeltaNet layers (see launch.py)."""

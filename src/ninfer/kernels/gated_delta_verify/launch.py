@@ -1,0 +1,263 @@
+"""CUDA launchers of the speculative verify and fold kernels (gated_delta_verify.cu).
+
+Imports torch, kernels.runtime and the twins' types. Same signatures and results as
+`reference.py`. The verify kernels run inside the round's CUDA graph, one launch per layer each;
+the fold runs every linear layer in one launch per kernel (per-layer pointer arrays), eagerly,
+between steps, where each launch from Python costs tens of microseconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ninfer.kernels import runtime as rt
+from ninfer.kernels.gated_delta_decode.launch import KEY_DIMS
+from ninfer.kernels.gated_delta_verify.reference import FoldLayer
+from ninfer.kernels.gdn_decode_front.reference import L2_EPS, DecodeFront
+
+OP = "gated_delta_verify"
+MAX_TAPS = 8  # GDV_MAX_TAPS in the .cu
+
+
+def _dense_rows(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dim() == 2 and t.stride(1) == 1 else t.contiguous()
+
+
+def gdn_verify_front(
+    qkv: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    conv_weight: torch.Tensor,
+    a_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    conv_state: torch.Tensor,
+    state_slots: torch.Tensor,
+    *,
+    width: int,
+    num_k_heads: int,
+    head_k_dim: int,
+) -> DecodeFront:
+    """See `reference.gdn_verify_front`."""
+    device = rt.check_cuda(qkv, a, b, conv_weight, a_log, dt_bias, conv_state, state_slots)
+    num_rows, num_channels = qkv.shape
+    num_seqs = state_slots.shape[0]
+    num_v_heads = a.shape[-1]
+    taps = conv_weight.shape[1]
+    value_channels = num_channels - 2 * num_k_heads * head_k_dim
+    if width < 1 or num_rows != num_seqs * width:
+        raise rt.KernelInputError(f"{num_rows} rows are not {num_seqs} sequences x {width}")
+    if value_channels <= 0 or value_channels % num_v_heads:
+        raise rt.KernelInputError(f"{num_channels} qkv channels do not split into q, k and v")
+    if a.shape != (num_rows, num_v_heads) or b.shape != a.shape:
+        raise rt.KernelInputError(f"a {tuple(a.shape)} and b {tuple(b.shape)} must be [B*W, Hv]")
+    if conv_weight.shape != (num_channels, taps) or not 2 <= taps <= MAX_TAPS:
+        raise rt.KernelInputError(f"conv weight {tuple(conv_weight.shape)} != [C, 2..{MAX_TAPS}]")
+    if conv_state.shape[1:] != (num_channels, taps - 1) or not conv_state.is_contiguous():
+        raise rt.KernelInputError("conv_state must be a contiguous [S, C, K-1] tensor")
+    if head_k_dim > 1024 or b.dtype != qkv.dtype or a.dtype != qkv.dtype:
+        raise rt.KernelInputError("a, b and qkv must share a dtype; head_k_dim at most 1024")
+    qkv, a, b = _dense_rows(qkv), _dense_rows(a), _dense_rows(b)
+    conv_weight = conv_weight.contiguous()
+    a_log = a_log.float().contiguous()
+    dt_bias = dt_bias.float().contiguous()
+    slots = state_slots.to(torch.int64).contiguous()
+    value_dim = value_channels // num_v_heads
+    q = torch.empty((num_rows, num_k_heads, head_k_dim), dtype=torch.float32, device=device)
+    k = torch.empty_like(q)
+    v = torch.empty((num_rows, num_v_heads, value_dim), dtype=qkv.dtype, device=device)
+    g = torch.empty((num_rows, num_v_heads), dtype=torch.float32, device=device)
+    beta = torch.empty_like(g)
+    if num_seqs == 0:
+        return DecodeFront(q, k, v, g, beta)
+    types = ", ".join(
+        rt.cuda_type(t, name)
+        for t, name in ((qkv, "qkv"), (conv_state, "conv_state"), (conv_weight, "conv_weight"))
+    )
+    kernel = rt.get_kernel(OP, f"gdn_verify_front<{types}>", device)
+    threads = rt.block_size(head_k_dim)
+    num_groups = 2 * num_k_heads + -(-value_channels // threads) + 1
+    args = (
+        rt.ptr(q),
+        rt.ptr(k),
+        rt.ptr(v),
+        rt.ptr(g),
+        rt.ptr(beta),
+        rt.ptr(conv_state),
+        rt.ptr(qkv),
+        rt.i64(qkv.stride(0)),
+        rt.ptr(a),
+        rt.i64(a.stride(0)),
+        rt.ptr(b),
+        rt.i64(b.stride(0)),
+        rt.ptr(conv_weight),
+        rt.ptr(a_log),
+        rt.ptr(dt_bias),
+        rt.ptr(slots),
+        rt.i32(width),
+        rt.i32(num_k_heads),
+        rt.i32(head_k_dim),
+        rt.i32(num_v_heads),
+        rt.i32(value_dim),
+        rt.i32(taps),
+        rt.f32(L2_EPS),
+    )
+    rt.launch(kernel, (num_groups, num_seqs), (threads,), args, device)
+    return DecodeFront(q, k, v, g, beta)
+
+
+def gated_delta_verify(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    ssm_state: torch.Tensor,
+    state_slots: torch.Tensor,
+    *,
+    width: int,
+    scale: float,
+) -> torch.Tensor:
+    """See `reference.gated_delta_verify`."""
+    device = rt.check_cuda(q, k, v, g, beta, ssm_state, state_slots)
+    num_rows, num_k_heads, key_dim = q.shape
+    _, num_v_heads, key_dim_s, value_dim = ssm_state.shape
+    num_seqs = state_slots.shape[0]
+    if key_dim not in KEY_DIMS or key_dim_s != key_dim:
+        raise rt.KernelInputError(f"key dim {key_dim} (state {key_dim_s}) not in {KEY_DIMS}")
+    if width < 1 or num_rows != num_seqs * width:
+        raise rt.KernelInputError(f"{num_rows} rows are not {num_seqs} sequences x {width}")
+    if k.shape != q.shape or v.shape != (num_rows, num_v_heads, value_dim):
+        raise rt.KernelInputError(
+            f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not match the state"
+        )
+    head_shape = (num_rows, num_v_heads)
+    if num_v_heads % num_k_heads or g.shape != head_shape or beta.shape != head_shape:
+        raise rt.KernelInputError("g and beta must be [B*W, Hv] with Hv a multiple of Hk")
+    if ssm_state.dtype != torch.float32 or not ssm_state.is_contiguous():
+        raise rt.KernelInputError("ssm_state must be a contiguous float32 tensor")
+    if k.dtype != q.dtype:
+        k = k.to(q.dtype)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    g = g.float().contiguous()
+    beta = beta.float().contiguous()
+    slots = state_slots.to(torch.int64).contiguous()
+    out = torch.empty((num_rows, num_v_heads, value_dim), dtype=torch.float32, device=device)
+    if num_seqs == 0:
+        return out
+    instance = f"gated_delta_verify<{rt.cuda_type(q, 'q')}, {rt.cuda_type(v, 'v')}, {key_dim}>"
+    kernel = rt.get_kernel(OP, instance, device)
+    args = (
+        rt.ptr(out),
+        rt.ptr(ssm_state),
+        rt.ptr(q),
+        rt.ptr(k),
+        rt.ptr(v),
+        rt.ptr(g),
+        rt.ptr(beta),
+        rt.ptr(slots),
+        rt.i32(width),
+        rt.i32(num_k_heads),
+        rt.i32(num_v_heads),
+        rt.i32(value_dim),
+        rt.i64(q.stride(0)),
+        rt.i64(k.stride(0)),
+        rt.i64(v.stride(0)),
+        rt.f32(scale),
+    )
+    rt.launch(kernel, (-(-value_dim // 32), num_v_heads, num_seqs), (32, 4), args, device)
+    return out
+
+
+def fold_layers(
+    layers: Sequence[FoldLayer],
+    state_slots: torch.Tensor,
+    rows: torch.Tensor,
+    num_columns: torch.Tensor,
+    max_columns: int,
+) -> None:
+    """See `reference.fold_layers` (`max_columns` is not needed here: the kernels read the
+    counts on the device)."""
+    del max_columns
+    if not layers:
+        return
+    first = layers[0]
+    device = rt.check_cuda(first.ssm_state, first.k, state_slots, rows, num_columns)
+    num = state_slots.shape[0]
+    if num == 0:
+        return
+    num_rec, width, num_k_heads, key_dim = first.k.shape
+    _, num_v_heads, key_dim_s, value_dim = first.ssm_state.shape
+    num_channels, hist = first.conv_state.shape[1:]
+    if key_dim not in KEY_DIMS or key_dim_s != key_dim or hist + 1 > MAX_TAPS:
+        raise rt.KernelInputError(f"key dim {key_dim} / conv taps {hist + 1} not supported")
+    for layer in layers:
+        _check_layer(layer, first)
+    qkv_stride = first.qkv.stride(1)
+    slots, rows, ncols = (t.to(torch.int64).contiguous() for t in (state_slots, rows, num_columns))
+    ptrs = torch.tensor(
+        [
+            [t.data_ptr() for t in (lay.ssm_state, lay.k, lay.v, lay.g, lay.beta, lay.conv_state)]
+            + [lay.qkv.data_ptr()]
+            for lay in layers
+        ],
+        dtype=torch.int64,
+    )
+    ptrs = ptrs.t().contiguous().to(device)  # [7, L]: one pointer array per operand
+    num_layers = len(layers)
+    delta = rt.get_kernel(OP, f"gated_delta_fold<{rt.cuda_type(first.v, 'v')}, {key_dim}>", device)
+    rt.launch(
+        delta,
+        (-(-value_dim // 32), num_v_heads, num * num_layers),
+        (32, 4),
+        (
+            *(rt.ptr(ptrs[j]) for j in range(5)),
+            rt.ptr(slots),
+            rt.ptr(rows),
+            rt.ptr(ncols),
+            rt.i32(num),
+            rt.i32(width),
+            rt.i32(num_k_heads),
+            rt.i32(num_v_heads),
+            rt.i32(value_dim),
+        ),
+        device,
+    )
+    conv = rt.get_kernel(OP, f"conv_fold<{rt.cuda_type(first.conv_state, 'conv')}>", device)
+    threads = 256
+    rt.launch(
+        conv,
+        (-(-num_channels // threads), num * num_layers),
+        (threads,),
+        (
+            rt.ptr(ptrs[5]),
+            rt.ptr(ptrs[6]),
+            rt.i64(qkv_stride),
+            rt.ptr(slots),
+            rt.ptr(rows),
+            rt.ptr(ncols),
+            rt.i32(num),
+            rt.i32(width),
+            rt.i32(num_channels),
+            rt.i32(hist + 1),
+        ),
+        device,
+    )
+    del num_rec
+
+
+def _check_layer(layer: FoldLayer, first: FoldLayer) -> None:
+    """Every layer must share the first one's shapes, dtypes and record layout."""
+    same = all(a.shape == b.shape and a.dtype == b.dtype for a, b in zip(layer, first, strict=True))
+    rec_dense = all(t.is_contiguous() for t in (layer.k, layer.v, layer.g, layer.beta))
+    state_dense = layer.ssm_state.is_contiguous() and layer.conv_state.is_contiguous()
+    qkv_ok = (
+        layer.qkv.stride(2) == 1
+        and layer.qkv.stride() == first.qkv.stride()
+        and layer.qkv.stride(0) == layer.qkv.shape[1] * layer.qkv.stride(1)
+    )
+    if not (same and rec_dense and state_dense and qkv_ok):
+        raise rt.KernelInputError("fold layers differ in shape, dtype or record layout")
+    if layer.ssm_state.dtype != torch.float32 or layer.qkv.dtype != layer.conv_state.dtype:
+        raise rt.KernelInputError("fold: fp32 delta state and conv records in the conv dtype")
