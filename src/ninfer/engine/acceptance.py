@@ -127,6 +127,26 @@ def verify(
     return committed, num_accepted
 
 
+def verify_greedy(
+    logits: torch.Tensor, drafts: torch.Tensor, *, num_sampleable: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`verify` for rows that are all greedy with no presence or frequency penalty: the target's
+    argmax per column (ties to the lowest id, as the sampler's greedy pick), drafts kept while
+    they equal it. The same results as `verify` on such rows, in a handful of kernels where the
+    general walk runs the sampler's filters and the counter RNG per column (thousands of small
+    kernels inside a round's graph).
+
+    Args / Returns: as `verify`.
+    """
+    width = logits.shape[1]
+    target = logits[:, :, :num_sampleable].argmax(dim=-1)  # [B, W]: first maximum, lowest id
+    match = (target[:, : width - 1] == drafts).to(torch.int64)
+    num_accepted = match.cumprod(dim=1).sum(dim=1)
+    cols = torch.arange(width, device=logits.device)
+    committed = torch.where(cols[None, :] <= num_accepted[:, None], target, 0)
+    return committed, num_accepted
+
+
 def _race(
     cand: torch.Tensor, log_ratio: torch.Tensor, keep: torch.Tensor, ints: torch.Tensor
 ) -> torch.Tensor:

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from ninfer.engine import acceptance
-from ninfer.kernels.sampling.reference import FREQUENCY, PRESENCE, RowParams
+from ninfer.kernels.sampling.reference import FREQUENCY, GREEDY, PRESENCE, RowParams
 from ninfer.model.batch import ForwardBatch
 from ninfer.model.cache import ModelCache
 from ninfer.model.lm_head_draft import ShortlistHead
@@ -133,7 +133,7 @@ class SpecStep:
         self.dummy_page = dummy_page
         if self.static and (dummy_slot is None or dummy_page is None):
             raise ValueError("static speculative rounds need a dummy slot and page")
-        self._graphs: dict[tuple[int, int, int], _Captured] = {}
+        self._graphs: dict[tuple[int, int, int, bool], _Captured] = {}
         self._pool = torch.cuda.graph_pool_handle() if use_graphs else None
         self._parity = 0
         cuda = model.device.type == "cuda"
@@ -199,14 +199,24 @@ class SpecStep:
         page_size = self.cache.page_size
         bound = max(r.position for r in rows) + 2 * self.k
         covered = all(r.position + 2 * self.k <= len(r.pages) * page_size for r in rows)
-        result, records = self._round_body(group, counts, draft_bound=bound if covered else None)
+        result, records = self._round_body(
+            group,
+            counts,
+            draft_bound=bound if covered else None,
+            greedy_only=_greedy_only(rows),
+        )
         self._record(records, [r.slot for r in rows])
         if self.on_drafts is not None:
             self.on_drafts(group.slots, group.position + result[:, 1])
         return result
 
     def _round_body(
-        self, rows: _Rows, counts: torch.Tensor | None, *, draft_bound: int | None
+        self,
+        rows: _Rows,
+        counts: torch.Tensor | None,
+        *,
+        draft_bound: int | None,
+        greedy_only: bool = False,
     ) -> tuple[torch.Tensor, list]:
         """The round on device tensors; returns (results [B, width], verify records).
         `draft_bound`: a host bound on the head's KV length while drafting (None: the pages do
@@ -217,14 +227,19 @@ class SpecStep:
         batch = self._group_batch(rows, ids, verify=True)
         hidden = self.model.forward_hidden(batch, self.cache)  # [B * W, H]
         logits = self.model.compute_logits(hidden).view(num, width, -1)
-        committed, accepted = acceptance.verify(
-            logits,
-            ids[:, 1:],
-            rows.params,
-            num_sampleable=self.num_sampleable,
-            counts=counts,
-            count_rows=rows.slots if counts is not None else None,
-        )
+        if greedy_only:
+            committed, accepted = acceptance.verify_greedy(
+                logits, ids[:, 1:], num_sampleable=self.num_sampleable
+            )
+        else:
+            committed, accepted = acceptance.verify(
+                logits,
+                ids[:, 1:],
+                rows.params,
+                num_sampleable=self.num_sampleable,
+                counts=counts,
+                count_rows=rows.slots if counts is not None else None,
+            )
         # the head's shifted pass over the verify: row j sees (h_j, d_{j+1}); row a (h_a, t*)
         every = torch.arange(num, device=self.device)
         next_ids = torch.cat((ids[:, 1:], ids[:, :1]), dim=1)
@@ -270,11 +285,12 @@ class SpecStep:
             raise ValueError(f"{num} rounds do not fit max_batch {self.max_batch}")
         size = _bucket(num, self.max_batch)
         width = _width(max(len(r.pages) for r in rows), self.max_pages)
+        fast = _greedy_only(rows)
         self._stage(rows, size, width)
         parity, self._parity = self._parity, self._parity ^ 1
         if self.use_graphs:
             try:
-                captured = self._get(size, width, parity)
+                captured = self._get(size, width, parity, fast)
             except RuntimeError as e:  # capture touched only the dummy slot: go eager for good
                 log.warning("speculative rounds run eagerly: %s", e)
                 self.use_graphs = self.static = False
@@ -282,14 +298,16 @@ class SpecStep:
             captured.graph.replay()
             result, records = captured.out, captured.records
         else:
-            result, records = self._static_body(size, width)
+            result, records = self._static_body(size, width, fast)
         self._record(records, [r.slot for r in rows])
         if self.on_drafts is not None:
             slots = self._ints_buf[:num, _SLOT]
             self.on_drafts(slots, self._ints_buf[:num, _POS] + result[:num, 1])
         return result[:num]
 
-    def _static_body(self, size: int, width: int) -> tuple[torch.Tensor, list]:
+    def _static_body(self, size: int, width: int, fast: bool) -> tuple[torch.Tensor, list]:
+        """`fast`: the rows are all greedy without penalties (`_greedy_only`): the acceptance
+        is the argmax walk, and penalty counts are not read."""
         ints = self._ints_buf[:size]
         page_size = self.cache.page_size
         rows = _Rows(
@@ -302,7 +320,9 @@ class SpecStep:
             max_kv_len=width * page_size,
             static=True,
         )
-        return self._round_body(rows, self.counts, draft_bound=width * page_size)
+        return self._round_body(
+            rows, None if fast else self.counts, draft_bound=width * page_size, greedy_only=fast
+        )
 
     def _stage(self, rows: Sequence[SpecInput], size: int, width: int) -> None:
         ints = self._host_ints[self._turn]
@@ -332,14 +352,14 @@ class SpecStep:
         ints[:, _GREEDY] = 1
         reals.copy_(torch.tensor([1.0, 1.0, 0.0, 0.0, 0.0], dtype=torch.float64))
 
-    def _get(self, size: int, width: int, parity: int) -> _Captured:
-        key = (size, width, parity)
+    def _get(self, size: int, width: int, parity: int, fast: bool) -> _Captured:
+        key = (size, width, parity, fast)
         captured = self._graphs.get(key)
         if captured is None:
-            captured = self._graphs[key] = self._capture(size, width)
+            captured = self._graphs[key] = self._capture(size, width, fast)
         return captured
 
-    def _capture(self, size: int, width: int) -> _Captured:
+    def _capture(self, size: int, width: int, fast: bool) -> _Captured:
         # Capture on padding-only inputs (the dummy slot and page); the staged rows come back
         # afterwards. A capture's own writes land on the dummy slot, page and drafts row only.
         saved_ints = self._ints_buf[:size].clone()
@@ -350,11 +370,11 @@ class SpecStep:
         side = torch.cuda.Stream(self.device)
         side.wait_stream(current)
         with torch.cuda.stream(side):  # warm-up: handles, kernel compilation, allocator pools
-            self._static_body(size, width)
+            self._static_body(size, width, fast)
         current.wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            out, records = self._static_body(size, width)
+            out, records = self._static_body(size, width, fast)
         self._ints_buf[:size].copy_(saved_ints)
         self._reals_buf[:size].copy_(saved_reals)
         self.drafts[self.dummy_slot] = saved_drafts
@@ -574,6 +594,12 @@ class SpecStep:
 
     def _ints(self, values: Sequence[int]) -> torch.Tensor:
         return torch.tensor(list(values), dtype=torch.int64).to(self.device)
+
+
+def _greedy_only(rows: Sequence[SpecInput]) -> bool:
+    """Every row greedy, with no presence or frequency penalty: its acceptance is the argmax
+    walk (`acceptance.verify_greedy`), which gives what the general one gives on such rows."""
+    return all(r.ints[GREEDY] and not r.reals[PRESENCE] and not r.reals[FREQUENCY] for r in rows)
 
 
 def _bucket(num_rows: int, max_batch: int) -> int:

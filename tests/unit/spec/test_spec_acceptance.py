@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ninfer.engine.acceptance import accept_draft, verify
+from ninfer.engine.acceptance import accept_draft, verify, verify_greedy
 from ninfer.kernels.sampling.reference import RowParams
 
 N = 20000
@@ -100,3 +100,24 @@ def test_verify_seeded_is_reproducible_and_row_independent() -> None:
     a = verify(logits, drafts, RowParams(reals, ints), num_sampleable=16)
     b = verify(logits[2:], drafts[2:], RowParams(reals[2:], ints[2:]), num_sampleable=16)
     assert torch.equal(a[0][2:], b[0]) and torch.equal(a[1][2:], b[1])
+
+
+def test_verify_greedy_fast_path_equals_the_general_walk() -> None:
+    """`verify_greedy` (what rounds of greedy, penalty-free rows run) commits what `verify`
+    commits on such rows: random logits with planted ties, drafts that match the argmax for a
+    random number of leading columns, logits beyond the sampleable ids that must be ignored."""
+    gen = torch.Generator().manual_seed(21)
+    rows, k, vocab, sampleable = 64, 4, 50, 40
+    logits = torch.randn(rows, k + 1, vocab, generator=gen).round(decimals=1)  # many ties
+    logits[:, :, sampleable:] = 100.0  # out of range: never the pick
+    target = logits[:, :, :sampleable].argmax(-1)
+    keep = torch.randint(0, k + 1, (rows,), generator=gen)  # leading drafts equal to the target
+    drafts = torch.randint(0, sampleable, (rows, k), generator=gen)
+    for i in range(rows):
+        drafts[i, : int(keep[i])] = target[i, : int(keep[i])]
+    reals = torch.tensor([[1.0, 1.0, 0.0, 0.0, 0.0]], dtype=torch.float64).repeat(rows, 1)
+    ints = torch.tensor([[0, 1, 5, 0]], dtype=torch.int64).repeat(rows, 1)
+    want = verify(logits, drafts, RowParams(reals, ints), num_sampleable=sampleable)
+    got = verify_greedy(logits, drafts, num_sampleable=sampleable)
+    assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
+    assert (got[1] >= keep).all() and got[1].unique().numel() > 2  # every length occurs
