@@ -183,3 +183,42 @@ def test_fold_refuses_layers_that_differ(gen) -> None:
     one = torch.zeros(1, dtype=torch.int64, device="cuda")
     with pytest.raises(Exception, match="differ"):
         verify_cuda.fold_layers([layer(dv), layer(2 * dv)], one, one, one + 1, width)
+
+
+@pytest.mark.parametrize("width", [1, 4, 6])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_verify_attention_rows_equal_the_masked_reference(width, dtype, gen) -> None:
+    """A verify step's attention through the split-KV kernel, one query per token
+    (`paged_rows_attention`), against the gather + causal-mask SDPA path it replaces, for
+    sequences at different positions in shuffled pages, the step's own KV already stored."""
+    from ninfer.model.batch import ForwardBatch
+    from ninfer.model.layers.gated_attention import (
+        build_attention_metadata,
+        paged_attention,
+        paged_rows_attention,
+    )
+
+    hq, hk, d, page = 24, 4, 256, 16
+    positions = [5, 37, 70]  # tokens already in KV per sequence
+    b, width_pages = len(positions), 6
+    pages = torch.randn(b * width_pages + 1, page, hk, d, device="cuda", generator=gen)
+    k_pages, v_pages = pages.to(dtype), torch.randn_like(pages).to(dtype)
+    table = torch.randperm(b * width_pages, device="cuda", generator=gen).view(b, width_pages)
+    batch = ForwardBatch(
+        input_ids=torch.zeros(b * width, dtype=torch.int64, device="cuda"),
+        positions=torch.zeros(b * width, dtype=torch.int64, device="cuda"),
+        cu_seqlens=torch.arange(b + 1, dtype=torch.int32, device="cuda") * width,
+        num_computed=torch.tensor(positions, device="cuda"),
+        page_table=table,
+        state_slots=torch.arange(b, device="cuda"),
+        query_lens=(width,) * b,
+        max_kv_len=width_pages * page,
+        verify_width=width if width > 1 else 0,
+        static_shapes=True,
+    )
+    meta = build_attention_metadata(batch, page)
+    q = torch.randn(b * width, hq, d, device="cuda", generator=gen).to(dtype)
+    got = paged_rows_attention(q, k_pages, v_pages, meta, scale=d**-0.5)
+    want = paged_attention(q, k_pages, v_pages, meta, scale=d**-0.5)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert rel(got.float(), want.float()) < TOL[dtype]

@@ -7,7 +7,8 @@ a padded [B, L] view and runs SDPA with a causal-and-length mask, so prefill chu
 batches share one code path. On CUDA, a prefill of one fresh sequence skips the gather and the
 mask (`fresh_causal_attention`), and a later chunk of one sequence gathers its pages and uses a
 lower-right causal bias (`continued_causal_attention`), so SDPA can use a fused backend; decode
-runs the split-KV paged kernel (kernels/paged_decode_attention); the CPU keeps the reference.
+runs the split-KV paged kernel (kernels/paged_decode_attention), and so does a speculative verify
+step, one query per token (`paged_rows_attention`); the CPU keeps the reference.
 With a quantized KV dtype the pages are `QuantPages`: new rows are quantized as they are stored,
 and every attention path reads the stored (dequantized) rows, a fresh prefill included, so a
 prefix-cache hit or a restored snapshot sees exactly the KV a cold run saw.
@@ -26,6 +27,10 @@ from ninfer.kernels import dispatch
 from ninfer.kernels.fp8_gemv.reference import Fp8Weight
 from ninfer.kernels.kv_quant.formats import KvPages, QuantPages
 from ninfer.model.batch import ForwardBatch
+
+# Steps whose rows carry at most this many new tokens each (decode: 1; a speculative verify:
+# k + 1 <= 6) attend through the split-KV decode kernel, one query per token, on CUDA.
+ROWS_AS_QUERIES = 8
 
 
 class AttentionMetadata(NamedTuple):
@@ -184,15 +189,39 @@ def gated_attention(
     elif fresh or (not meta.static and _is_continued_single_sequence(x, meta)):
         # a quantized fresh prefill reads its stored rows too (lower-right causal = causal here)
         out = continued_causal_attention(q, k_pages, v_pages, meta, scale=scale)
-    elif meta.max_query_len == 1 and dispatch.paged_decode_supported(q, k_pages, v_pages):
-        # CUDA decode: split-KV kernel reading each live page once, no gather, no mask
-        out = dispatch.paged_decode_attention(
-            q, k_pages, v_pages, meta.page_table, meta.kv_lens, scale=scale
-        )
+    elif meta.max_query_len <= ROWS_AS_QUERIES and dispatch.paged_decode_supported(
+        q, k_pages, v_pages
+    ):
+        # CUDA decode and speculative verify: split-KV kernel, no gather, no mask
+        out = paged_rows_attention(q, k_pages, v_pages, meta, scale=scale)
     else:
         out = paged_attention(q, k_pages, v_pages, meta, scale=scale)  # [T, Hq, D]
     out = out * torch.sigmoid(gate)
     return dispatch.linear(out.reshape(num_tokens, -1), w.o_proj)
+
+
+def paged_rows_attention(
+    q: torch.Tensor, k_pages: KvPages, v_pages: KvPages, meta: AttentionMetadata, *, scale: float
+) -> torch.Tensor:
+    """Each new token as its own query of the split-KV decode kernel: its sequence's pages, and
+    its own KV index + 1 as the length (the causal bound). A decode step has one token per
+    sequence; a verify step (or any step of rows up to `ROWS_AS_QUERIES` tokens) repeats a
+    sequence's page-table row per token. Why: the gather + masked SDPA path copies every page of
+    the padded table and runs a generic kernel per layer (~66 us per layer at 1k context in a
+    27B round); W queries of one sequence read its pages W times instead, a few MB at decode
+    contexts. The KV of the step's tokens must be stored first.
+
+    Args:
+        q: [T, Hq, D] CUDA, operands `dispatch.paged_decode_supported` accepts.
+    Returns:
+        [T, Hq, D] in q's dtype.
+    """
+    if meta.max_query_len == 1:
+        table, lens = meta.page_table, meta.kv_lens
+    else:
+        table = meta.page_table.index_select(0, meta.seq_idx)
+        lens = meta.num_computed.index_select(0, meta.seq_idx) + meta.local_idx + 1
+    return dispatch.paged_decode_attention(q, k_pages, v_pages, table, lens, scale=scale)
 
 
 def _is_fresh_single_sequence(x: torch.Tensor, meta: AttentionMetadata) -> bool:
