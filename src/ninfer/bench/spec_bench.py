@@ -9,8 +9,11 @@ about real checkpoints. The report therefore has two parts per decode batch B:
   accepted drafts per position, summed over the requests' `speculative` counters;
 - **step costs and projections**: the plain decode step (the engine's `DecodeStep`, a CUDA
   graph when available), the verify forward of B rows of k + 1 tokens, one autoregressive head
-  step, and a whole round as the engine runs it (verify, acceptance, state commit, head pass,
-  k - 1 head steps), each the median of `steps` timed runs at context `context`; from them the
+  step, and a whole round as the engine runs it (verify, acceptance, head pass, k - 1 head
+  steps; the fold of the kept columns runs after it, between steps) for greedy rows
+  (`round_ms`, the argmax acceptance) and for sampled rows (`round_sampled_ms`: temperature
+  0.7, top-p 0.95, the general acceptance walk), each the median of `steps` timed runs at
+  context `context`; from the greedy round the
   tok/s a round implies at a stated acceptance length L: B * L / round time (and the plain
   step's B / step time beside it).
 On CUDA every cost is a CUDA-graph replay (the round as the engine replays it, staging
@@ -39,6 +42,8 @@ from ninfer.model.qwen3_5 import Qwen3_5Model
 
 PAGE_SIZE = 64
 GREEDY_FIELDS = ((1.0, 1.0, 0.0, 0.0, 0.0), (1, 1, 0, 0))
+# a sampled row: temperature 0.7, top-p 0.95, top-k 20, seed 1 (the general acceptance walk)
+SAMPLED_FIELDS = ((0.7, 0.95, 0.0, 0.0, 0.0), (20, 0, 1, 0))
 
 
 def run_spec_bench(
@@ -250,6 +255,18 @@ def _step_costs(
         )
         for i in range(batch)
     ]
+    sampled_rows = [
+        SpecInput(
+            token=1,
+            position=context,
+            slot=i,
+            pages=tables[i],
+            num_drafts=k,
+            reals=SAMPLED_FIELDS[0],
+            ints=SAMPLED_FIELDS[1],
+        )
+        for i in range(batch)
+    ]
     verify_ids = torch.ones((batch, k + 1), dtype=torch.int64, device=device)
     verify_batch = spec._batch(spec_rows, verify_ids, k + 1, verify=True)
 
@@ -273,6 +290,7 @@ def _step_costs(
         "verify_ms": _median_ms(_graphed(verify, cuda), steps, cuda),
         "draft_step_ms": _median_ms(_graphed(draft_step, cuda), steps, cuda),
         "round_ms": _median_ms(lambda: spec.run(spec_rows), steps, cuda),
+        "round_sampled_ms": _median_ms(lambda: spec.run(sampled_rows), steps, cuda),
     }
 
 

@@ -293,7 +293,8 @@ def _spec(
             f"{r['acceptance_length']:.2f}, per position {r['accepted_per_position']}; "
             f"plain step {r['plain_decode_ms']:.2f} ms ({r['plain_tok_s']:.0f} tok/s), verify "
             f"{r['verify_ms']:.2f} ms ({r['verify_over_plain_decode']:.2f}x), draft step "
-            f"{r['draft_step_ms']:.2f} ms, round {r['round_ms']:.2f} ms -> tok/s {proj}"
+            f"{r['draft_step_ms']:.2f} ms, round {r['round_ms']:.2f} ms (sampled rows "
+            f"{r['round_sampled_ms']:.2f} ms) -> tok/s {proj}"
         )
 
 

@@ -1,10 +1,11 @@
 """Speculative acceptance: which drafted tokens a verify step keeps, and what it commits after.
 
-Imports torch and the sampling twin only. Per verify row, column j holds the target's logits
-after feeding t0, d1..dj. Its distribution p_j is exactly the one the sampler would draw the
-next token from (kernels/sampling `survivors`: penalties, top-k, temperature, top-p, min-p; the
-penalty counts include the drafts d1..dj, as they would after committing them). Walking the
-columns left to right, draft d_{j+1} is accepted:
+Imports torch, the sampling twin and kernels.dispatch (the counter RNG's Philox runs as one
+kernel on CUDA). Per verify row, column j holds the target's logits after feeding t0,
+d1..dj. Its distribution p_j is exactly the one the sampler would draw the next token from
+(kernels/sampling `survivors`: penalties, top-k, temperature, top-p, min-p; the penalty counts
+include the drafts d1..dj, as they would after committing them). Walking the columns left to
+right, draft d_{j+1} is accepted:
 
 - greedy rows: iff it is the target's argmax (ties to the lowest id), so the committed tokens
   are exactly those plain greedy decoding would commit;
@@ -25,8 +26,9 @@ import math
 
 import torch
 
+from ninfer.kernels.dispatch import counter_uniforms
 from ninfer.kernels.sampling.reference import GREEDY, SEED, STEP, RowParams, survivors
-from ninfer.kernels.sampling.rng import RngPurpose, counter_uniforms
+from ninfer.kernels.sampling.rng import RngPurpose
 
 
 def accept_draft(

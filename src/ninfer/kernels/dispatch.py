@@ -49,6 +49,8 @@ from ninfer.kernels.qk_norm_rope import launch as _qk_cuda
 from ninfer.kernels.qk_norm_rope import reference as _qk_ref
 from ninfer.kernels.sampling import launch as _sampling_cuda
 from ninfer.kernels.sampling import reference as _sampling_ref
+from ninfer.kernels.sampling import rng as _rng
+from ninfer.kernels.sampling.rng import RngPurpose
 from ninfer.kernels.silu_mul import launch as _silu_mul_cuda
 from ninfer.kernels.silu_mul import reference as _silu_mul_ref
 
@@ -460,6 +462,23 @@ def qk_norm_rope(
     else:
         fn = _qk_ref.qk_norm_rope
     return fn(q, k, q_weight, k_weight, cos, sin, eps)
+
+
+def counter_uniforms(
+    seeds: torch.Tensor, steps: torch.Tensor, lanes: torch.Tensor, purpose: RngPurpose
+) -> torch.Tensor:
+    """The counter RNG's uniforms (kernels/sampling/rng.py), Philox in one kernel on CUDA: the
+    torch Philox is ~200 elementwise kernels per call, which a speculative round's acceptance
+    walk (three calls per column) paid inside its graph."""
+    philox = _philox_cuda if use_cuda_kernels(lanes, "sampling_philox") else None
+    return _rng.counter_uniforms(seeds, steps, lanes, purpose, philox)
+
+
+def _philox_cuda(counter: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    """The kernel's Philox over broadcast [..., 4] counters and [..., 2] keys."""
+    key = key.expand(*counter.shape[:-1], 2)
+    words = _sampling_cuda.philox4x32_10(counter.reshape(-1, 4), key.reshape(-1, 2))
+    return words.view(*counter.shape)
 
 
 def sample_tokens(

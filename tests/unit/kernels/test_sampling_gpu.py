@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from ninfer.engine.sampling import Sampler, SamplingParams, count_output_ids
+from ninfer.kernels import dispatch
 from ninfer.kernels.sampling import launch, reference
 from ninfer.kernels.sampling.reference import RowParams, top_candidates
 from ninfer.kernels.sampling.rng import RngPurpose, counter_uniforms, philox4x32_10
@@ -286,3 +287,15 @@ def test_sampler_with_slot_counts_on_cuda_matches_cpu(seed) -> None:
     on_cuda = sampler.sample(logits.cuda(), params, steps, counts, slots)
     on_cpu = sampler.sample(logits, params, steps, expected)
     assert torch.equal(on_cuda.cpu(), on_cpu)
+
+
+def test_dispatch_counter_uniforms_equal_the_torch_philox(gen) -> None:
+    """The speculative acceptance's uniforms on CUDA (one Philox launch) are bit for bit the
+    torch twin's, for every purpose, negative and large seeds, steps past 2**32."""
+    seeds = torch.randint(-(2**62), 2**62, (7,), device="cuda", generator=gen)
+    steps = torch.randint(0, 2**40, (7,), device="cuda", generator=gen)
+    lanes = torch.randint(0, 248_320, (7, 21), device="cuda", generator=gen)
+    for purpose in RngPurpose:
+        got = dispatch.counter_uniforms(seeds, steps, lanes, purpose)
+        want = counter_uniforms(seeds, steps, lanes, purpose)
+        assert got.dtype == torch.float64 and torch.equal(got, want), purpose

@@ -8,6 +8,7 @@ word, and the Random123 known answers pin both.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 
 import torch
 
@@ -60,7 +61,11 @@ def philox4x32_10(counter: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
 
 
 def counter_uniforms(
-    seeds: torch.Tensor, steps: torch.Tensor, lanes: torch.Tensor, purpose: RngPurpose
+    seeds: torch.Tensor,
+    steps: torch.Tensor,
+    lanes: torch.Tensor,
+    purpose: RngPurpose,
+    philox: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Uniforms in the open interval (0, 1), one per (row, lane), from word 0 of Philox.
 
@@ -71,6 +76,8 @@ def counter_uniforms(
         seeds: [B] int64 signed seeds.
         steps: [B] int64 non-negative step indices.
         lanes: [B, N] int64 lane ids below 2**32 (the sampler uses token ids).
+        philox: the generator on ([B, N, 4] counters, [B, 1, 2] keys); None is this module's
+            torch `philox4x32_10` (dispatch passes the kernel's, the same words in one launch).
     Returns:
         [B, N] float64.
     """
@@ -80,5 +87,5 @@ def counter_uniforms(
     counter = torch.stack(
         (lanes, step_lo, step_hi, torch.full_like(lanes, int(purpose))), dim=-1
     )  # [B, N, 4]
-    words = philox4x32_10(counter, key)
+    words = (philox or philox4x32_10)(counter, key)
     return (words[..., 0].to(torch.float64) + 0.5) * 2.0**-32
