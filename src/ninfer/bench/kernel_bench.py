@@ -34,6 +34,8 @@ from ninfer.kernels.gated_rms_norm import launch as gated_cuda
 from ninfer.kernels.gated_rms_norm import reference as gated_ref
 from ninfer.kernels.gdn_decode_front import launch as front_cuda
 from ninfer.kernels.gdn_decode_front import reference as front_ref
+from ninfer.kernels.int4_gemv import launch as int4_cuda
+from ninfer.kernels.int4_gemv import reference as int4_ref
 from ninfer.kernels.paged_decode_attention import launch as paged_cuda
 from ninfer.kernels.qk_norm_rope import launch as qk_cuda
 from ninfer.kernels.qk_norm_rope import reference as qk_ref
@@ -372,9 +374,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         default="",
         help="Instead: one 35B-A3B MoE layer's expert paths at these decode batch sizes.",
     )
+    parser.add_argument(
+        "--int4-rows",
+        default="",
+        help="Instead: the int4 GEMV vs bf16 F.linear on the 27B shortlist at these row counts.",
+    )
     opts = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("needs a CUDA device")
+    if opts.int4_rows:
+        rows = [int(x) for x in opts.int4_rows.split(",") if x.strip()]
+        print(int4_sweep(rows, torch.device("cuda", opts.device)))
+        return
     if opts.moe_batches:
         batches = [int(x) for x in opts.moe_batches.split(",") if x.strip()]
         print(moe_path_sweep(batches, torch.device("cuda", opts.device)))
@@ -566,6 +577,38 @@ def moe_path_sweep(batches: Sequence[int], device: torch.device) -> str:
             f"| {b} | {touched} | "
             + " | ".join(f"{u:.1f}" for u in us)
             + f" | {moved / min(us) / 1e6:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def int4_sweep(
+    row_counts: Sequence[int], device: torch.device, shape: tuple[int, int] = (131072, 5120)
+) -> str:
+    """µs per call (graphs) of the int4 GEMV and of F.linear over the dequantized bf16 rows, on
+    the 27B `--lm-head-draft` shortlist (131,072 x 5120), bf16 x of each row count (<= 8).
+
+    GB/s: the bytes each side must read (nibbles + fp32 scales, or the bf16 rows) over its time;
+    the kernel's logits are checked against the twin (fp32) before timing.
+    """
+    num_out, hidden = shape
+    packed = torch.randint(0, 256, (num_out, hidden // 2), dtype=torch.uint8, device=device)
+    scale = torch.rand(num_out, hidden // 64, device=device) * 0.05 + 1e-3
+    weight = int4_ref.dequantize(packed, scale).to(torch.bfloat16)
+    int4_bytes = packed.numel() + scale.numel() * 4
+    bf16_bytes = weight.numel() * 2
+    lines = [f"int4 GEMV, shortlist {num_out} x {hidden} (bf16 x, fp32 logits)"]
+    lines.append(
+        "| rows | int4 µs | int4 GB/s | bf16 F.linear µs | bf16 GB/s | speedup | rel err |"
+    )
+    lines.append("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for m in row_counts:
+        x = torch.randn(m, hidden, device=device).to(torch.bfloat16)
+        err = _rel(int4_cuda.int4_linear(x, packed, scale), int4_ref.int4_linear(x, packed, scale))
+        kernel_us = _graph_us(lambda x=x: int4_cuda.int4_linear(x, packed, scale), replays=5)
+        linear_us = _graph_us(lambda x=x: torch.nn.functional.linear(x, weight), replays=5)
+        lines.append(
+            f"| {m} | {kernel_us:.1f} | {int4_bytes / kernel_us / 1e3:.0f} | {linear_us:.1f} | "
+            f"{bf16_bytes / linear_us / 1e3:.0f} | {linear_us / kernel_us:.2f} | {err:.1e} |"
         )
     return "\n".join(lines)
 

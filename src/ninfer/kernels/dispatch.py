@@ -38,6 +38,8 @@ from ninfer.kernels.gated_rms_norm import reference as _gated_norm_ref
 from ninfer.kernels.gdn_decode_front import launch as _front_cuda
 from ninfer.kernels.gdn_decode_front import reference as _front_ref
 from ninfer.kernels.gdn_decode_front.reference import DecodeFront
+from ninfer.kernels.int4_gemv import launch as _int4_cuda
+from ninfer.kernels.int4_gemv import reference as _int4_ref
 from ninfer.kernels.kv_quant import launch as _kv_cuda
 from ninfer.kernels.kv_quant import reference as _kv_ref
 from ninfer.kernels.kv_quant.formats import KvPages, QuantPages
@@ -495,6 +497,23 @@ def sample_tokens(
     else:
         fn = _sampling_ref.sample_tokens
     return fn(logits, rows, num_sampleable=num_sampleable, counts=counts, count_rows=count_rows)
+
+
+def int4_linear_available(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> bool:
+    """Whether `int4_linear` runs the CUDA kernel for these operands (x of at most
+    `int4_gemv.launch.MAX_ROWS` rows; larger x runs the twin unless the caller splits it)."""
+    return use_cuda_kernels(x, "int4_gemv") and _int4_cuda.supports(x, packed, scale)
+
+
+def int4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """[M, R] fp32 logits of x against packed int4 rows with fp32 group scales; see
+    kernels/int4_gemv/reference.py. The kernel takes 1..MAX_ROWS rows (x made contiguous first);
+    anything else, and every CPU call, runs the twin."""
+    if use_cuda_kernels(x, "int4_gemv"):
+        dense = x.contiguous()
+        if _int4_cuda.supports(dense, packed, scale):
+            return _int4_cuda.int4_linear(dense, packed, scale)
+    return _int4_ref.int4_linear(x, packed, scale)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torch.Tensor:

@@ -1,20 +1,35 @@
 """ShortlistHead: a 4-bit proposal lm_head over the most frequent token ids (`--lm-head-draft`).
 
-Imports torch only. Drafting needs only an argmax, and almost every argmax of a chat model lands
-in its frequent tokens, so the MTP head's drafts can read a smaller, coarser lm_head: the first
-`size` (default 131,072) sampleable ids, taking the byte-level BPE merge order as the frequency
-proxy (Qwen's vocabulary assigns ids in merge order, so a lower id is an earlier, more frequent
-merge), quantized to 4 bits per weight with one scale per group of 64 along the hidden size
-(symmetric: q in -8..7, w ~ q * scale). Verification always uses the full lm_head, so the
-shortlist changes which drafts are proposed, never what is committed.
-NOTE: the torch path keeps the dequantized rows (compute dtype) beside the packed nibbles; a
-fused int4 GEMV reading the packed form is not built, so on the GPU the proposal reads about
-half the bytes of the full head (131,072 of 248,320 rows), not a quarter.
+Imports torch and kernels (dispatch, the int4 GEMV's row limit). Drafting needs only an argmax,
+and almost every argmax of a chat model lands in its frequent tokens, so the MTP head's drafts can
+read a smaller, coarser lm_head: the first `size` (default 131,072) sampleable ids, taking the
+byte-level BPE merge order as the frequency proxy (Qwen's vocabulary assigns ids in merge order,
+so a lower id is an earlier, more frequent merge), quantized to 4 bits per weight with one scale
+per group of 64 along the hidden size (symmetric: q in -8..7, w ~ q * scale). Verification always
+uses the full lm_head, so the shortlist changes which drafts are proposed, never what is
+committed.
+
+Logits are fp32 (hidden converted to fp32; kernels/int4_gemv/reference.py states the rounding).
+On a GPU the fused int4 GEMV (kernels/int4_gemv) reads the packed nibbles and scales directly,
+MAX_ROWS hidden rows per launch (a proposal of more rows loops over chunks), and no dequantized
+copy is kept: a proposal reads R * H / 2 + R * H / 16 bytes (377 MB at 131,072 x 5120), a quarter
+of the bf16 rows' 1.34 GB. Where the kernel cannot serve at construction (NINFER_KERNELS=torch,
+`int4_gemv` in NINFER_KERNELS_OFF, no CuPy, a dtype or shape it does not take), the dequantized
+rows are kept in the compute dtype and read by F.linear, as before the kernel. On the CPU the
+torch twin runs (exact fp32, no copy kept).
+NOTE: the kernel multiplies in fp32 on CUDA cores, about M FMAs per weight for M rows, so it is
+FMA-bound from a few rows up (estimate: ~90 us for one row, ~200 us for 8); a head pass over many
+sequences (up to 64 rows, 8 launches) is then estimated slower than one bf16 F.linear over a
+dequantized copy. Not measured on a GPU yet; a tensor-core variant (bf16 x) would remove that.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+
+from ninfer.kernels import dispatch
+from ninfer.kernels.int4_gemv.launch import MAX_ROWS
 
 DEFAULT_SIZE = 131072
 GROUP = 64
@@ -57,7 +72,15 @@ class ShortlistHead:
         count = min(size, num_sampleable, lm_head.shape[0])
         self.ids = torch.arange(count, device=lm_head.device)
         self.packed, self.scale = quantize_int4(lm_head[:count])
-        self.weight = dequantize_int4(self.packed, self.scale, lm_head.dtype)
+        # hidden states arrive in the lm_head's dtype: a one-row probe of that dtype decides
+        probe = torch.empty((1, lm_head.shape[1]), dtype=lm_head.dtype, device=lm_head.device)
+        self.fused = lm_head.is_cuda and dispatch.int4_linear_available(
+            probe, self.packed, self.scale
+        )
+        # only a GPU without the kernel keeps the dequantized rows (today's F.linear path)
+        self.weight: torch.Tensor | None = None
+        if lm_head.is_cuda and not self.fused:
+            self.weight = dequantize_int4(self.packed, self.scale, lm_head.dtype)
 
     @property
     def size(self) -> int:
@@ -65,5 +88,13 @@ class ShortlistHead:
 
     def propose(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, H] final-normed hidden states -> [N] proposed token ids."""
-        logits = torch.nn.functional.linear(hidden.to(self.weight.dtype), self.weight)
-        return self.ids[logits.float().argmax(dim=-1)]
+        if self.weight is not None:  # a GPU where the kernel does not serve
+            logits = F.linear(hidden.to(self.weight.dtype), self.weight)
+            return self.ids[logits.float().argmax(dim=-1)]
+        if not self.fused or hidden.shape[0] <= MAX_ROWS:  # the CPU twin, or one launch
+            return self.ids[dispatch.int4_linear(hidden, self.packed, self.scale).argmax(dim=-1)]
+        picks = [
+            dispatch.int4_linear(p, self.packed, self.scale).argmax(dim=-1)
+            for p in hidden.split(MAX_ROWS)
+        ]
+        return self.ids[torch.cat(picks)]

@@ -1,0 +1,87 @@
+"""CUDA launcher of the int4 GEMV (grid: row tiles of 4 warps x ROWS rows; every x row at once).
+
+Imports torch and kernels.runtime. Same signature and results (to fp32 rounding) as
+`reference.int4_linear` where `supports` says yes: 1..MAX_ROWS x rows (fp32 or bf16, dense
+16-byte-aligned rows), H a multiple of 64, contiguous 16-byte-aligned packed rows [R, H / 2] and
+contiguous fp32 scales [R, H / 64], on an sm_80+ GPU (the L2 prefetch-size load qualifier).
+Callers with more rows loop over chunks of MAX_ROWS.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ninfer.kernels import runtime as rt
+from ninfer.kernels.int4_gemv.reference import GROUP
+
+OP = "int4_gemv"
+ROWS = 4  # output rows per warp (16-byte loads in flight per lane per step)
+THREADS = 128  # 4 warps per block
+MAX_ROWS = 8  # x rows per launch
+
+
+def _problem(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> str | None:
+    """Why the kernel cannot take these operands, or None when it can."""
+    if x.dim() != 2:
+        return f"x must be [M, H], got shape {tuple(x.shape)}"
+    if x.dtype not in rt.CUDA_TYPES:
+        return f"x has dtype {x.dtype}; the int4 GEMV takes float32 or bfloat16"
+    num_rows, hidden = x.shape
+    if not 1 <= num_rows <= MAX_ROWS:
+        return f"x has {num_rows} rows; the int4 GEMV takes 1..{MAX_ROWS} (loop over chunks)"
+    if hidden % GROUP:
+        return f"hidden size {hidden} is not a multiple of the scale group {GROUP}"
+    if packed.dtype != torch.uint8 or packed.dim() != 2 or 2 * packed.shape[1] != hidden:
+        return (
+            f"packed must be uint8 [R, {hidden // 2}] for x {tuple(x.shape)}, got "
+            f"{packed.dtype} {tuple(packed.shape)}"
+        )
+    if packed.shape[0] < 1:
+        return "packed has no rows"
+    want = (packed.shape[0], hidden // GROUP)
+    if scale.dtype != torch.float32 or tuple(scale.shape) != want:
+        return f"scale must be float32 {want}, got {scale.dtype} {tuple(scale.shape)}"
+    if x.stride(1) != 1 or x.data_ptr() % 16:
+        return "x rows must be dense and 16-byte aligned"
+    if num_rows > 1 and (x.stride(0) * x.element_size()) % 16:
+        return f"x row stride {x.stride(0)} is not a multiple of 16 bytes"
+    if not packed.is_contiguous() or packed.data_ptr() % 16:
+        return "packed must be contiguous and 16-byte aligned"
+    if not scale.is_contiguous():
+        return "scale must be contiguous"
+    devices = {x.device, packed.device, scale.device}
+    if len(devices) != 1 or x.device.type != "cuda":
+        return f"operands must share one CUDA device, got {sorted(map(str, devices))}"
+    if torch.cuda.get_device_capability(x.device) < (8, 0):
+        return "the int4 GEMV needs an sm_80+ GPU"
+    return None
+
+
+def supports(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> bool:
+    """Whether the kernel takes these operands (otherwise the twin runs)."""
+    return _problem(x, packed, scale) is None
+
+
+def int4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """See `reference.int4_linear`: [M, R] float32."""
+    device = rt.check_cuda(x, packed, scale)
+    problem = _problem(x, packed, scale)
+    if problem is not None:
+        raise rt.KernelInputError(f"int4 GEMV: {problem}")
+    num_rows, hidden = x.shape
+    rows = packed.shape[0]
+    out = torch.empty((num_rows, rows), dtype=torch.float32, device=device)
+    instance = f"int4_gemv<{rt.cuda_type(x, 'x')}, {num_rows}, {ROWS}>"
+    kernel = rt.get_kernel(OP, instance, device)
+    rows_per_block = (THREADS // 32) * ROWS
+    args = (
+        rt.ptr(out),
+        rt.ptr(x),
+        rt.i64(x.stride(0)),
+        rt.ptr(packed),
+        rt.ptr(scale),
+        rt.i32(rows),
+        rt.i32(hidden),
+    )
+    rt.launch(kernel, (-(-rows // rows_per_block),), (THREADS,), args, device)
+    return out
