@@ -28,8 +28,8 @@ from ninfer.kernels.fp8_gemv.reference import Fp8Weight
 from ninfer.kernels.kv_quant.formats import KvPages, QuantPages
 from ninfer.model.batch import ForwardBatch
 
-# Steps whose rows carry at most this many new tokens each (decode: 1; a speculative verify:
-# k + 1 <= 6) attend through the split-KV decode kernel, one query per token, on CUDA.
+# Static steps whose rows carry at most this many new tokens each (a speculative verify: k + 1
+# <= 6) attend through the split-KV decode kernel, one query per token, on CUDA.
 ROWS_AS_QUERIES = 8
 
 
@@ -189,15 +189,19 @@ def gated_attention(
     elif fresh or (not meta.static and _is_continued_single_sequence(x, meta)):
         # a quantized fresh prefill reads its stored rows too (lower-right causal = causal here)
         out = continued_causal_attention(q, k_pages, v_pages, meta, scale=scale)
-    elif meta.max_query_len <= ROWS_AS_QUERIES and dispatch.paged_decode_supported(
-        q, k_pages, v_pages
-    ):
+    elif _rows_as_queries(meta) and dispatch.paged_decode_supported(q, k_pages, v_pages):
         # CUDA decode and speculative verify: split-KV kernel, no gather, no mask
         out = paged_rows_attention(q, k_pages, v_pages, meta, scale=scale)
     else:
         out = paged_attention(q, k_pages, v_pages, meta, scale=scale)  # [T, Hq, D]
     out = out * torch.sigmoid(gate)
     return dispatch.linear(out.reshape(num_tokens, -1), w.o_proj)
+
+
+def _rows_as_queries(meta: AttentionMetadata) -> bool:
+    """Decode steps, and the static (graph-shaped) steps of a few tokens per row that the
+    speculative round runs (its verify and the MTP head's pass): eager mixed steps keep SDPA."""
+    return meta.max_query_len == 1 or (meta.static and meta.max_query_len <= ROWS_AS_QUERIES)
 
 
 def paged_rows_attention(
