@@ -1,29 +1,25 @@
 """ShortlistHead: a 4-bit proposal lm_head over the most frequent token ids (`--lm-head-draft`).
 
-Imports torch and kernels (dispatch, the int4 GEMV's row limit). Drafting needs only an argmax,
-and almost every argmax of a chat model lands in its frequent tokens, so the MTP head's drafts can
-read a smaller, coarser lm_head: the first `size` (default 131,072) sampleable ids, taking the
+Imports torch and kernels.dispatch. Drafting needs only an argmax, and almost every argmax of a
+chat model lands in its frequent tokens, so the MTP head's drafts can read a smaller, coarser
+lm_head: the first `size` (default 131,072) sampleable ids, taking the
 byte-level BPE merge order as the frequency proxy (Qwen's vocabulary assigns ids in merge order,
 so a lower id is an earlier, more frequent merge), quantized to 4 bits per weight with one scale
 per group of 64 along the hidden size (symmetric: q in -8..7, w ~ q * scale). Verification always
 uses the full lm_head, so the shortlist changes which drafts are proposed, never what is
 committed.
 
-Logits are fp32 (hidden converted to fp32; kernels/int4_gemv/reference.py states the rounding).
-On a GPU the fused int4 GEMV (kernels/int4_gemv) reads the packed nibbles and scales directly,
-MAX_ROWS hidden rows per launch (a proposal of more rows loops over chunks), and no dequantized
-copy is kept: a proposal reads R * H / 2 + R * H / 16 bytes (377 MB at 131,072 x 5120), a quarter
-of the bf16 rows' 1.34 GB. Where the kernel cannot serve at construction (NINFER_KERNELS=torch,
-`int4_gemv` in NINFER_KERNELS_OFF, no CuPy, a dtype or shape it does not take), the dequantized
-rows are kept in the compute dtype and read by F.linear, as before the kernel. On the CPU the
-torch twin runs (exact fp32, no copy kept).
-NOTE: the kernel multiplies in fp32 on CUDA cores, about M FMAs per weight for M rows, so it is
-FMA-bound from a few rows up. Measured on an H200 (2026-12-03, `python -m ninfer.bench.
-kernel_bench --int4-rows 1,8`, 131,072 x 5,120): 1 row 130.8 us (2.4x faster than bf16 F.linear
-over the dequantized rows, 313.2 us), 8 rows 467.7 us (0.68x of F.linear's 316.3 us). Proposals
-of more than ~4 rows (a head pass over more than ~4 sequences) are therefore slower than the
-dequantized path was; a row threshold over a kept copy, or a tensor-core variant (bf16 x), is
-the fix, not yet made.
+The int4 path's logits are fp32 (hidden converted to fp32; kernels/int4_gemv/reference.py
+states the rounding). On a GPU a proposal of at most FUSED_MAX_ROWS rows runs the fused int4
+GEMV (kernels/int4_gemv), which reads the packed nibbles and scales directly: R * H / 2 +
+R * H / 16 bytes (377 MB at 131,072 x 5120), a quarter of the bf16 rows' 1.34 GB. Larger
+proposals (a head pass over more sequences), and every proposal where the kernel cannot serve
+(NINFER_KERNELS=torch, `int4_gemv` in NINFER_KERNELS_OFF, no CuPy, a dtype or shape it does not
+take), read the dequantized rows, kept in the compute dtype, through F.linear. On the CPU the
+torch twin runs (exact fp32, no copy).
+NOTE: the threshold and the kept copy (1.34 GB for the 27B) are there because the kernel multiplies
+in fp32 on CUDA cores and is FMA-bound from a few rows up (measured in docs/perf.md, run S4); a
+tensor-core variant (bf16 x) would serve every row count and drop the copy.
 """
 
 from __future__ import annotations
@@ -32,10 +28,13 @@ import torch
 import torch.nn.functional as F
 
 from ninfer.kernels import dispatch
-from ninfer.kernels.int4_gemv.launch import MAX_ROWS
 
 DEFAULT_SIZE = 131072
 GROUP = 64
+# Proposals of at most this many rows run the int4 GEMV on a GPU; more rows read the dequantized
+# bf16 rows through F.linear. Measured (H200, 131,072 x 5,120): the kernel is 2.4x faster at 1
+# row and 0.68x at 8 (fp32 CUDA-core multiplies, ~M per weight); the break-even is ~5 rows.
+FUSED_MAX_ROWS = 4
 
 
 def quantize_int4(weight: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,9 +79,9 @@ class ShortlistHead:
         self.fused = lm_head.is_cuda and dispatch.int4_linear_available(
             probe, self.packed, self.scale
         )
-        # only a GPU without the kernel keeps the dequantized rows (today's F.linear path)
+        # a GPU keeps the dequantized rows for proposals the kernel does not serve faster
         self.weight: torch.Tensor | None = None
-        if lm_head.is_cuda and not self.fused:
+        if lm_head.is_cuda:
             self.weight = dequantize_int4(self.packed, self.scale, lm_head.dtype)
 
     @property
@@ -91,13 +90,9 @@ class ShortlistHead:
 
     def propose(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, H] final-normed hidden states -> [N] proposed token ids."""
-        if self.weight is not None:  # a GPU where the kernel does not serve
+        fused = self.fused and hidden.shape[0] <= FUSED_MAX_ROWS
+        if self.weight is not None and not fused:  # a GPU: bf16 rows through F.linear
             logits = F.linear(hidden.to(self.weight.dtype), self.weight)
             return self.ids[logits.float().argmax(dim=-1)]
-        if not self.fused or hidden.shape[0] <= MAX_ROWS:  # the CPU twin, or one launch
-            return self.ids[dispatch.int4_linear(hidden, self.packed, self.scale).argmax(dim=-1)]
-        picks = [
-            dispatch.int4_linear(p, self.packed, self.scale).argmax(dim=-1)
-            for p in hidden.split(MAX_ROWS)
-        ]
-        return self.ids[torch.cat(picks)]
+        # the int4 GEMV on a GPU (one launch), the exact fp32 twin on the CPU
+        return self.ids[dispatch.int4_linear(hidden, self.packed, self.scale).argmax(dim=-1)]

@@ -18,7 +18,12 @@ import torch
 from ninfer.kernels import dispatch, runtime
 from ninfer.kernels.int4_gemv import launch as int4_cuda
 from ninfer.kernels.int4_gemv import reference as int4_ref
-from ninfer.model.lm_head_draft import ShortlistHead, dequantize_int4, quantize_int4
+from ninfer.model.lm_head_draft import (
+    FUSED_MAX_ROWS,
+    ShortlistHead,
+    dequantize_int4,
+    quantize_int4,
+)
 
 
 @pytest.fixture
@@ -129,3 +134,32 @@ def test_shortlist_on_cpu_proposes_the_twins_argmax(seed) -> None:
         bf16 = hidden.to(torch.bfloat16)
         want = int4_ref.int4_linear(bf16, packed, scale).argmax(-1)
         assert torch.equal(head.propose(bf16), want), f"seed {seed}"
+
+
+def test_shortlist_routes_proposals_by_row_count(monkeypatch) -> None:
+    """As on a GPU with the kernel (fused, dequantized rows kept): proposals of at most
+    FUSED_MAX_ROWS rows take the int4 GEMV, larger ones F.linear over the kept rows (measured
+    faster from ~5 rows up). The int4 call is recorded to tell the paths apart."""
+    g = torch.Generator().manual_seed(3)
+    lm_head = torch.randn(300, 128, generator=g)
+    head = ShortlistHead(lm_head, num_sampleable=300, size=256)
+    head.fused = True
+    head.weight = dequantize_int4(head.packed, head.scale, torch.float32)
+    calls: list[int] = []
+    real = dispatch.int4_linear
+
+    def recording(x, packed, scale):
+        calls.append(x.shape[0])
+        return real(x, packed, scale)
+
+    monkeypatch.setattr(dispatch, "int4_linear", recording)
+    for rows in (1, FUSED_MAX_ROWS, FUSED_MAX_ROWS + 1, 64):
+        hidden = torch.randn(rows, 128, generator=g)
+        ids = head.propose(hidden)
+        if rows <= FUSED_MAX_ROWS:
+            assert calls.pop() == rows
+            twin = int4_ref.int4_linear(hidden, head.packed, head.scale)
+            assert torch.equal(ids, twin.argmax(-1))
+        else:
+            assert not calls
+            assert torch.equal(ids, (hidden @ head.weight.T).argmax(-1))

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from ninfer.kernels import dispatch, runtime
 from ninfer.kernels.int4_gemv import launch as int4_cuda
 from ninfer.kernels.int4_gemv import reference as int4_ref
-from ninfer.model.lm_head_draft import ShortlistHead
+from ninfer.model.lm_head_draft import FUSED_MAX_ROWS, ShortlistHead
 from support.gpu_checks import capture_graph, rel
 
 pytestmark = pytest.mark.gpu
@@ -108,11 +109,15 @@ def test_int4_gemv_is_recorded_by_a_cuda_graph(gen) -> None:
 def test_shortlist_head_on_cuda_proposes_the_twins_argmax(dtype, gen) -> None:
     lm_head = (torch.randn(3000, 1024, device="cuda", generator=gen) * 0.05).to(dtype)
     head = ShortlistHead(lm_head, num_sampleable=2900, size=2048)
-    assert head.fused and head.weight is None  # no dequantized copy beside the kernel
-    for rows in (1, 8, 20, 64):  # 20 and 64: chunks of 8 rows, the last one partial at 20
+    assert head.fused and head.weight is not None  # the copy serves proposals of many rows
+    for rows in (1, 3, FUSED_MAX_ROWS, 8, 20, 64):
         hidden = torch.randn(rows, 1024, device="cuda", generator=gen).to(dtype)
         ids = head.propose(hidden)
         assert ids.shape == (rows,) and (ids < 2048).all()
+        if rows > FUSED_MAX_ROWS:  # the dequantized rows through F.linear, exactly
+            want = F.linear(hidden.to(head.weight.dtype), head.weight).float().argmax(-1)
+            assert torch.equal(ids, head.ids[want])
+            continue
         twin = int4_ref.int4_linear(hidden, head.packed, head.scale)
         best = twin.max(-1).values
         chosen = twin.gather(1, ids[:, None])[:, 0]
