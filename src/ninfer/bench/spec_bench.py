@@ -243,30 +243,21 @@ def _step_costs(
         DecodeInput(token=1, position=context, slot=i, pages=tables[i], reals=reals, ints=ints)
         for i in range(batch)
     ]
-    spec_rows = [
-        SpecInput(
-            token=1,
-            position=context,
-            slot=i,
-            pages=tables[i],
-            num_drafts=k,
-            reals=reals,
-            ints=ints,
-        )
-        for i in range(batch)
-    ]
-    sampled_rows = [
-        SpecInput(
-            token=1,
-            position=context,
-            slot=i,
-            pages=tables[i],
-            num_drafts=k,
-            reals=SAMPLED_FIELDS[0],
-            ints=SAMPLED_FIELDS[1],
-        )
-        for i in range(batch)
-    ]
+    spec_rows, sampled_rows = (
+        [
+            SpecInput(
+                token=1,
+                position=context,
+                slot=i,
+                pages=tables[i],
+                num_drafts=k,
+                reals=fields[0],
+                ints=fields[1],
+            )
+            for i in range(batch)
+        ]
+        for fields in (GREEDY_FIELDS, SAMPLED_FIELDS)
+    )
     verify_ids = torch.ones((batch, k + 1), dtype=torch.int64, device=device)
     verify_batch = spec._batch(spec_rows, verify_ids, k + 1, verify=True)
 
