@@ -41,24 +41,9 @@ def gated_delta_rule_decode(
 ) -> torch.Tensor:
     """See `reference.gated_delta_rule_decode`; `variant` "narrow" / "wide" forces a kernel."""
     device = rt.check_cuda(q, k, v, g, beta, ssm_state, state_slots)
+    q, k, v, g, beta = delta_operands(q, k, v, g, beta, ssm_state)
     num_seqs, num_k_heads, key_dim = q.shape
-    _, num_v_heads, key_dim_s, value_dim = ssm_state.shape
-    if key_dim not in KEY_DIMS or key_dim_s != key_dim:
-        raise rt.KernelInputError(f"key dim {key_dim} (state {key_dim_s}) not in {KEY_DIMS}")
-    if k.shape != q.shape or v.shape != (num_seqs, num_v_heads, value_dim):
-        raise rt.KernelInputError(
-            f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not match the state"
-        )
-    head_shape = (num_seqs, num_v_heads)
-    if num_v_heads % num_k_heads or g.shape != head_shape or beta.shape != head_shape:
-        raise rt.KernelInputError("g and beta must be [B, Hv] with Hv a multiple of Hk")
-    if ssm_state.dtype != torch.float32 or not ssm_state.is_contiguous():
-        raise rt.KernelInputError("ssm_state must be a contiguous float32 tensor")
-    if k.dtype != q.dtype:
-        k = k.to(q.dtype)
-    q, k, v = _rows_contiguous(q), _rows_contiguous(k), _rows_contiguous(v)
-    g = g.float().contiguous()
-    beta = beta.float().contiguous()
+    _, num_v_heads, _, value_dim = ssm_state.shape
     slots = state_slots.to(torch.int64).contiguous()
     out = torch.empty((num_seqs, num_v_heads, value_dim), dtype=torch.float32, device=device)
     if num_seqs == 0:
@@ -89,6 +74,36 @@ def gated_delta_rule_decode(
     else:
         rt.launch(kernel, (-(-value_dim // 32), num_v_heads, num_seqs), (32, 4), args, device)
     return out
+
+
+def delta_operands(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    ssm_state: torch.Tensor,
+) -> tuple[torch.Tensor, ...]:
+    """Check one delta-rule step per row (q, k [rows, Hk, Dk], v [rows, Hv, Dv], g, beta
+    [rows, Hv]) against the state and return them kernel-ready (rows may stay batch-strided);
+    the verify kernel (kernels/gated_delta_verify) shares it."""
+    num_rows, num_k_heads, key_dim = q.shape
+    _, num_v_heads, key_dim_s, value_dim = ssm_state.shape
+    if key_dim not in KEY_DIMS or key_dim_s != key_dim:
+        raise rt.KernelInputError(f"key dim {key_dim} (state {key_dim_s}) not in {KEY_DIMS}")
+    if k.shape != q.shape or v.shape != (num_rows, num_v_heads, value_dim):
+        raise rt.KernelInputError(
+            f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not match the state"
+        )
+    head_shape = (num_rows, num_v_heads)
+    if num_v_heads % num_k_heads or g.shape != head_shape or beta.shape != head_shape:
+        raise rt.KernelInputError("g and beta must be [B, Hv] with Hv a multiple of Hk")
+    if ssm_state.dtype != torch.float32 or not ssm_state.is_contiguous():
+        raise rt.KernelInputError("ssm_state must be a contiguous float32 tensor")
+    if k.dtype != q.dtype:
+        k = k.to(q.dtype)
+    q, k, v = _rows_contiguous(q), _rows_contiguous(k), _rows_contiguous(v)
+    return q, k, v, g.float().contiguous(), beta.float().contiguous()
 
 
 def use_wide_kernel(

@@ -13,16 +13,13 @@ from collections.abc import Sequence
 import torch
 
 from ninfer.kernels import runtime as rt
-from ninfer.kernels.gated_delta_decode.launch import KEY_DIMS
+from ninfer.kernels.gated_delta_decode.launch import KEY_DIMS, delta_operands
 from ninfer.kernels.gated_delta_verify.reference import FoldLayer
-from ninfer.kernels.gdn_decode_front.reference import L2_EPS, DecodeFront
+from ninfer.kernels.gdn_decode_front import launch as front
+from ninfer.kernels.gdn_decode_front.reference import DecodeFront
 
 OP = "gated_delta_verify"
 MAX_TAPS = 8  # GDV_MAX_TAPS in the .cu
-
-
-def _dense_rows(t: torch.Tensor) -> torch.Tensor:
-    return t if t.dim() == 2 and t.stride(1) == 1 else t.contiguous()
 
 
 def gdn_verify_front(
@@ -39,72 +36,22 @@ def gdn_verify_front(
     num_k_heads: int,
     head_k_dim: int,
 ) -> DecodeFront:
-    """See `reference.gdn_verify_front`."""
-    device = rt.check_cuda(qkv, a, b, conv_weight, a_log, dt_bias, conv_state, state_slots)
-    num_rows, num_channels = qkv.shape
-    num_seqs = state_slots.shape[0]
-    num_v_heads = a.shape[-1]
-    taps = conv_weight.shape[1]
-    value_channels = num_channels - 2 * num_k_heads * head_k_dim
+    """See `reference.gdn_verify_front` (checks and arguments shared with the decode front)."""
+    num_rows, num_seqs = qkv.shape[0], state_slots.shape[0]
     if width < 1 or num_rows != num_seqs * width:
         raise rt.KernelInputError(f"{num_rows} rows are not {num_seqs} sequences x {width}")
-    if value_channels <= 0 or value_channels % num_v_heads:
-        raise rt.KernelInputError(f"{num_channels} qkv channels do not split into q, k and v")
-    if a.shape != (num_rows, num_v_heads) or b.shape != a.shape:
-        raise rt.KernelInputError(f"a {tuple(a.shape)} and b {tuple(b.shape)} must be [B*W, Hv]")
-    if conv_weight.shape != (num_channels, taps) or not 2 <= taps <= MAX_TAPS:
-        raise rt.KernelInputError(f"conv weight {tuple(conv_weight.shape)} != [C, 2..{MAX_TAPS}]")
-    if conv_state.shape[1:] != (num_channels, taps - 1) or not conv_state.is_contiguous():
-        raise rt.KernelInputError("conv_state must be a contiguous [S, C, K-1] tensor")
-    if head_k_dim > 1024 or b.dtype != qkv.dtype or a.dtype != qkv.dtype:
-        raise rt.KernelInputError("a, b and qkv must share a dtype; head_k_dim at most 1024")
-    qkv, a, b = _dense_rows(qkv), _dense_rows(a), _dense_rows(b)
-    conv_weight = conv_weight.contiguous()
-    a_log = a_log.float().contiguous()
-    dt_bias = dt_bias.float().contiguous()
-    slots = state_slots.to(torch.int64).contiguous()
-    value_dim = value_channels // num_v_heads
-    q = torch.empty((num_rows, num_k_heads, head_k_dim), dtype=torch.float32, device=device)
-    k = torch.empty_like(q)
-    v = torch.empty((num_rows, num_v_heads, value_dim), dtype=qkv.dtype, device=device)
-    g = torch.empty((num_rows, num_v_heads), dtype=torch.float32, device=device)
-    beta = torch.empty_like(g)
+    kw = {"num_k_heads": num_k_heads, "head_k_dim": head_k_dim}
+    ops = front.front_operands(
+        qkv, a, b, conv_weight, a_log, dt_bias, conv_state, state_slots, max_taps=MAX_TAPS, **kw
+    )
     if num_seqs == 0:
-        return DecodeFront(q, k, v, g, beta)
-    types = ", ".join(
-        rt.cuda_type(t, name)
-        for t, name in ((qkv, "qkv"), (conv_state, "conv_state"), (conv_weight, "conv_weight"))
-    )
-    kernel = rt.get_kernel(OP, f"gdn_verify_front<{types}>", device)
-    threads = rt.block_size(head_k_dim)
-    num_groups = 2 * num_k_heads + -(-value_channels // threads) + 1
-    args = (
-        rt.ptr(q),
-        rt.ptr(k),
-        rt.ptr(v),
-        rt.ptr(g),
-        rt.ptr(beta),
-        rt.ptr(conv_state),
-        rt.ptr(qkv),
-        rt.i64(qkv.stride(0)),
-        rt.ptr(a),
-        rt.i64(a.stride(0)),
-        rt.ptr(b),
-        rt.i64(b.stride(0)),
-        rt.ptr(conv_weight),
-        rt.ptr(a_log),
-        rt.ptr(dt_bias),
-        rt.ptr(slots),
-        rt.i32(width),
-        rt.i32(num_k_heads),
-        rt.i32(head_k_dim),
-        rt.i32(num_v_heads),
-        rt.i32(value_dim),
-        rt.i32(taps),
-        rt.f32(L2_EPS),
-    )
-    rt.launch(kernel, (num_groups, num_seqs), (threads,), args, device)
-    return DecodeFront(q, k, v, g, beta)
+        return ops.out
+    device = qkv.device
+    kernel = rt.get_kernel(OP, front.front_instance("gdn_verify_front", ops, conv_state), device)
+    groups, threads = front.front_grid(ops, num_k_heads, head_k_dim)
+    args = front.front_args(ops, conv_state, width=width, **kw)
+    rt.launch(kernel, (groups, num_seqs), (threads,), args, device)
+    return ops.out
 
 
 def gated_delta_verify(
@@ -121,27 +68,12 @@ def gated_delta_verify(
 ) -> torch.Tensor:
     """See `reference.gated_delta_verify`."""
     device = rt.check_cuda(q, k, v, g, beta, ssm_state, state_slots)
-    num_rows, num_k_heads, key_dim = q.shape
-    _, num_v_heads, key_dim_s, value_dim = ssm_state.shape
-    num_seqs = state_slots.shape[0]
-    if key_dim not in KEY_DIMS or key_dim_s != key_dim:
-        raise rt.KernelInputError(f"key dim {key_dim} (state {key_dim_s}) not in {KEY_DIMS}")
+    num_rows, num_seqs = q.shape[0], state_slots.shape[0]
     if width < 1 or num_rows != num_seqs * width:
         raise rt.KernelInputError(f"{num_rows} rows are not {num_seqs} sequences x {width}")
-    if k.shape != q.shape or v.shape != (num_rows, num_v_heads, value_dim):
-        raise rt.KernelInputError(
-            f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not match the state"
-        )
-    head_shape = (num_rows, num_v_heads)
-    if num_v_heads % num_k_heads or g.shape != head_shape or beta.shape != head_shape:
-        raise rt.KernelInputError("g and beta must be [B*W, Hv] with Hv a multiple of Hk")
-    if ssm_state.dtype != torch.float32 or not ssm_state.is_contiguous():
-        raise rt.KernelInputError("ssm_state must be a contiguous float32 tensor")
-    if k.dtype != q.dtype:
-        k = k.to(q.dtype)
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    g = g.float().contiguous()
-    beta = beta.float().contiguous()
+    q, k, v, g, beta = delta_operands(q, k, v, g, beta, ssm_state)
+    num_k_heads, key_dim = q.shape[1:]
+    _, num_v_heads, _, value_dim = ssm_state.shape
     slots = state_slots.to(torch.int64).contiguous()
     out = torch.empty((num_rows, num_v_heads, value_dim), dtype=torch.float32, device=device)
     if num_seqs == 0:
