@@ -84,6 +84,23 @@ def verify(
         (committed [B, W] int64: the a + 1 committed tokens first, then padding,
         num_accepted [B] int64: a, the drafts kept).
     """
+    if counts is None:  # no penalties: every column's distribution is known up front
+        return _verify_at_once(logits, drafts, rows, num_sampleable=num_sampleable)
+    return _verify_walk(
+        logits, drafts, rows, num_sampleable=num_sampleable, counts=counts, count_rows=count_rows
+    )
+
+
+def _verify_walk(
+    logits: torch.Tensor,
+    drafts: torch.Tensor,
+    rows: RowParams,
+    *,
+    num_sampleable: int,
+    counts: torch.Tensor | None,
+    count_rows: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`verify` column by column: column j's penalty counts include the drafts before it."""
     num_rows, width, _ = logits.shape
     device = logits.device
     reals, ints = rows
@@ -126,6 +143,54 @@ def verify(
         committed[:, j] = torch.where(alive, token, committed[:, j])
         num_accepted += (alive & ok).to(torch.int64)
         alive &= ok
+    return committed, num_accepted
+
+
+def _verify_at_once(
+    logits: torch.Tensor, drafts: torch.Tensor, rows: RowParams, *, num_sampleable: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`verify` without penalty counts, every column at once: the same survivors, draws and
+    tests as the walk (each keyed by its row's seed and its column's output index), on B * W
+    rows instead of W steps of B, so a round's graph holds a few dozen kernels, not W times
+    that. The walk's "alive" bookkeeping becomes a cumulative product over the columns."""
+    num_rows, width, vocab = logits.shape
+    device = logits.device
+    reals, ints = rows
+    cols = torch.arange(width, device=device)
+    col_ints = ints[:, None, :].repeat(1, width, 1)
+    col_ints[:, :, STEP] += cols
+    flat = RowParams(reals.repeat_interleave(width, dim=0), col_ints.reshape(-1, ints.shape[1]))
+    cand, log_ratio, keep = survivors(
+        logits.reshape(-1, vocab), flat, num_sampleable=num_sampleable
+    )
+    greedy = flat.ints[:, GREEDY] != 0
+    plain = torch.where(greedy, cand[:, 0], _race(cand, log_ratio, keep, flat.ints))
+    tokens = plain.view(num_rows, width).clone()  # a column's own draw (the bonus at the end)
+    ok = torch.zeros((num_rows, width), dtype=torch.bool, device=device)
+    if width > 1:
+        # the drafted columns: rows (b, j) for j < W - 1, drafts[b, j] proposed there
+        num_cands = cand.shape[1]
+        first = torch.arange(num_rows, device=device)[:, None] * width
+        pick = (first + cols[None, :-1]).reshape(-1)
+        c, lr, kp = cand[pick], log_ratio[pick], keep[pick]
+        weights = torch.exp(lr).masked_fill(~kp, 0.0)
+        p = weights / weights.sum(-1, keepdim=True)
+        d = drafts.reshape(-1)
+        lanes = torch.cat((c, d[:, None]), dim=1)
+        p_ext = torch.cat((p, p.new_zeros(p.shape[0], 1)), dim=1)
+        is_d = c == d[:, None]
+        d_lane = torch.where(is_d.any(dim=1), is_d.to(torch.int64).argmax(dim=1), num_cands)
+        q_ext = torch.zeros_like(p_ext).scatter_(1, d_lane[:, None], 1.0)
+        steps = flat.ints[pick, STEP]
+        seeds = flat.ints[pick, SEED]
+        passed, lane = accept_draft(p_ext, q_ext, lanes, d_lane, seeds, steps)
+        g = greedy[pick]
+        passed = torch.where(g, c[:, 0] == d, passed)
+        replacement = torch.where(g, c[:, 0], lanes.gather(1, lane[:, None])[:, 0])
+        tokens[:, :-1] = torch.where(passed, d, replacement).view(num_rows, width - 1)
+        ok[:, :-1] = passed.view(num_rows, width - 1)
+    num_accepted = ok.to(torch.int64).cumprod(dim=1).sum(dim=1)
+    committed = torch.where(cols[None, :] <= num_accepted[:, None], tokens, 0)
     return committed, num_accepted
 
 

@@ -133,7 +133,7 @@ class SpecStep:
         self.dummy_page = dummy_page
         if self.static and (dummy_slot is None or dummy_page is None):
             raise ValueError("static speculative rounds need a dummy slot and page")
-        self._graphs: dict[tuple[int, int, int, bool], _Captured] = {}
+        self._graphs: dict[tuple[int, int, int, str], _Captured] = {}
         self._pool = torch.cuda.graph_pool_handle() if use_graphs else None
         self._parity = 0
         cuda = model.device.type == "cuda"
@@ -203,7 +203,7 @@ class SpecStep:
             group,
             counts,
             draft_bound=bound if covered else None,
-            greedy_only=_greedy_only(rows),
+            greedy_only=_acceptance_mode(rows) == GREEDY_ROUND,
         )
         self._record(records, [r.slot for r in rows])
         if self.on_drafts is not None:
@@ -285,12 +285,12 @@ class SpecStep:
             raise ValueError(f"{num} rounds do not fit max_batch {self.max_batch}")
         size = _bucket(num, self.max_batch)
         width = _width(max(len(r.pages) for r in rows), self.max_pages)
-        fast = _greedy_only(rows)
+        mode = _acceptance_mode(rows)
         self._stage(rows, size, width)
         parity, self._parity = self._parity, self._parity ^ 1
         if self.use_graphs:
             try:
-                captured = self._get(size, width, parity, fast)
+                captured = self._get(size, width, parity, mode)
             except RuntimeError as e:  # capture touched only the dummy slot: go eager for good
                 log.warning("speculative rounds run eagerly: %s", e)
                 self.use_graphs = self.static = False
@@ -298,16 +298,16 @@ class SpecStep:
             captured.graph.replay()
             result, records = captured.out, captured.records
         else:
-            result, records = self._static_body(size, width, fast)
+            result, records = self._static_body(size, width, mode)
         self._record(records, [r.slot for r in rows])
         if self.on_drafts is not None:
             slots = self._ints_buf[:num, _SLOT]
             self.on_drafts(slots, self._ints_buf[:num, _POS] + result[:num, 1])
         return result[:num]
 
-    def _static_body(self, size: int, width: int, fast: bool) -> tuple[torch.Tensor, list]:
-        """`fast`: the rows are all greedy without penalties (`_greedy_only`): the acceptance
-        is the argmax walk, and penalty counts are not read."""
+    def _static_body(self, size: int, width: int, mode: str) -> tuple[torch.Tensor, list]:
+        """`mode` (`_acceptance_mode`): which acceptance the graph holds; only rounds with a
+        penalized row read the penalty counts."""
         ints = self._ints_buf[:size]
         page_size = self.cache.page_size
         rows = _Rows(
@@ -321,7 +321,10 @@ class SpecStep:
             static=True,
         )
         return self._round_body(
-            rows, None if fast else self.counts, draft_bound=width * page_size, greedy_only=fast
+            rows,
+            self.counts if mode == PENALIZED_ROUND else None,
+            draft_bound=width * page_size,
+            greedy_only=mode == GREEDY_ROUND,
         )
 
     def _stage(self, rows: Sequence[SpecInput], size: int, width: int) -> None:
@@ -352,14 +355,14 @@ class SpecStep:
         ints[:, _GREEDY] = 1
         reals.copy_(torch.tensor([1.0, 1.0, 0.0, 0.0, 0.0], dtype=torch.float64))
 
-    def _get(self, size: int, width: int, parity: int, fast: bool) -> _Captured:
-        key = (size, width, parity, fast)
+    def _get(self, size: int, width: int, parity: int, mode: str) -> _Captured:
+        key = (size, width, parity, mode)
         captured = self._graphs.get(key)
         if captured is None:
-            captured = self._graphs[key] = self._capture(size, width, fast)
+            captured = self._graphs[key] = self._capture(size, width, mode)
         return captured
 
-    def _capture(self, size: int, width: int, fast: bool) -> _Captured:
+    def _capture(self, size: int, width: int, mode: str) -> _Captured:
         # Capture on padding-only inputs (the dummy slot and page); the staged rows come back
         # afterwards. A capture's own writes land on the dummy slot, page and drafts row only.
         saved_ints = self._ints_buf[:size].clone()
@@ -370,11 +373,11 @@ class SpecStep:
         side = torch.cuda.Stream(self.device)
         side.wait_stream(current)
         with torch.cuda.stream(side):  # warm-up: handles, kernel compilation, allocator pools
-            self._static_body(size, width, fast)
+            self._static_body(size, width, mode)
         current.wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            out, records = self._static_body(size, width, fast)
+            out, records = self._static_body(size, width, mode)
         self._ints_buf[:size].copy_(saved_ints)
         self._reals_buf[:size].copy_(saved_reals)
         self.drafts[self.dummy_slot] = saved_drafts
@@ -596,10 +599,17 @@ class SpecStep:
         return torch.tensor(list(values), dtype=torch.int64).to(self.device)
 
 
-def _greedy_only(rows: Sequence[SpecInput]) -> bool:
-    """Every row greedy, with no presence or frequency penalty: its acceptance is the argmax
-    walk (`acceptance.verify_greedy`), which gives what the general one gives on such rows."""
-    return all(r.ints[GREEDY] and not r.reals[PRESENCE] and not r.reals[FREQUENCY] for r in rows)
+GREEDY_ROUND, PLAIN_ROUND, PENALIZED_ROUND = "greedy", "plain", "penalized"
+
+
+def _acceptance_mode(rows: Sequence[SpecInput]) -> str:
+    """GREEDY_ROUND: every row greedy without presence or frequency penalty (the argmax walk,
+    `acceptance.verify_greedy`); PLAIN_ROUND: no row penalized (every column at once);
+    PENALIZED_ROUND: the column walk with penalty counts. Each gives, on its rows, what the
+    column walk gives."""
+    if not any(r.reals[PRESENCE] or r.reals[FREQUENCY] for r in rows):
+        return GREEDY_ROUND if all(r.ints[GREEDY] for r in rows) else PLAIN_ROUND
+    return PENALIZED_ROUND
 
 
 def _bucket(num_rows: int, max_batch: int) -> int:

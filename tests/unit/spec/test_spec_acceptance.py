@@ -121,3 +121,43 @@ def test_verify_greedy_fast_path_equals_the_general_walk() -> None:
     got = verify_greedy(logits, drafts, num_sampleable=sampleable)
     assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
     assert (got[1] >= keep).all() and got[1].unique().numel() > 2  # every length occurs
+
+
+def test_verify_without_counts_at_once_equals_the_column_walk() -> None:
+    """`verify` without penalty counts takes every column at once; it must commit exactly what
+    the column-by-column walk commits: sampled and greedy rows mixed, varied temperature /
+    top-k / top-p / min-p and seeds, drafts equal to a candidate, to the argmax or to nothing
+    likely, logits with ties."""
+    from ninfer.engine.acceptance import _verify_at_once, _verify_walk
+
+    gen = torch.Generator().manual_seed(31)
+    rows, k, vocab = 96, 3, 64
+    logits = (torch.randn(rows, k + 1, vocab, generator=gen) * 2).round(decimals=1)
+    drafts = torch.randint(0, vocab, (rows, k), generator=gen)
+    top = logits[:, :k].argmax(-1)
+    choose = torch.rand(rows, k, generator=gen) < 0.6
+    drafts = torch.where(choose, top, drafts)  # many drafts are the argmax: long acceptances
+    reals = torch.stack(
+        (
+            torch.rand(rows, generator=gen, dtype=torch.float64) * 1.5 + 0.2,  # temperature
+            torch.rand(rows, generator=gen, dtype=torch.float64) * 0.5 + 0.5,  # top-p
+            torch.rand(rows, generator=gen, dtype=torch.float64) * 0.05,  # min-p
+            torch.zeros(rows, dtype=torch.float64),
+            torch.zeros(rows, dtype=torch.float64),
+        ),
+        dim=1,
+    )
+    ints = torch.stack(
+        (
+            torch.randint(1, 21, (rows,), generator=gen),  # top-k
+            (torch.rand(rows, generator=gen) < 0.3).to(torch.int64),  # greedy
+            torch.randint(-(2**40), 2**40, (rows,), generator=gen),  # seed
+            torch.randint(0, 1000, (rows,), generator=gen),  # step
+        ),
+        dim=1,
+    )
+    params = RowParams(reals, ints)
+    got = _verify_at_once(logits, drafts, params, num_sampleable=60)
+    want = _verify_walk(logits, drafts, params, num_sampleable=60, counts=None, count_rows=None)
+    assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
+    assert got[1].unique().numel() == k + 1  # every acceptance length 0..k occurs
