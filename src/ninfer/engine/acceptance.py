@@ -119,23 +119,11 @@ def _verify_walk(
         cand, log_ratio, keep = survivors(
             logits[:, j], params, num_sampleable=num_sampleable, counts=own
         )
-        weights = torch.exp(log_ratio).masked_fill(~keep, 0.0)
-        p = weights / weights.sum(-1, keepdim=True)
         plain = _race(cand, log_ratio, keep, step_ints)
         token = torch.where(greedy, cand[:, 0], plain)  # the bonus: a plain decode step's draw
         if j < width - 1:
             d = drafts[:, j]
-            # lanes: the candidates plus the draft itself (it may lie outside them: p = 0 there)
-            lanes = torch.cat((cand, d[:, None]), dim=1)
-            p_ext = torch.cat((p, p.new_zeros(num_rows, 1)), dim=1)
-            is_d = cand == d[:, None]
-            inside = is_d.any(dim=1)
-            d_lane = torch.where(inside, is_d.to(torch.int64).argmax(dim=1), cand.shape[1])
-            q_ext = torch.zeros_like(p_ext).scatter_(1, d_lane[:, None], 1.0)
-            ok, lane = accept_draft(p_ext, q_ext, lanes, d_lane, ints[:, SEED], step_ints[:, STEP])
-            ok = torch.where(greedy, cand[:, 0] == d, ok)
-            replacement = torch.where(greedy, cand[:, 0], lanes.gather(1, lane[:, None])[:, 0])
-            token = torch.where(ok, d, replacement)
+            ok, token = _judge_drafts(cand, log_ratio, keep, d, greedy, step_ints)
             if own is not None:  # the next column sees d counted, as after committing it
                 own.scatter_add_(1, d[:, None].clamp_max(num_sampleable - 1), ok[:, None].int())
         else:
@@ -166,30 +154,53 @@ def _verify_at_once(
     greedy = flat.ints[:, GREEDY] != 0
     plain = torch.where(greedy, cand[:, 0], _race(cand, log_ratio, keep, flat.ints))
     tokens = plain.view(num_rows, width).clone()  # a column's own draw (the bonus at the end)
-    ok = torch.zeros((num_rows, width), dtype=torch.bool, device=device)
+    passed = torch.zeros((num_rows, width - 1), dtype=torch.bool, device=device)
     if width > 1:
         # the drafted columns: rows (b, j) for j < W - 1, drafts[b, j] proposed there
-        num_cands = cand.shape[1]
         first = torch.arange(num_rows, device=device)[:, None] * width
         pick = (first + cols[None, :-1]).reshape(-1)
-        c, lr, kp = cand[pick], log_ratio[pick], keep[pick]
-        weights = torch.exp(lr).masked_fill(~kp, 0.0)
-        p = weights / weights.sum(-1, keepdim=True)
-        d = drafts.reshape(-1)
-        lanes = torch.cat((c, d[:, None]), dim=1)
-        p_ext = torch.cat((p, p.new_zeros(p.shape[0], 1)), dim=1)
-        is_d = c == d[:, None]
-        d_lane = torch.where(is_d.any(dim=1), is_d.to(torch.int64).argmax(dim=1), num_cands)
-        q_ext = torch.zeros_like(p_ext).scatter_(1, d_lane[:, None], 1.0)
-        steps = flat.ints[pick, STEP]
-        seeds = flat.ints[pick, SEED]
-        passed, lane = accept_draft(p_ext, q_ext, lanes, d_lane, seeds, steps)
-        g = greedy[pick]
-        passed = torch.where(g, c[:, 0] == d, passed)
-        replacement = torch.where(g, c[:, 0], lanes.gather(1, lane[:, None])[:, 0])
-        tokens[:, :-1] = torch.where(passed, d, replacement).view(num_rows, width - 1)
-        ok[:, :-1] = passed.view(num_rows, width - 1)
-    num_accepted = ok.to(torch.int64).cumprod(dim=1).sum(dim=1)
+        ok, drawn = _judge_drafts(
+            cand[pick],
+            log_ratio[pick],
+            keep[pick],
+            drafts.reshape(-1),
+            greedy[pick],
+            flat.ints[pick],
+        )
+        tokens[:, :-1] = drawn.view(num_rows, width - 1)
+        passed = ok.view(num_rows, width - 1)
+    return _commit(tokens, passed)
+
+
+def _judge_drafts(
+    cand: torch.Tensor,
+    log_ratio: torch.Tensor,
+    keep: torch.Tensor,
+    drafts: torch.Tensor,
+    greedy: torch.Tensor,
+    ints: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One drafted column per row (its survivors, its draft, its row's sampler ints with the
+    column's STEP): (accepted [N] bool, the token it commits: the draft, or the replacement)."""
+    weights = torch.exp(log_ratio).masked_fill(~keep, 0.0)
+    p = weights / weights.sum(-1, keepdim=True)
+    # lanes: the candidates plus the draft itself (it may lie outside them: p = 0 there)
+    lanes = torch.cat((cand, drafts[:, None]), dim=1)
+    p_ext = torch.cat((p, p.new_zeros(p.shape[0], 1)), dim=1)
+    is_d = cand == drafts[:, None]
+    d_lane = torch.where(is_d.any(dim=1), is_d.to(torch.int64).argmax(dim=1), cand.shape[1])
+    q_ext = torch.zeros_like(p_ext).scatter_(1, d_lane[:, None], 1.0)
+    ok, lane = accept_draft(p_ext, q_ext, lanes, d_lane, ints[:, SEED], ints[:, STEP])
+    ok = torch.where(greedy, cand[:, 0] == drafts, ok)
+    replacement = torch.where(greedy, cand[:, 0], lanes.gather(1, lane[:, None])[:, 0])
+    return ok, torch.where(ok, drafts, replacement)
+
+
+def _commit(tokens: torch.Tensor, passed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(committed, num_accepted) from each column's token [B, W] and whether drafts 1..W-1
+    passed [B, W - 1]: the drafts kept up to the first failure, then that column's token."""
+    num_accepted = passed.to(torch.int64).cumprod(dim=1).sum(dim=1)
+    cols = torch.arange(tokens.shape[1], device=tokens.device)
     committed = torch.where(cols[None, :] <= num_accepted[:, None], tokens, 0)
     return committed, num_accepted
 
@@ -205,13 +216,8 @@ def verify_greedy(
 
     Args / Returns: as `verify`.
     """
-    width = logits.shape[1]
     target = logits[:, :, :num_sampleable].argmax(dim=-1)  # [B, W]: first maximum, lowest id
-    match = (target[:, : width - 1] == drafts).to(torch.int64)
-    num_accepted = match.cumprod(dim=1).sum(dim=1)
-    cols = torch.arange(width, device=logits.device)
-    committed = torch.where(cols[None, :] <= num_accepted[:, None], target, 0)
-    return committed, num_accepted
+    return _commit(target, target[:, :-1] == drafts)
 
 
 def _race(

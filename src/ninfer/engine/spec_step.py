@@ -195,15 +195,11 @@ class SpecStep:
             params=self._params(rows),
             max_kv_len=max(r.position for r in rows) + self.k + 1,
         )
-        counts = self._penalty_counts(rows)
         page_size = self.cache.page_size
         bound = max(r.position for r in rows) + 2 * self.k
         covered = all(r.position + 2 * self.k <= len(r.pages) * page_size for r in rows)
         result, records = self._round_body(
-            group,
-            counts,
-            draft_bound=bound if covered else None,
-            greedy_only=_acceptance_mode(rows) == GREEDY_ROUND,
+            group, _acceptance_mode(rows), draft_bound=bound if covered else None
         )
         self._record(records, [r.slot for r in rows])
         if self.on_drafts is not None:
@@ -211,27 +207,24 @@ class SpecStep:
         return result
 
     def _round_body(
-        self,
-        rows: _Rows,
-        counts: torch.Tensor | None,
-        *,
-        draft_bound: int | None,
-        greedy_only: bool = False,
+        self, rows: _Rows, mode: str, *, draft_bound: int | None
     ) -> tuple[torch.Tensor, list]:
         """The round on device tensors; returns (results [B, width], verify records).
-        `draft_bound`: a host bound on the head's KV length while drafting (None: the pages do
-        not reach k - 1 positions ahead, only d1 is drafted)."""
+        `mode`: the acceptance (`_acceptance_mode`); `draft_bound`: a host bound on the head's KV
+        length while drafting (None: the pages do not reach k - 1 positions ahead, only d1 is
+        drafted)."""
         width = self.k + 1
         num = rows.t0.shape[0]
         ids = torch.cat((rows.t0[:, None], self.drafts.index_select(0, rows.slots)), dim=1)
         batch = self._group_batch(rows, ids, verify=True)
         hidden = self.model.forward_hidden(batch, self.cache)  # [B * W, H]
         logits = self.model.compute_logits(hidden).view(num, width, -1)
-        if greedy_only:
+        if mode == GREEDY_ROUND:
             committed, accepted = acceptance.verify_greedy(
                 logits, ids[:, 1:], num_sampleable=self.num_sampleable
             )
         else:
+            counts = self._counts(mode)
             committed, accepted = acceptance.verify(
                 logits,
                 ids[:, 1:],
@@ -306,8 +299,7 @@ class SpecStep:
         return result[:num]
 
     def _static_body(self, size: int, width: int, mode: str) -> tuple[torch.Tensor, list]:
-        """`mode` (`_acceptance_mode`): which acceptance the graph holds; only rounds with a
-        penalized row read the penalty counts."""
+        """`mode` (`_acceptance_mode`): which acceptance the graph holds."""
         ints = self._ints_buf[:size]
         page_size = self.cache.page_size
         rows = _Rows(
@@ -320,12 +312,7 @@ class SpecStep:
             max_kv_len=width * page_size,
             static=True,
         )
-        return self._round_body(
-            rows,
-            self.counts if mode == PENALIZED_ROUND else None,
-            draft_bound=width * page_size,
-            greedy_only=mode == GREEDY_ROUND,
-        )
+        return self._round_body(rows, mode, draft_bound=width * page_size)
 
     def _stage(self, rows: Sequence[SpecInput], size: int, width: int) -> None:
         ints = self._host_ints[self._turn]
@@ -391,7 +378,7 @@ class SpecStep:
         batch = self._batch(rows, ids, 1, verify=False)
         hidden = self.model.forward_hidden(batch, self.cache)  # [B, H]
         logits = self.model.compute_logits(hidden)[:, None]
-        counts = self._penalty_counts(rows)
+        counts = self._counts(_acceptance_mode(rows))
         committed, _ = acceptance.verify(
             logits,
             ids[:, :0],
@@ -572,12 +559,9 @@ class SpecStep:
     def _params(self, rows: Sequence[SpecInput]) -> RowParams:
         return RowParams.pack([r.reals for r in rows], [r.ints for r in rows], self.device)
 
-    def _penalty_counts(self, rows: Sequence[SpecInput]) -> torch.Tensor | None:
-        """The counts when a row has a penalty (the static body always passes them: zero
-        penalties leave the logits exactly as they are)."""
-        if any(r.reals[PRESENCE] or r.reals[FREQUENCY] for r in rows):
-            return self.counts
-        return None
+    def _counts(self, mode: str) -> torch.Tensor | None:
+        """The penalty counts the acceptance reads: only a penalized round's."""
+        return self.counts if mode == PENALIZED_ROUND else None
 
     def _propose(self, hidden: torch.Tensor) -> torch.Tensor:
         """The head's proposal from its output hidden: the argmax over sampleable ids (torch

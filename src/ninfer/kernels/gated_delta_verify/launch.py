@@ -119,7 +119,7 @@ def fold_layers(
     num = state_slots.shape[0]
     if num == 0:
         return
-    num_rec, width, num_k_heads, key_dim = first.k.shape
+    _, width, num_k_heads, key_dim = first.k.shape
     _, num_v_heads, key_dim_s, value_dim = first.ssm_state.shape
     num_channels, hist = first.conv_state.shape[1:]
     if key_dim not in KEY_DIMS or key_dim_s != key_dim or hist + 1 > MAX_TAPS:
@@ -176,7 +176,6 @@ def fold_layers(
         ),
         device,
     )
-    del num_rec
 
 
 def _check_layer(layer: FoldLayer, first: FoldLayer) -> None:

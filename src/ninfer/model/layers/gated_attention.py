@@ -209,8 +209,8 @@ def paged_rows_attention(
 ) -> torch.Tensor:
     """Each new token as its own query of the split-KV decode kernel: its sequence's pages, and
     its own KV index + 1 as the length (the causal bound). A decode step has one token per
-    sequence; a verify step (or any step of rows up to `ROWS_AS_QUERIES` tokens) repeats a
-    sequence's page-table row per token. Why: the gather + masked SDPA path copies every page of
+    sequence; a static step of rows up to `ROWS_AS_QUERIES` tokens (a speculative verify) repeats
+    a sequence's page-table row per token. Why: the gather + masked SDPA path copies every page of
     the padded table and runs a generic kernel per layer (~66 us per layer at 1k context in a
     27B round); W queries of one sequence read its pages W times instead, a few MB at decode
     contexts. The KV of the step's tokens must be stored first.

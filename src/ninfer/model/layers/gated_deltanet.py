@@ -187,7 +187,7 @@ def _verify_columns(
     """
     width = batch.verify_width
     num_seqs = batch.num_seqs
-    _, num_v_heads, head_k_dim, _ = ssm_state.shape
+    head_k_dim = ssm_state.shape[2]
     q, k, v, g, beta = dispatch.gdn_verify_front(
         qkv,
         a,
