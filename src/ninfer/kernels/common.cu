@@ -53,6 +53,15 @@ __device__ __forceinline__ float block_sum(float v) {
   return warp_sum(total);
 }
 
+// 16 bytes of a read-once weight stream: not allocated in L1, 256-byte L2 prefetch (sm_80+).
+__device__ __forceinline__ uint4 ld_stream16(const unsigned char* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
 // e4m3 (fn: no infinities, S.1111.111 is NaN) to fp32, exact.
 __device__ __forceinline__ float e4m3_to_float(unsigned int v) {
   const unsigned int sign = (v & 0x80u) << 24;

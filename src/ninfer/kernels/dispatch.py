@@ -501,7 +501,7 @@ def sample_tokens(
 
 def int4_linear_available(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> bool:
     """Whether `int4_linear` runs the CUDA kernel for these operands (x of at most
-    `int4_gemv.launch.MAX_ROWS` rows; larger x runs the twin unless the caller splits it)."""
+    `int4_gemv.launch.MAX_ROWS` rows; larger x runs the twin)."""
     return use_cuda_kernels(x, "int4_gemv") and _int4_cuda.supports(x, packed, scale)
 
 
@@ -509,10 +509,9 @@ def int4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> t
     """[M, R] fp32 logits of x against packed int4 rows with fp32 group scales; see
     kernels/int4_gemv/reference.py. The kernel takes 1..MAX_ROWS rows (x made contiguous first);
     anything else, and every CPU call, runs the twin."""
-    if use_cuda_kernels(x, "int4_gemv"):
-        dense = x.contiguous()
-        if _int4_cuda.supports(dense, packed, scale):
-            return _int4_cuda.int4_linear(dense, packed, scale)
+    dense = x.contiguous()
+    if int4_linear_available(dense, packed, scale):
+        return _int4_cuda.int4_linear(dense, packed, scale)
     return _int4_ref.int4_linear(x, packed, scale)
 
 

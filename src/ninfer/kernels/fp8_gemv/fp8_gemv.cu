@@ -136,14 +136,6 @@ constexpr int kRowHalves = kChunk * 128 + 8;    // f16 per staged x row; +16 B: 
 constexpr int kRedStride = 132;                 // floats per column of the partial-sum tile
 constexpr int kDepth = 1;                       // k blocks loaded ahead of the one computed
 
-__device__ __forceinline__ uint4 ld_stream(const unsigned char* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
 // Two e4m3 bytes of w (bytes 0 and 2 for SEL 0xA280, 1 and 3 for 0xB391) as f16x2 times 2^-8.
 template <unsigned int SEL>
 __device__ __forceinline__ unsigned int e4m3x2_to_f16x2(unsigned int w) {
@@ -267,10 +259,10 @@ __device__ __forceinline__ void load_tile(uint4 (&b)[4], const unsigned char* w_
   const int off0 = kb * 128 + 16 * t;
   const int off1 = off0 + 64;
   const uint4 zero = make_uint4(0, 0, 0, 0);
-  b[0] = ok_g && off0 < k ? ld_stream(w_g + off0) : zero;
-  b[1] = ok_g && off1 < k ? ld_stream(w_g + off1) : zero;
-  b[2] = ok_g8 && off0 < k ? ld_stream(w_g8 + off0) : zero;
-  b[3] = ok_g8 && off1 < k ? ld_stream(w_g8 + off1) : zero;
+  b[0] = ok_g && off0 < k ? ld_stream16(w_g + off0) : zero;
+  b[1] = ok_g && off1 < k ? ld_stream16(w_g + off1) : zero;
+  b[2] = ok_g8 && off0 < k ? ld_stream16(w_g8 + off0) : zero;
+  b[3] = ok_g8 && off1 < k ? ld_stream16(w_g8 + off1) : zero;
 }
 
 // One 128-wide k block of the warp's 16 rows: 8 mma into a zeroed fragment, then the fixup.

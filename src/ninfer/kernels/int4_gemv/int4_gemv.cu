@@ -28,15 +28,6 @@
 // of weights) close to the L1 limit as well: a tensor-core variant is what would take M = 8 (and
 // more rows per launch) back to the memory bound.
 
-// 16 bytes of a read-once stream: not allocated in L1, 256-byte L2 prefetch (sm_80+).
-__device__ __forceinline__ uint4 int4_ld_stream(const unsigned char* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
-
 __device__ __forceinline__ float int4_ld_scale(const float* p) {
   float v;
   asm("ld.global.nc.L1::no_allocate.f32 %0, [%1];" : "=f"(v) : "l"(p));
@@ -117,7 +108,7 @@ __global__ void __launch_bounds__(128) int4_gemv(
     float s[ROWS];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
-      u[r] = int4_ld_stream(wrow[r] + 16 * c);
+      u[r] = ld_stream16(wrow[r] + 16 * c);
       s[r] = int4_ld_scale(srow[r] + (c >> 1));
     }
     float part[M][ROWS];

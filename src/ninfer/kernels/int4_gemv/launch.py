@@ -4,7 +4,7 @@ Imports torch and kernels.runtime. Same signature and results (to fp32 rounding)
 `reference.int4_linear` where `supports` says yes: 1..MAX_ROWS x rows (fp32 or bf16, dense
 16-byte-aligned rows), H a multiple of 64, contiguous 16-byte-aligned packed rows [R, H / 2] and
 contiguous fp32 scales [R, H / 64], on an sm_80+ GPU (the L2 prefetch-size load qualifier).
-Callers with more rows loop over chunks of MAX_ROWS.
+Proposals of more rows read the shortlist's dequantized rows instead (model/lm_head_draft.py).
 """
 
 from __future__ import annotations

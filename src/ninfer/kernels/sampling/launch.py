@@ -125,7 +125,8 @@ def sample_tokens(
 
 
 def philox4x32_10(counter: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
-    """The kernel's Philox on [N, 4] counters and [N, 2] keys (uint32 words in int64), for tests.
+    """The kernel's Philox on [N, 4] counters and [N, 2] keys (uint32 words in int64): the
+    speculative acceptance's counter RNG on CUDA (`dispatch.counter_uniforms`), and the tests.
 
     Returns [N, 4] int64 words, comparable with `rng.philox4x32_10`.
     """
