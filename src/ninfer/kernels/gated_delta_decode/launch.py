@@ -42,7 +42,7 @@ def gated_delta_rule_decode(
     """See `reference.gated_delta_rule_decode`; `variant` "narrow" / "wide" forces a kernel."""
     device = rt.check_cuda(q, k, v, g, beta, ssm_state, state_slots)
     q, k, v, g, beta = delta_operands(q, k, v, g, beta, ssm_state)
-    num_seqs, num_k_heads, key_dim = q.shape
+    num_seqs, _, key_dim = q.shape
     _, num_v_heads, _, value_dim = ssm_state.shape
     slots = state_slots.to(torch.int64).contiguous()
     out = torch.empty((num_seqs, num_v_heads, value_dim), dtype=torch.float32, device=device)
@@ -52,23 +52,7 @@ def gated_delta_rule_decode(
     name = "gated_delta_decode_wide" if wide else "gated_delta_decode"
     instance = f"{name}<{rt.cuda_type(q, 'q')}, {rt.cuda_type(v, 'v')}, {key_dim}>"
     kernel = rt.get_kernel(OP, instance, device)
-    args = (
-        rt.ptr(out),
-        rt.ptr(ssm_state),
-        rt.ptr(q),
-        rt.ptr(k),
-        rt.ptr(v),
-        rt.ptr(g),
-        rt.ptr(beta),
-        rt.ptr(slots),
-        rt.i32(num_k_heads),
-        rt.i32(num_v_heads),
-        rt.i32(value_dim),
-        rt.i64(q.stride(0)),
-        rt.i64(k.stride(0)),
-        rt.i64(v.stride(0)),
-        rt.f32(scale),
-    )
+    args = delta_args(out, ssm_state, (q, k, v, g, beta), slots, width=None, scale=scale)
     if wide:
         rt.launch(kernel, (value_dim // WIDE_COLUMNS, num_v_heads, num_seqs), (32, 8), args, device)
     else:
@@ -104,6 +88,34 @@ def delta_operands(
         k = k.to(q.dtype)
     q, k, v = _rows_contiguous(q), _rows_contiguous(k), _rows_contiguous(v)
     return q, k, v, g.float().contiguous(), beta.float().contiguous()
+
+
+def delta_args(
+    out: torch.Tensor,
+    ssm_state: torch.Tensor,
+    operands: tuple[torch.Tensor, ...],
+    slots: torch.Tensor,
+    *,
+    width: int | None,
+    scale: float,
+) -> tuple:
+    """The kernel arguments of a decode step (`width` None) or of the W-column verify
+    (kernels/gated_delta_verify); `operands` as `delta_operands` returns them."""
+    q, k, v, g, beta = operands
+    return (
+        rt.ptr(out),
+        rt.ptr(ssm_state),
+        *(rt.ptr(t) for t in operands),
+        rt.ptr(slots),
+        *(() if width is None else (rt.i32(width),)),
+        rt.i32(q.shape[1]),
+        rt.i32(ssm_state.shape[1]),
+        rt.i32(ssm_state.shape[3]),
+        rt.i64(q.stride(0)),
+        rt.i64(k.stride(0)),
+        rt.i64(v.stride(0)),
+        rt.f32(scale),
+    )
 
 
 def use_wide_kernel(

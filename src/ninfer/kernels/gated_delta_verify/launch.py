@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 
 from ninfer.kernels import runtime as rt
-from ninfer.kernels.gated_delta_decode.launch import KEY_DIMS, delta_operands
+from ninfer.kernels.gated_delta_decode.launch import KEY_DIMS, delta_args, delta_operands
 from ninfer.kernels.gated_delta_verify.reference import FoldLayer
 from ninfer.kernels.gdn_decode_front import launch as front
 from ninfer.kernels.gdn_decode_front.reference import DecodeFront
@@ -71,33 +71,16 @@ def gated_delta_verify(
     num_rows, num_seqs = q.shape[0], state_slots.shape[0]
     if width < 1 or num_rows != num_seqs * width:
         raise rt.KernelInputError(f"{num_rows} rows are not {num_seqs} sequences x {width}")
-    q, k, v, g, beta = delta_operands(q, k, v, g, beta, ssm_state)
-    num_k_heads, key_dim = q.shape[1:]
-    _, num_v_heads, _, value_dim = ssm_state.shape
+    operands = delta_operands(q, k, v, g, beta, ssm_state)
+    q, v = operands[0], operands[2]
+    _, num_v_heads, key_dim, value_dim = ssm_state.shape
     slots = state_slots.to(torch.int64).contiguous()
     out = torch.empty((num_rows, num_v_heads, value_dim), dtype=torch.float32, device=device)
     if num_seqs == 0:
         return out
     instance = f"gated_delta_verify<{rt.cuda_type(q, 'q')}, {rt.cuda_type(v, 'v')}, {key_dim}>"
     kernel = rt.get_kernel(OP, instance, device)
-    args = (
-        rt.ptr(out),
-        rt.ptr(ssm_state),
-        rt.ptr(q),
-        rt.ptr(k),
-        rt.ptr(v),
-        rt.ptr(g),
-        rt.ptr(beta),
-        rt.ptr(slots),
-        rt.i32(width),
-        rt.i32(num_k_heads),
-        rt.i32(num_v_heads),
-        rt.i32(value_dim),
-        rt.i64(q.stride(0)),
-        rt.i64(k.stride(0)),
-        rt.i64(v.stride(0)),
-        rt.f32(scale),
-    )
+    args = delta_args(out, ssm_state, operands, slots, width=width, scale=scale)
     rt.launch(kernel, (-(-value_dim // 32), num_v_heads, num_seqs), (32, 4), args, device)
     return out
 
