@@ -18,8 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ninfer.bench.kv_quality import KvQualityResult, run_kv_quality
-from ninfer.bench.synthetic import random_weights, synthetic_config
-from ninfer.model.qwen3_5 import Qwen3_5Model
+from ninfer.bench.synthetic import synthetic_model
 
 
 def run_kv_quality_cmd(
@@ -34,15 +33,9 @@ def run_kv_quality_cmd(
     """Measure, then print a table (or JSON) and optionally save the JSON report."""
     if not torch.cuda.is_available():
         raise ValueError("`ninfer bench --kv-dtype-quality` needs a CUDA GPU; none is visible")
-    if weights not in ("bf16", "fp8"):
-        raise ValueError(f"--weights must be bf16 or fp8, got {weights!r}")
     err = Console(stderr=True)
-    config = synthetic_config(synthetic)
-    err.print(f"drawing random {synthetic} {weights} weights on {device}", style="dim")
-    model = Qwen3_5Model(
-        config, random_weights(synthetic, device=device, fp8=weights == "fp8"),
-        dtype=torch.bfloat16, device=device,
-    )  # fmt: skip
+    model = synthetic_model(synthetic, device=device, weights=weights,
+                            say=lambda msg: err.print(msg, style="dim"))  # fmt: skip
     rows = run_kv_quality(
         model, contexts=contexts, timed_steps=steps,
         on_progress=lambda msg: err.print(msg, style="dim"),

@@ -17,6 +17,7 @@ import torch
 from ninfer.artifact.quantize import quantize_fp8_block
 from ninfer.artifact.schema import is_quantizable, mtp_tensors, text_tensors
 from ninfer.model.config import TextConfig
+from ninfer.model.qwen3_5 import Qwen3_5Model
 
 _ROPE = {
     "rope_type": "default",
@@ -184,6 +185,25 @@ def random_mtp_weights(
             tensor, out[weight_name + "_scale_inv"] = quantize_fp8_block(tensor)
         out[weight_name] = tensor
     return out
+
+
+def synthetic_model(
+    name: str,
+    *,
+    device: torch.device | str,
+    weights: str = "bf16",
+    say: Callable[[str], None] = lambda _: None,
+) -> Qwen3_5Model:
+    """Model `name` over `random_weights` (bf16, or fp8 as `--weights fp8` stores them), computing
+    in bf16 on `device`: what each `ninfer bench` mode starts from. The name and `weights` are
+    checked before anything is drawn (UnknownSyntheticModel / ValueError); `say` hears the
+    drawing start."""
+    if weights not in ("bf16", "fp8"):
+        raise ValueError(f"--weights must be bf16 or fp8, got {weights!r}")
+    config = synthetic_config(name)
+    say(f"drawing random {name} {weights} weights on {device}")
+    drawn = random_weights(name, device=device, fp8=weights == "fp8")
+    return Qwen3_5Model(config, drawn, device=device, dtype=torch.bfloat16)
 
 
 def _is_fp32(name: str) -> bool:

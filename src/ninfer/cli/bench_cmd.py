@@ -236,30 +236,20 @@ def _spec(
     import torch
 
     from ninfer.bench.spec_bench import run_spec_bench
-    from ninfer.bench.synthetic import (
-        UnknownSyntheticModel,
-        random_mtp_weights,
-        random_weights,
-        synthetic_config,
-    )
+    from ninfer.bench.synthetic import random_mtp_weights, synthetic_model
     from ninfer.model.mtp import MtpHead
-    from ninfer.model.qwen3_5 import Qwen3_5Model
 
     if not torch.cuda.is_available():
         raise UserError("`ninfer bench --spec` needs a CUDA GPU; none is visible to torch")
-    if weights not in ("bf16", "fp8"):
-        raise UserError("--weights must be bf16 or fp8")
-    try:
-        config = synthetic_config(synthetic)
-    except UnknownSyntheticModel as e:
-        raise UserError(str(e)) from None
     err = Console(stderr=True)
-    err.print(f"drawing random {synthetic} weights and MTP head on {device}", style="dim")
-    fp8 = weights == "fp8"
-    model = Qwen3_5Model(config, random_weights(synthetic, device=device, fp8=fp8),
-                         device=device, dtype=torch.bfloat16)  # fmt: skip
-    head = MtpHead(model, random_mtp_weights(synthetic, device=device, fp8=fp8))
-    architecture = "qwen3_5_moe" if config.is_moe else "qwen3_5"
+    try:
+        model = synthetic_model(synthetic, device=device, weights=weights,
+                                say=lambda msg: err.print(msg, style="dim"))  # fmt: skip
+    except ValueError as e:  # an unknown model name or --weights
+        raise UserError(str(e)) from None
+    head_weights = random_mtp_weights(synthetic, device=device, fp8=weights == "fp8")
+    head = MtpHead(model, head_weights)
+    architecture = "qwen3_5_moe" if model.config.is_moe else "qwen3_5"
     report = run_spec_bench(
         model,
         head,
@@ -311,9 +301,8 @@ def _vision(
 
     import torch
 
-    from ninfer.bench.synthetic import UnknownSyntheticModel, random_weights, synthetic_config
+    from ninfer.bench.synthetic import synthetic_model
     from ninfer.bench.vision_bench import run_vision_bench
-    from ninfer.model.qwen3_5 import Qwen3_5Model
 
     if not torch.cuda.is_available():
         raise UserError("`ninfer bench --vision` needs a CUDA GPU; none is visible to torch")
@@ -322,12 +311,10 @@ def _vision(
     model = None
     if ttft:
         try:
-            config = synthetic_config(synthetic)
-        except UnknownSyntheticModel as e:
+            model = synthetic_model(synthetic, device=cuda,
+                                    say=lambda msg: err.print(msg, style="dim"))  # fmt: skip
+        except ValueError as e:  # an unknown model name
             raise UserError(str(e)) from None
-        err.print(f"drawing random {synthetic} text weights on {cuda}", style="dim")
-        model = Qwen3_5Model(config, random_weights(synthetic, device=cuda), device=cuda,
-                             dtype=torch.bfloat16)  # fmt: skip
     report = run_vision_bench(
         device=cuda,
         image_size=size,

@@ -100,3 +100,19 @@ def test_fp8_synthetic_weights_bind_and_fuse_on_the_block_grid() -> None:
     assert deltanet.mixer.in_proj_qkvz.shape == (10240 + 6144, 5120)
     assert isinstance(deltanet.mixer.in_proj_ba, torch.Tensor)
     assert deltanet.mixer.in_proj_ba.shape == (96, 5120)
+
+
+def test_synthetic_model_checks_before_drawing_and_builds_the_named_shape() -> None:
+    """What every `ninfer bench` mode starts from: bad --weights and unknown names fail before
+    any weight is drawn (nothing heard), a good call announces the draw and binds the shape."""
+    from ninfer.bench.synthetic import UnknownSyntheticModel, synthetic_config, synthetic_model
+
+    heard: list[str] = []
+    with pytest.raises(ValueError, match="--weights must be bf16 or fp8, got 'int4'"):
+        synthetic_model("tiny-dense", device="cpu", weights="int4", say=heard.append)
+    with pytest.raises(UnknownSyntheticModel, match="unknown synthetic model 'nope'"):
+        synthetic_model("nope", device="cpu", say=heard.append)
+    assert heard == []
+    model = synthetic_model("tiny-dense", device="cpu", say=heard.append)
+    assert heard == ["drawing random tiny-dense bf16 weights on cpu"]
+    assert model.config == synthetic_config("tiny-dense") and model.dtype == torch.bfloat16
