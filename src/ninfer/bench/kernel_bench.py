@@ -10,6 +10,7 @@ runs the DeltaNet prefill sweep (token-serial kernel, chunk kernel, fla-core) on
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -36,6 +37,8 @@ from ninfer.kernels.gdn_decode_front import launch as front_cuda
 from ninfer.kernels.gdn_decode_front import reference as front_ref
 from ninfer.kernels.int4_gemv import launch as int4_cuda
 from ninfer.kernels.int4_gemv import reference as int4_ref
+from ninfer.kernels.kv_quant import formats as kv_formats
+from ninfer.kernels.kv_quant import reference as kv_ref
 from ninfer.kernels.paged_decode_attention import launch as paged_cuda
 from ninfer.kernels.qk_norm_rope import launch as qk_cuda
 from ninfer.kernels.qk_norm_rope import reference as qk_ref
@@ -375,6 +378,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="Instead: one 35B-A3B MoE layer's expert paths at these decode batch sizes.",
     )
     parser.add_argument(
+        "--attention-contexts",
+        default="",
+        help="Instead: the paged decode attention per KV dtype and split size at these contexts.",
+    )
+    parser.add_argument(
         "--int4-rows",
         default="",
         help="Instead: the int4 GEMV vs bf16 F.linear on the 27B shortlist at these row counts.",
@@ -382,6 +390,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     opts = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("needs a CUDA device")
+    if opts.attention_contexts:
+        contexts = [int(x) for x in opts.attention_contexts.split(",") if x.strip()]
+        print(attention_sweep(contexts, torch.device("cuda", opts.device)))
+        return
     if opts.int4_rows:
         rows = [int(x) for x in opts.int4_rows.split(",") if x.strip()]
         print(int4_sweep(rows, torch.device("cuda", opts.device)))
@@ -578,6 +590,64 @@ def moe_path_sweep(batches: Sequence[int], device: torch.device) -> str:
             + " | ".join(f"{u:.1f}" for u in us)
             + f" | {moved / min(us) / 1e6:.2f} |"
         )
+    return "\n".join(lines)
+
+
+def _quant_pages(pages: torch.Tensor, fmt: str) -> kv_formats.KvPages:
+    """bf16 pages [N, P, Hk, D] stored in `fmt` (bf16 pages as they are)."""
+    if fmt == kv_formats.PLAIN:
+        return pages
+    values, scale, blocks = kv_ref.quantize(pages, fmt)
+    return kv_formats.QuantPages(fmt, values, scale, blocks)
+
+
+def attention_sweep(
+    contexts: Sequence[int],
+    device: torch.device,
+    batches: Sequence[int] = (1, 8),
+    kv_dtypes: Sequence[str] = ("bf16", "fp8", "int8"),
+    splits: Sequence[int | None] = (None, 32, 64, 128, 256),
+) -> str:
+    """µs per call (graphs) of the paged decode attention at the 27B shape (24 q heads over 4 KV
+    heads of 256) for each KV dtype and split size (None: the launcher's plan), with the KV bytes
+    it must read over that time; outputs are checked against the bf16 twin of the same codes."""
+    lines = ["paged decode attention, 27B shape: 24 q / 4 KV heads x 256, page 64"]
+    lines.append("| kv dtype | batch | context | split | splits | µs | KV GB/s | rel err |")
+    lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    page_size, heads, dim = 64, 4, 256
+    for context in contexts:
+        for b in batches:
+            num_pages = -(-(context + 1) // page_size)
+            base = torch.randn(b * num_pages, page_size, heads, dim, device=device).bfloat16()
+            v_base = torch.randn_like(base)
+            table = torch.arange(b * num_pages, device=device).view(b, num_pages)
+            lens = torch.full((b,), context + 1, dtype=torch.int64, device=device)
+            q = torch.randn(b, 24, dim, device=device).bfloat16()
+            for kv_dtype in kv_dtypes:
+                k_fmt, v_fmt = kv_formats.kv_formats(kv_dtype)
+                k_pages, v_pages = _quant_pages(base, k_fmt), _quant_pages(v_base, v_fmt)
+                per_token = kv_formats.bytes_per_token(kv_dtype, heads, dim, torch.bfloat16)
+                moved = b * (context + 1) * per_token
+                want = None
+                for split in splits:
+                    plan = paged_cuda.plan_splits(b, heads, 6, num_pages * page_size)
+                    size = plan.tokens_per_split if split is None else split
+
+                    call = functools.partial(
+                        paged_cuda.paged_decode_attention,
+                        *(q, k_pages, v_pages, table, lens),
+                        scale=dim**-0.5,
+                        tokens_per_split=split,
+                    )
+                    out = call()
+                    want = out if want is None else want
+                    us = _graph_us(call, replays=5)
+                    label = f"{size} (auto)" if split is None else str(size)
+                    lines.append(
+                        f"| {kv_dtype} | {b} | {context} | {label} | "
+                        f"{-(-num_pages * page_size // size)} | {us:.1f} | "
+                        f"{moved / us / 1e3:.0f} | {_rel(out, want):.1e} |"
+                    )
     return "\n".join(lines)
 
 

@@ -114,8 +114,10 @@ def paged_decode_attention(
     kv_lens: torch.Tensor,
     *,
     scale: float,
+    tokens_per_split: int | None = None,
 ) -> torch.Tensor:
-    """See `reference.paged_decode_attention`."""
+    """See `reference.paged_decode_attention`. `tokens_per_split` (a power of two >= 32 within
+    the block's score memory) overrides `plan_splits` for benchmark sweeps."""
     k_tensors, v_tensors = kvf.page_tensors(k_pages), kvf.page_tensors(v_pages)
     device = rt.check_cuda(q, *k_tensors, *v_tensors, page_table, kv_lens)
     if not supports(q, k_pages, v_pages):
@@ -143,6 +145,14 @@ def paged_decode_attention(
         return out
     table_width = table.shape[1]
     plan = plan_splits(num_seqs, num_kv_heads, group, table_width * page_size)
+    if tokens_per_split is not None:
+        if (
+            tokens_per_split < MIN_SPLIT_TOKENS
+            or tokens_per_split & (tokens_per_split - 1)
+            or tokens_per_split * group > SCORE_FLOATS
+        ):
+            raise rt.KernelInputError(f"tokens_per_split {tokens_per_split} is not a usable split")
+        plan = SplitPlan(tokens_per_split, -(-table_width * page_size // tokens_per_split))
     ws_acc = torch.empty(
         (num_seqs, num_q_heads, plan.num_splits, head_dim), dtype=torch.float32, device=device
     )
