@@ -170,6 +170,32 @@ def test_paged_decode_over_quantized_pages_matches_the_twin(
         assert rel(got[b], want[b]) < TOL[dtype], f"row {b} (len {lens[b]})"
 
 
+@pytest.mark.parametrize("kv_dtype", ["int8", "fp8"])
+@pytest.mark.parametrize(
+    "lens,hq,hk,d,page",
+    [((32768,), 24, 4, 256, 64), (MIXED, 24, 4, 256, 64), ((1, 300, 4097), 16, 2, 256, 64),
+     ((129, 3), 8, 2, 128, 1)],
+    ids=["27b-b1-32k", "27b-b8-mixed", "35b-b3", "d128-page1"],
+)  # fmt: skip
+def test_tensor_core_partial_equals_the_cuda_core_one(kv_dtype, lens, hq, hk, d, page, gen):
+    """The mma partial (f16 codes, scales on the scores and on p, p rounded to f16) against the
+    CUDA-core partial (fp32 throughout) on the same bf16 q and quantized pages: per row < 1e-2,
+    the bf16 tolerance of both against the twin; it must serve these shapes, or the test says
+    nothing."""
+    q, k_pages, v_pages, table, kv_lens = _quant_case(
+        gen, torch.bfloat16, kv_dtype, lens, hq, hk, d, page
+    )
+    code = paged_cuda.FORMAT_CODES[k_pages.fmt]
+    assert paged_cuda.uses_tensor_cores(q, hq // hk, code, code)
+    got = paged_cuda.paged_decode_attention(q, k_pages, v_pages, table, kv_lens, scale=d**-0.5)
+    core = paged_cuda.paged_decode_attention(
+        q, k_pages, v_pages, table, kv_lens, scale=d**-0.5, tensor_cores=False
+    )
+    assert not got.isnan().any()
+    for b in range(len(lens)):
+        assert rel(got[b], core[b]) < 1e-2, f"row {b} (len {lens[b]})"
+
+
 def test_paged_decode_over_quantized_pages_replays_in_a_graph(gen) -> None:
     q, k_pages, v_pages, table, kv_lens = _quant_case(
         gen, torch.bfloat16, "k8v4", (900, 17, 2048), 24, 4, 256, 64

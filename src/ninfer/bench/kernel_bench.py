@@ -606,13 +606,14 @@ def attention_sweep(
     device: torch.device,
     batches: Sequence[int] = (1, 8),
     kv_dtypes: Sequence[str] = ("bf16", "fp8", "int8"),
-    splits: Sequence[int | None] = (None, 32, 64, 128, 256),
+    splits: Sequence[int | None] = (None, 64, 128, 256),
 ) -> str:
     """µs per call (graphs) of the paged decode attention at the 27B shape (24 q heads over 4 KV
-    heads of 256) for each KV dtype and split size (None: the launcher's plan), with the KV bytes
-    it must read over that time; outputs are checked against the bf16 twin of the same codes."""
+    heads of 256), tensor-core and CUDA-core partial kernels, for each KV dtype and split size
+    (None: the launcher's plan), with the KV bytes it must read over that time; each output is
+    compared with the CUDA-core kernel at the launcher's plan."""
     lines = ["paged decode attention, 27B shape: 24 q / 4 KV heads x 256, page 64"]
-    lines.append("| kv dtype | batch | context | split | splits | µs | KV GB/s | rel err |")
+    lines.append("| kv dtype | batch | context | split | mma µs | core µs | mma GB/s | mma err |")
     lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     page_size, heads, dim = 64, 4, 256
     for context in contexts:
@@ -623,30 +624,28 @@ def attention_sweep(
             table = torch.arange(b * num_pages, device=device).view(b, num_pages)
             lens = torch.full((b,), context + 1, dtype=torch.int64, device=device)
             q = torch.randn(b, 24, dim, device=device).bfloat16()
+            auto = paged_cuda.plan_splits(b, heads, 6, num_pages * page_size).tokens_per_split
             for kv_dtype in kv_dtypes:
                 k_fmt, v_fmt = kv_formats.kv_formats(kv_dtype)
                 k_pages, v_pages = _quant_pages(base, k_fmt), _quant_pages(v_base, v_fmt)
                 per_token = kv_formats.bytes_per_token(kv_dtype, heads, dim, torch.bfloat16)
                 moved = b * (context + 1) * per_token
-                want = None
+                attend = functools.partial(
+                    paged_cuda.paged_decode_attention,
+                    *(q, k_pages, v_pages, table, lens),
+                    scale=dim**-0.5,
+                )
+                want = attend(tensor_cores=False)
                 for split in splits:
-                    plan = paged_cuda.plan_splits(b, heads, 6, num_pages * page_size)
-                    size = plan.tokens_per_split if split is None else split
-
-                    call = functools.partial(
-                        paged_cuda.paged_decode_attention,
-                        *(q, k_pages, v_pages, table, lens),
-                        scale=dim**-0.5,
-                        tokens_per_split=split,
-                    )
-                    out = call()
-                    want = out if want is None else want
-                    us = _graph_us(call, replays=5)
-                    label = f"{size} (auto)" if split is None else str(size)
+                    us = {}
+                    for mma in (True, False):
+                        call = functools.partial(attend, tokens_per_split=split, tensor_cores=mma)
+                        us[mma] = _graph_us(call, replays=5)
+                    err = _rel(attend(tokens_per_split=split), want)
+                    label = f"{auto} (auto)" if split is None else str(split)
                     lines.append(
-                        f"| {kv_dtype} | {b} | {context} | {label} | "
-                        f"{-(-num_pages * page_size // size)} | {us:.1f} | "
-                        f"{moved / us / 1e3:.0f} | {_rel(out, want):.1e} |"
+                        f"| {kv_dtype} | {b} | {context} | {label} | {us[True]:.1f} | "
+                        f"{us[False]:.1f} | {moved / us[True] / 1e3:.0f} | {err:.1e} |"
                     )
     return "\n".join(lines)
 

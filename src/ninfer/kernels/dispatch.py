@@ -419,9 +419,15 @@ def paged_decode_attention(
     *,
     scale: float,
 ) -> torch.Tensor:
-    """One query per sequence over its paged KV; see kernels/paged_decode_attention/reference.py."""
-    fn = _paged_cuda if paged_decode_supported(q, k_pages, v_pages) else _paged_ref
-    return fn.paged_decode_attention(q, k_pages, v_pages, page_table, kv_lens, scale=scale)
+    """One query per sequence over its paged KV; see kernels/paged_decode_attention/reference.py.
+    On CUDA the tensor-core partial serves bf16 models over bf16 / int8 / fp8 pages;
+    `paged_decode_mma` in NINFER_KERNELS_OFF keeps the CUDA-core one."""
+    if paged_decode_supported(q, k_pages, v_pages):
+        return _paged_cuda.paged_decode_attention(
+            q, k_pages, v_pages, page_table, kv_lens, scale=scale,
+            tensor_cores=use_cuda_kernels(q, "paged_decode_mma"),
+        )  # fmt: skip
+    return _paged_ref.paged_decode_attention(q, k_pages, v_pages, page_table, kv_lens, scale=scale)
 
 
 def store_kv(x: torch.Tensor, pages: KvPages, slot_mapping: torch.Tensor) -> None:

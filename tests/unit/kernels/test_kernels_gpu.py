@@ -27,7 +27,7 @@ from ninfer.kernels.qk_norm_rope import launch as qk_cuda
 from ninfer.kernels.qk_norm_rope import reference as qk_ref
 from ninfer.kernels.silu_mul import launch as silu_mul_cuda
 from ninfer.kernels.silu_mul import reference as silu_mul_ref
-from support.gpu_checks import rel
+from support.gpu_checks import capture_graph, rel
 
 pytestmark = pytest.mark.gpu
 TOL = {torch.bfloat16: 1e-2, torch.float32: 1e-4}
@@ -224,6 +224,35 @@ def test_paged_decode_attention(dtype, lens, hq, hk, d, page, gen) -> None:
     got = paged_cuda.paged_decode_attention(q, k_pages, v_pages, table, kv_lens, scale=d**-0.5)
     want = paged_ref.paged_decode_attention(q, k_pages, v_pages, table, kv_lens, scale=d**-0.5)
     assert rel(got, want) < TOL[dtype]
+
+
+@pytest.mark.parametrize(
+    "lens,hq,hk,d",
+    [((1025,), 24, 4, 256), ((700, 1, 64, 3000, 5, 129, 1024, 17), 24, 4, 256),
+     ((32768,), 24, 4, 256), ((300, 9), 16, 2, 256), ((50, 7, 33), 4, 2, 64)],
+    ids=["27b-b1-1k", "27b-b8-mixed", "27b-32k", "35b-b2", "tiny"],
+)  # fmt: skip
+def test_paged_decode_tensor_cores_match_cuda_cores(lens, hq, hk, d, gen) -> None:
+    """bf16 pages: the mma partial (p rounded to bf16 for the P.V product) against the CUDA-core
+    partial (fp32 p) and the twin, < 1e-2 relative each; both in a graph replay equal eager."""
+    page = 64
+    width = -(-max(lens) // page) + 2
+    num_pages = len(lens) * width
+    k_pages = torch.randn(num_pages, page, hk, d, device="cuda", generator=gen).bfloat16()
+    v_pages = torch.randn(num_pages, page, hk, d, device="cuda", generator=gen).bfloat16()
+    table = torch.randperm(num_pages, device="cuda", generator=gen).view(len(lens), width)
+    kv_lens = torch.tensor(lens, device="cuda")
+    q = torch.randn(len(lens), hq, d, device="cuda", generator=gen).bfloat16()
+    assert paged_cuda.uses_tensor_cores(q, hq // hk, 0, 0)
+    args = (q, k_pages, v_pages, table, kv_lens)
+    got = paged_cuda.paged_decode_attention(*args, scale=d**-0.5)
+    core = paged_cuda.paged_decode_attention(*args, scale=d**-0.5, tensor_cores=False)
+    want = paged_ref.paged_decode_attention(*args, scale=d**-0.5)
+    assert rel(got, core) < 1e-2 and rel(got, want) < 1e-2
+    graph, out = capture_graph(lambda: paged_cuda.paged_decode_attention(*args, scale=d**-0.5))
+    q.copy_(torch.randn(q.shape, device="cuda", generator=gen))
+    graph.replay()
+    assert torch.equal(out, paged_cuda.paged_decode_attention(*args, scale=d**-0.5))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -84,6 +84,24 @@ def _operand(pages: KvPages) -> tuple[int, tuple]:
     return code, (rt.ptr(pages.values), rt.ptr(pages.scale), rt.ptr(pages.block_scale))
 
 
+MMA_FORMATS = (0, 1, 2)  # plain, int8, fp8 codes: exact as mma operands (bf16 / f16)
+MMA_MAX_GROUP = 8  # the heads are the mma's M rows (16, of which G live)
+
+
+def uses_tensor_cores(q: torch.Tensor, group: int, k_code: int, v_code: int) -> bool:
+    """Whether `paged_decode_mma` serves these operands: a bf16 model, K and V in one format of
+    MMA_FORMATS, G <= 8 and D a multiple of 64 (of 128 for 8-bit codes: a lane's 4 dims per token
+    must fill a 32-bit load)."""
+    head_dim = q.shape[2]
+    return (
+        q.dtype == torch.bfloat16
+        and group <= MMA_MAX_GROUP
+        and k_code == v_code
+        and k_code in MMA_FORMATS
+        and head_dim % (64 if k_code == 0 else 128) == 0
+    )
+
+
 def plan_splits(num_seqs: int, num_kv_heads: int, group: int, capacity: int) -> SplitPlan:
     """Tokens per split: the smallest power of two >= 32 with at most MAX_BLOCKS partial blocks.
 
@@ -115,9 +133,11 @@ def paged_decode_attention(
     *,
     scale: float,
     tokens_per_split: int | None = None,
+    tensor_cores: bool = True,
 ) -> torch.Tensor:
     """See `reference.paged_decode_attention`. `tokens_per_split` (a power of two >= 32 within
-    the block's score memory) overrides `plan_splits` for benchmark sweeps."""
+    the block's score memory) overrides `plan_splits` for benchmark sweeps; `tensor_cores`
+    False keeps the CUDA-core partial kernel where the mma one would serve."""
     k_tensors, v_tensors = kvf.page_tensors(k_pages), kvf.page_tensors(v_pages)
     device = rt.check_cuda(q, *k_tensors, *v_tensors, page_table, kv_lens)
     if not supports(q, k_pages, v_pages):
@@ -160,7 +180,13 @@ def paged_decode_attention(
         (num_seqs, num_q_heads, plan.num_splits, 2), dtype=torch.float32, device=device
     )
     dtype = rt.cuda_type(q, "q")
-    instance = f"paged_decode_partial<{dtype}, {head_dim}, {group}, {k_code}, {v_code}>"
+    mma = tensor_cores and uses_tensor_cores(q, group, k_code, v_code)
+    if mma:
+        instance = f"paged_decode_mma<{head_dim}, {group}, {k_code}>"
+        smem = 4 * group * plan.tokens_per_split
+    else:
+        instance = f"paged_decode_partial<{dtype}, {head_dim}, {group}, {k_code}, {v_code}>"
+        smem = partial_smem_bytes(group, head_dim, plan.tokens_per_split)
     partial = rt.get_kernel(OP, instance, device, HEADERS)
     args = (
         rt.ptr(ws_acc),
@@ -179,7 +205,6 @@ def paged_decode_attention(
         rt.f32(scale),
     )
     grid = (plan.num_splits, num_kv_heads, num_seqs)
-    smem = partial_smem_bytes(group, head_dim, plan.tokens_per_split)
     rt.launch(partial, grid, (32 * WARPS,), args, device, shared_mem=smem)
     combine = rt.get_kernel(OP, f"paged_decode_combine<{dtype}>", device, HEADERS)
     args = (

@@ -306,3 +306,273 @@ __global__ void __launch_bounds__(256) paged_decode_combine(
     out[row * d + d0 + threadIdx.x] = from_float<T>(den > 0.0f ? sum / den : 0.0f);
   }
 }
+
+// ---------------------------------------------------------------------------------------------
+// paged_decode_mma: the partial launch on tensor cores, for a bf16 model with K and V both plain
+// bf16, both int8 or both fp8 (FMT), G <= 8 query heads per KV head, D a multiple of 64. Same
+// grid, split plan, outputs (ws_acc, ws_ml) and combine as paged_decode_partial; what changes is
+// the arithmetic. The CUDA-core kernel above spends ~100 fp32 FMAs and a reduce-scatter per token
+// and lane and is bound by issue and latency, not bytes (an fp8 cache read half the bytes in the
+// same time). Here both products are mma.sync m16n8k16 with the G heads as the M rows (rows G..15
+// are zero padding: cheap on tensor cores) and fp32 accumulation:
+//   1. scores, per warp 8-token tiles: S[g][t] = q_g . k_t. Lane (gq = lane / 4, tq = lane % 4)
+//      loads token t0 + gq's dims (c * 4 + tq) * 8 .. + 8 for c < D / 32; word 2 kk and 2 kk + 1
+//      of that slice are its B fragment of k-step kk, and q is loaded with the same map (the dot
+//      product does not care which dims meet in which k-step, only that q and k agree).
+//   2. softmax over the block's tokens as paged_decode_partial (one warp per head); p = 0 past
+//      the live tokens up to the next multiple of 16.
+//   3. values, per warp a quarter of the dims, every 16-token k-step: O[g][n] += P[g][t] V[t][n]
+//      with P from shared memory as the A fragment (rounded to the operand type, as flash
+//      attention does) and lane (gq, tq) loading D / 32 consecutive dims of its four tokens
+//      2tq, 2tq + 1, 2tq + 8, 2tq + 9 (B fragments: the same element of two tokens, one byte
+//      permute each).
+// Quantized codes are exact in f16 (e4m3 by the PTX cvt, int8 by an integer cvt), so the mma
+// runs on f16 codes with q rounded to f16; the per-(token, head) scales go onto the score (K)
+// and onto p (V) in fp32, not onto each value.
+
+__device__ __forceinline__ void pdm_mma_bf16(float (&d)[4], unsigned a0, unsigned a2, unsigned b0,
+                                             unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void pdm_mma_f16(float (&d)[4], unsigned a0, unsigned a2, unsigned b0,
+                                            unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+
+// (lo, hi) fp32 -> a packed pair of the mma operand type, lo in the low half
+template <bool F16>
+__device__ __forceinline__ unsigned pdm_pack(float lo, float hi) {
+  unsigned r;
+  if constexpr (F16) {
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  } else {
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  }
+  return r;
+}
+
+// N consecutive codes (1 byte each) of an 8-bit row -> N / 2 f16x2 words, exact
+template <int FMT, int N>
+__device__ __forceinline__ void pdm_codes_to_f16(const unsigned (&raw)[N / 4], unsigned (&w)[N / 2]) {
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) {
+    const unsigned pair = (raw[i / 2] >> (16 * (i % 2))) & 0xffffu;
+    if constexpr (FMT == KV_FP8) {
+      asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(w[i]) : "h"(static_cast<unsigned short>(pair)));
+    } else {
+      unsigned short lo, hi;
+      const int a = static_cast<signed char>(pair & 0xffu);
+      const int b = static_cast<signed char>(pair >> 8);
+      asm("cvt.rn.f16.s32 %0, %1;" : "=h"(lo) : "r"(a));
+      asm("cvt.rn.f16.s32 %0, %1;" : "=h"(hi) : "r"(b));
+      w[i] = static_cast<unsigned>(lo) | (static_cast<unsigned>(hi) << 16);
+    }
+  }
+}
+
+// Lane's W = 2 * N / 2 ... : N elements (bf16 or 8-bit codes) at p as N / 2 operand words.
+template <int FMT, int N>
+__device__ __forceinline__ void pdm_load_words(const unsigned char* p, unsigned (&w)[N / 2]) {
+  if constexpr (FMT == KV_PLAIN) {  // N bf16 = 2N bytes
+    if constexpr (N % 8 == 0) {
+#pragma unroll
+      for (int c = 0; c < N / 8; ++c) {
+        const uint4 u = reinterpret_cast<const uint4*>(p)[c];
+        w[4 * c] = u.x, w[4 * c + 1] = u.y, w[4 * c + 2] = u.z, w[4 * c + 3] = u.w;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < N / 2; ++i) w[i] = reinterpret_cast<const unsigned*>(p)[i];
+    }
+  } else {  // N codes = N bytes
+    unsigned raw[N / 4];
+    if constexpr (N % 8 == 0) {
+#pragma unroll
+      for (int c = 0; c < N / 8; ++c) {
+        const uint2 u = reinterpret_cast<const uint2*>(p)[c];
+        raw[2 * c] = u.x, raw[2 * c + 1] = u.y;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < N / 4; ++i) raw[i] = reinterpret_cast<const unsigned*>(p)[i];
+    }
+    pdm_codes_to_f16<FMT, N>(raw, w);
+  }
+}
+
+template <int D, int G, int FMT>
+__global__ void __launch_bounds__(PDA_WARPS * 32, 4) paged_decode_mma(
+    float* __restrict__ ws_acc, float* __restrict__ ws_ml, const bf16* __restrict__ q,
+    const void* __restrict__ k_values, const float* __restrict__ k_scale,
+    const unsigned char* __restrict__ k_blocks, const void* __restrict__ v_values,
+    const float* __restrict__ v_scale, const unsigned char* __restrict__ v_blocks,
+    const long long* __restrict__ page_table, long long table_stride,
+    const long long* __restrict__ kv_lens, int num_kv_heads, int page_size, int table_width,
+    int num_splits, int tokens_per_split, float scale) {
+  static_assert(D % 64 == 0 && G >= 1 && G <= 8, "D a multiple of 64, at most 8 heads per KV head");
+  constexpr bool F16 = FMT != KV_PLAIN;
+  constexpr int EB = F16 ? 1 : 2;  // stored bytes per element
+  constexpr int CH = D / 32;       // phase 1: a lane's chunks of 8 dims (2 k-steps each)
+  constexpr int NT = D / 32;       // phase 3: n-tiles per warp = a lane's dims per token
+  extern __shared__ float4 pda_smem4[];
+  float* sc = reinterpret_cast<float*>(pda_smem4);  // [G][S] scores, then p
+
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int gq = lane >> 2;
+  const int tq = lane & 3;
+  const int split = blockIdx.x;
+  const int kh = blockIdx.y;
+  const long long b = blockIdx.z;
+  const int S = tokens_per_split;
+  const long long capacity = static_cast<long long>(table_width) * page_size;
+  const int len = static_cast<int>(max(0LL, min(kv_lens[b], capacity)));
+  const int start = split * S;
+  if (start >= len) return;
+  const int n_valid = min(S, len - start);
+  const int last = start + n_valid - 1;
+  const long long* pages = page_table + b * table_stride;
+  const int num_q_heads = num_kv_heads * G;
+  const long long head0 = b * num_q_heads + static_cast<long long>(kh) * G;
+  const unsigned char* kv_k = static_cast<const unsigned char*>(k_values);
+  const unsigned char* kv_v = static_cast<const unsigned char*>(v_values);
+
+  // 1. scores
+  {
+    unsigned qa[CH * 4];  // words 2 kk, 2 kk + 1 = the A fragment's a0, a2 of k-step kk
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+      const int d0 = (c * 4 + tq) * 8;
+      if (gq < G) {
+        const uint4 u = *reinterpret_cast<const uint4*>(q + (head0 + gq) * D + d0);
+        const unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          if constexpr (F16) {  // bf16 q -> f16, clamped to its finite range
+            const float lo = fminf(fmaxf(__uint_as_float(w[i] << 16), -65504.0f), 65504.0f);
+            const float hi = fminf(fmaxf(__uint_as_float(w[i] & 0xffff0000u), -65504.0f), 65504.0f);
+            qa[4 * c + i] = pdm_pack<true>(lo, hi);
+          } else {
+            qa[4 * c + i] = w[i];
+          }
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) qa[4 * c + i] = 0u;
+      }
+    }
+    for (int t0 = warp * 8; t0 < n_valid; t0 += PDA_WARPS * 8) {
+      const int t = min(start + t0 + gq, last);
+      const long long row = (pages[t / page_size] * page_size + t % page_size) * num_kv_heads + kh;
+      unsigned kw[CH * 4];
+#pragma unroll
+      for (int c = 0; c < CH; ++c) {
+        unsigned w4[4];
+        pdm_load_words<FMT, 8>(kv_k + (row * D + (c * 4 + tq) * 8) * EB, w4);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) kw[4 * c + i] = w4[i];
+      }
+      if (tq < (D * EB) / 128) prefetch_l2(kv_v + row * D * EB + tq * 128);
+      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int kk = 0; kk < 2 * CH; ++kk) {
+        if constexpr (F16) {
+          pdm_mma_f16(acc, qa[2 * kk], qa[2 * kk + 1], kw[2 * kk], kw[2 * kk + 1]);
+        } else {
+          pdm_mma_bf16(acc, qa[2 * kk], qa[2 * kk + 1], kw[2 * kk], kw[2 * kk + 1]);
+        }
+      }
+      float s0 = acc[0] * scale, s1 = acc[1] * scale;  // tokens t0 + 2tq, t0 + 2tq + 1
+      if constexpr (F16) {
+        const float ks = k_scale[row];  // this lane's token gq; c0 / c1 are tokens 2tq, 2tq + 1
+        s0 *= __shfl_sync(0xffffffffu, ks, 8 * tq);
+        s1 *= __shfl_sync(0xffffffffu, ks, 8 * tq + 4);
+      }
+      if (gq < G) {
+        const int ta = t0 + 2 * tq;
+        sc[gq * S + ta] = ta < n_valid ? s0 : __int_as_float(0xff800000);
+        sc[gq * S + ta + 1] = ta + 1 < n_valid ? s1 : __int_as_float(0xff800000);
+      }
+    }
+  }
+  __syncthreads();
+
+  // 2. softmax, one warp per head; p = 0 from the last live token to the next multiple of 16
+  const int n16 = min(S, (n_valid + 15) / 16 * 16);
+  for (int g = warp; g < G; g += PDA_WARPS) {
+    float* sg = sc + g * S;
+    float m = __int_as_float(0xff800000);
+    for (int t = lane; t < n_valid; t += 32) m = fmaxf(m, sg[t]);
+    m = pda_warp_max(m);
+    float l = 0.0f;
+    for (int t = lane; t < n16; t += 32) {
+      const float p = t < n_valid ? __expf(sg[t] - m) : 0.0f;
+      sg[t] = p;
+      l += p;
+    }
+    l = warp_sum(l);
+    if (lane == 0) {
+      const long long idx = (head0 + g) * num_splits + split;
+      ws_ml[idx * 2] = m;
+      ws_ml[idx * 2 + 1] = l;
+    }
+  }
+  __syncthreads();
+
+  // 3. values: warp w owns dims w * D / 4 ..; n-tile j's column gq is dim base + gq * NT + j
+  const int base = warp * (D / 4);
+  float acc[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+  const float* sp = sc + min(gq, G - 1) * S;
+  for (int k0 = 0; k0 < n16; k0 += 16) {
+    unsigned vw[4][NT / 2];  // tokens k0 + 2tq, + 1, + 8, + 9: NT dims each, as operand pairs
+    float vs[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int t = min(start + k0 + 2 * tq + (r & 1) + 8 * (r >> 1), last);
+      const long long row = (pages[t / page_size] * page_size + t % page_size) * num_kv_heads + kh;
+      pdm_load_words<FMT, NT>(kv_v + (row * D + base + gq * NT) * EB, vw[r]);
+      if constexpr (F16) vs[r] = v_scale[row];
+    }
+    const float2 pa = *reinterpret_cast<const float2*>(sp + k0 + 2 * tq);
+    const float2 pb = *reinterpret_cast<const float2*>(sp + k0 + 2 * tq + 8);
+    unsigned a0, a2;
+    if constexpr (F16) {
+      a0 = pdm_pack<true>(pa.x * vs[0], pa.y * vs[1]);
+      a2 = pdm_pack<true>(pb.x * vs[2], pb.y * vs[3]);
+    } else {
+      a0 = pdm_pack<false>(pa.x, pa.y);
+      a2 = pdm_pack<false>(pb.x, pb.y);
+    }
+    if (gq >= G) a0 = a2 = 0u;
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const unsigned sel = (j & 1) ? 0x7632u : 0x5410u;  // element j of two tokens' words
+      const unsigned b0 = __byte_perm(vw[0][j / 2], vw[1][j / 2], sel);
+      const unsigned b1 = __byte_perm(vw[2][j / 2], vw[3][j / 2], sel);
+      if constexpr (F16) {
+        pdm_mma_f16(acc[j], a0, a2, b0, b1);
+      } else {
+        pdm_mma_bf16(acc[j], a0, a2, b0, b1);
+      }
+    }
+  }
+  if (gq < G) {
+    float* out = ws_acc + ((head0 + gq) * num_splits + split) * D + base;
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      out[(2 * tq) * NT + j] = acc[j][0];
+      out[(2 * tq + 1) * NT + j] = acc[j][1];
+    }
+  }
+}
