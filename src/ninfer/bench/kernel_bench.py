@@ -610,8 +610,8 @@ def attention_sweep(
 ) -> str:
     """µs per call (graphs) of the paged decode attention at the 27B shape (24 q heads over 4 KV
     heads of 256), tensor-core and CUDA-core partial kernels, for each KV dtype and split size
-    (None: the launcher's plan), with the KV bytes it must read over that time; each output is
-    compared with the CUDA-core kernel at the launcher's plan."""
+    (None: each kernel's own plan; the "auto" label shows the mma kernel's), with the KV bytes
+    it must read over that time; each output is compared with the CUDA-core kernel at its plan."""
     lines = ["paged decode attention, 27B shape: 24 q / 4 KV heads x 256, page 64"]
     lines.append("| kv dtype | batch | context | split | mma µs | core µs | mma GB/s | mma err |")
     lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
@@ -624,7 +624,8 @@ def attention_sweep(
             table = torch.arange(b * num_pages, device=device).view(b, num_pages)
             lens = torch.full((b,), context + 1, dtype=torch.int64, device=device)
             q = torch.randn(b, 24, dim, device=device).bfloat16()
-            auto = paged_cuda.plan_splits(b, heads, 6, num_pages * page_size).tokens_per_split
+            capacity = num_pages * page_size
+            auto = paged_cuda.plan_splits(b, heads, 6, capacity, paged_cuda.MMA_MAX_BLOCKS)[0]
             for kv_dtype in kv_dtypes:
                 k_fmt, v_fmt = kv_formats.kv_formats(kv_dtype)
                 k_pages, v_pages = _quant_pages(base, k_fmt), _quant_pages(v_base, v_fmt)

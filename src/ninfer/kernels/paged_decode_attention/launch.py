@@ -27,6 +27,10 @@ MAX_HEAD_DIM = 512  # a lane holds D/32 dims of each row it loads
 MAX_GROUP = 16  # query heads per KV head (the reduce over SUB x G scores stays in registers)
 MIN_SPLIT_TOKENS = 32  # one chunk of 8 tokens per warp
 MAX_BLOCKS = 2048  # partial blocks over the table's capacity: ~15 per SM on an H200's 132
+# The mma partial is fastest at about two blocks per SM (run T2 of docs/perf.md, 27B shape: 1k x
+# 8 rows 22.3 µs at 288 blocks vs 30.5 at 1,088; 8k x 1 17.2 at 260 vs 28.0 at 1,032): its
+# blocks are short, so larger splits spread the fixed cost (q, softmax, partial write, combine).
+MMA_MAX_BLOCKS = 320
 SCORE_FLOATS = 8192  # shared-memory scores per block (32 KiB): G x tokens_per_split
 COMBINE_DIMS = 32  # head dims per combine block
 
@@ -102,8 +106,10 @@ def uses_tensor_cores(q: torch.Tensor, group: int, k_code: int, v_code: int) -> 
     )
 
 
-def plan_splits(num_seqs: int, num_kv_heads: int, group: int, capacity: int) -> SplitPlan:
-    """Tokens per split: the smallest power of two >= 32 with at most MAX_BLOCKS partial blocks.
+def plan_splits(
+    num_seqs: int, num_kv_heads: int, group: int, capacity: int, max_blocks: int = MAX_BLOCKS
+) -> SplitPlan:
+    """Tokens per split: the smallest power of two >= 32 with at most `max_blocks` partial blocks.
 
     Small splits keep short contexts spread over the SMs (1k tokens, batch 1, 4 KV heads: 32
     splits of 32 tokens = 128 blocks); long ones grow the split so the combine stays cheap (a 32k
@@ -114,7 +120,7 @@ def plan_splits(num_seqs: int, num_kv_heads: int, group: int, capacity: int) -> 
         max_tokens *= 2
     capacity = max(capacity, 1)
     size = MIN_SPLIT_TOKENS
-    while size < max_tokens and num_seqs * num_kv_heads * -(-capacity // size) > MAX_BLOCKS:
+    while size < max_tokens and num_seqs * num_kv_heads * -(-capacity // size) > max_blocks:
         size *= 2
     return SplitPlan(size, -(-capacity // size))
 
@@ -164,7 +170,9 @@ def paged_decode_attention(
     if num_seqs == 0:
         return out
     table_width = table.shape[1]
-    plan = plan_splits(num_seqs, num_kv_heads, group, table_width * page_size)
+    mma = tensor_cores and uses_tensor_cores(q, group, k_code, v_code)
+    max_blocks = MMA_MAX_BLOCKS if mma else MAX_BLOCKS
+    plan = plan_splits(num_seqs, num_kv_heads, group, table_width * page_size, max_blocks)
     if tokens_per_split is not None:
         if (
             tokens_per_split < MIN_SPLIT_TOKENS
@@ -180,7 +188,6 @@ def paged_decode_attention(
         (num_seqs, num_q_heads, plan.num_splits, 2), dtype=torch.float32, device=device
     )
     dtype = rt.cuda_type(q, "q")
-    mma = tensor_cores and uses_tensor_cores(q, group, k_code, v_code)
     if mma:
         instance = f"paged_decode_mma<{head_dim}, {group}, {k_code}>"
         smem = 4 * group * plan.tokens_per_split
