@@ -47,6 +47,7 @@ from ninfer.kernels.silu_mul import reference as silu_mul_ref
 from ninfer.model.batch import ForwardBatch
 from ninfer.model.layers import moe
 from ninfer.model.layers.gated_attention import build_attention_metadata, paged_attention
+from ninfer.model.layers.mlp import MlpWeights, mlp
 
 CALLS_PER_GRAPH = 20
 
@@ -375,7 +376,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--moe-batches",
         default="",
-        help="Instead: one 35B-A3B MoE layer's expert paths at these decode batch sizes.",
+        help="Instead: one 35B-A3B MoE layer's expert paths at these decode batch sizes, then its "
+        "routed + shared expert work with the shared expert separate or in the gathered kernels.",
     )
     parser.add_argument(
         "--attention-contexts",
@@ -401,6 +403,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if opts.moe_batches:
         batches = [int(x) for x in opts.moe_batches.split(",") if x.strip()]
         print(moe_path_sweep(batches, torch.device("cuda", opts.device)))
+        print()
+        print(moe_shared_sweep(batches, torch.device("cuda", opts.device)))
         return
     if opts.decode_batches:
         batches = [int(x) for x in opts.decode_batches.split(",") if x.strip()]
@@ -589,6 +593,97 @@ def moe_path_sweep(batches: Sequence[int], device: torch.device) -> str:
             f"| {b} | {touched} | "
             + " | ".join(f"{u:.1f}" for u in us)
             + f" | {moved / min(us) / 1e6:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def moe_shared_sweep(batches: Sequence[int], device: torch.device) -> str:
+    """µs per call of one 35B-A3B MoE layer's routed + shared expert work on the gathered path,
+    the shared expert separate or inside the expert kernels, per expert_gemv unroll (graphs).
+
+    Separate (today's form): the shared `mlp` (cuBLAS gate-up GEMV, silu_mul, cuBLAS down GEMV),
+    then expert_gemv and expert_down_sum with its output. Fused: the shared expert as one more
+    assignment per token of both kernels. Routing is left out (the same for both). Also the
+    routed gate-up GEMV alone per unroll, with its bandwidth over the bytes it reads (4 MiB of
+    gate-up per assignment, experts chosen twice counted twice). Shared expert Is = I = 512.
+    """
+    experts, hidden, inter, top_k = 256, 2048, 512, 8
+    bf16 = torch.bfloat16
+    gate_up = torch.randn(experts, 2 * inter, hidden, device=device, dtype=bf16) * 0.02
+    down = torch.randn(experts, hidden, inter, device=device, dtype=bf16) * 0.04
+    shared_gate_up = torch.randn(2 * inter, hidden, device=device, dtype=bf16) * 0.02
+    shared_down = torch.randn(hidden, inter, device=device, dtype=bf16) * 0.04
+    shared_mlp = MlpWeights(
+        shared_gate_up[:inter], shared_gate_up[inter:], shared_down, shared_gate_up
+    )
+    unrolls = expert_cuda.GEMV_UNROLLS
+    lines = [
+        "| batch | "
+        + " | ".join(f"separate u{u} µs" for u in unrolls)
+        + " | "
+        + " | ".join(f"fused u{u} µs" for u in unrolls)
+        + " | "
+        + " | ".join(f"gate-up GEMV u{u} µs (TB/s)" for u in unrolls)
+        + " | fused vs separate | fused vs twin |"
+    ]
+    lines.append("| ---: |" + " ---: |" * (3 * len(unrolls) + 2))
+    for b in batches:
+        x = torch.randn(b, hidden, device=device, dtype=bf16)
+        logits = torch.randn(b, experts, device=device)
+        weights, ids = torch.topk(logits.softmax(-1), top_k)
+        flat = ids.reshape(-1)
+        gate = torch.randn(b, 1, device=device, dtype=bf16)
+
+        def layer(fused: bool, unroll: int, x=x, weights=weights, ids=ids, flat=flat, gate=gate):
+            if fused:
+                rows = expert_cuda.expert_gemv(
+                    x,
+                    gate_up,
+                    flat,
+                    rows_per_input=top_k,
+                    shared_weight=shared_gate_up,
+                    unroll=unroll,
+                )
+                return expert_cuda.expert_down_sum(
+                    rows, down, ids, weights, shared_gate=gate, shared_down=shared_down
+                )
+            shared = mlp(x, shared_mlp)
+            rows = expert_cuda.expert_gemv(x, gate_up, flat, rows_per_input=top_k, unroll=unroll)
+            return expert_cuda.expert_down_sum(
+                rows, down, ids, weights, shared=shared, shared_gate=gate
+            )
+
+        twin = expert_ref.expert_down_sum(
+            expert_ref.expert_gemv(
+                x, gate_up, flat, rows_per_input=top_k, shared_weight=shared_gate_up
+            ),
+            down,
+            ids,
+            weights,
+            shared_gate=gate,
+            shared_down=shared_down,
+        )
+        fused_out = layer(True, expert_cuda.GEMV_UNROLL)
+        err_separate = _rel(fused_out, layer(False, expert_cuda.GEMV_UNROLL))
+        err_twin = _rel(fused_out, twin)
+        separate_us = [_graph_us(lambda u=u: layer(False, u), replays=5) for u in unrolls]
+        fused_us = [_graph_us(lambda u=u: layer(True, u), replays=5) for u in unrolls]
+        gemv_us = [
+            _graph_us(
+                lambda u=u, x=x, flat=flat: expert_cuda.expert_gemv(
+                    x, gate_up, flat, rows_per_input=top_k, unroll=u
+                ),
+                replays=5,
+            )
+            for u in unrolls
+        ]
+        moved = b * top_k * 2 * inter * hidden * 2
+        lines.append(
+            f"| {b} | "
+            + " | ".join(f"{u:.1f}" for u in separate_us + fused_us)
+            + " | "
+            + " | ".join(f"{u:.1f} ({moved / u / 1e6:.2f})" for u in gemv_us)
+            + f" | {err_separate:.1e} | {err_twin:.1e} |"
         )
     return "\n".join(lines)
 

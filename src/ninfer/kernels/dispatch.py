@@ -289,14 +289,19 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def expert_gemv(
-    x: torch.Tensor, weight: torch.Tensor, expert_ids: torch.Tensor, *, rows_per_input: int
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    expert_ids: torch.Tensor,
+    *,
+    rows_per_input: int,
+    shared_weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """MoE experts read in place by id; see kernels/expert_gemv/reference.py."""
-    if use_cuda_kernels(x, "expert_gemv") and _expert_gemv_cuda.supports(x, weight):
+    """MoE experts read in place by id (+ the shared expert); see expert_gemv/reference.py."""
+    if use_cuda_kernels(x, "expert_gemv") and _expert_gemv_cuda.supports(x, weight, shared_weight):
         fn = _expert_gemv_cuda.expert_gemv
     else:
         fn = _expert_gemv_ref.expert_gemv
-    return fn(x, weight, expert_ids, rows_per_input=rows_per_input)
+    return fn(x, weight, expert_ids, rows_per_input=rows_per_input, shared_weight=shared_weight)
 
 
 def expert_group_gemv(
@@ -361,14 +366,23 @@ def expert_down_sum(
     *,
     shared: torch.Tensor | None = None,
     shared_gate: torch.Tensor | None = None,
+    shared_down: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """MoE decode tail (SwiGLU, down, weighted sum, shared expert); see expert_gemv/reference.py."""
     fn = _expert_gemv_ref.expert_down_sum
     if use_cuda_kernels(gate_up_out, "expert_down_sum") and _expert_gemv_cuda.supports_down_sum(
-        gate_up_out, down, expert_ids, shared, shared_gate
+        gate_up_out, down, expert_ids, shared, shared_gate, shared_down
     ):
         fn = _expert_gemv_cuda.expert_down_sum
-    return fn(gate_up_out, down, expert_ids, weights, shared=shared, shared_gate=shared_gate)
+    return fn(
+        gate_up_out,
+        down,
+        expert_ids,
+        weights,
+        shared=shared,
+        shared_gate=shared_gate,
+        shared_down=shared_down,
+    )
 
 
 def route_topk(

@@ -1,9 +1,13 @@
 """MoE on the GPU: the routing and decode-tail kernels against their twins, the whole decode MoE
 (kernels) against the twins at 35B-A3B shapes, the grouped prefill path against the expert loop,
 and `sparse_moe` replayed from a CUDA graph against eager (GPU only, fresh random inputs each run).
+The shared expert run inside the gathered kernels (`shared_weight`, `shared_down`) is checked the
+same way: each kernel against its twin, the block against the twins and against the separate
+shared `mlp` on the GPU.
 
 Tolerances as test_kernels_gpu.py: bf16 outputs within 1e-2 relative (norm of the difference over
-the norm of the reference), fp32 within 1e-4; routing ids equal and weights within 1e-6.
+the norm of the reference), fp32 within 1e-4; routing ids equal and weights within 1e-6. Where
+only the load schedule differs (expert_gemv's UNROLL) the results are compared for equal bits.
 """
 
 from __future__ import annotations
@@ -81,6 +85,14 @@ def big_moe() -> MoeWeights:
 def with_fused_router(w: MoeWeights) -> MoeWeights:
     """The router and the shared gate as one [E + 1, H] matrix (strided logits downstream)."""
     return dataclasses.replace(w, router_and_gate=torch.cat([w.router, w.shared_gate]))
+
+
+def with_shared_gate_up(w: MoeWeights) -> MoeWeights:
+    """The shared gate and up bound as one [2 Is, H] matrix, as the model binds them on CUDA:
+    where Is equals the experts' intermediate size the gathered kernels run the shared expert."""
+    fused = torch.cat([w.shared_gate_proj, w.shared_up_proj])
+    gate, up = fused.split(w.shared_gate_proj.shape[0])
+    return dataclasses.replace(w, shared_gate_proj=gate, shared_up_proj=up, shared_gate_up=fused)
 
 
 # --- routing kernel ---------------------------------------------------------------------------
@@ -169,6 +181,116 @@ def test_expert_down_sum(dtype, with_shared, tokens, num_experts, top_k, hidden,
     assert rel(got, want) < TOL[dtype]
 
 
+# --- the shared expert inside the gathered kernels ----------------------------------------------
+
+SHARED_CASES = pytest.mark.parametrize(
+    "tokens,num_experts,top_k,hidden,inter",
+    [
+        (1, EXPERTS, TOP_K, HIDDEN, INTER),
+        (2, EXPERTS, TOP_K, HIDDEN, INTER),
+        (8, EXPERTS, TOP_K, HIDDEN, INTER),
+        (3, 6, 3, 40, 24),
+        (2, 16, 1, 48, 16),
+        (2, 16, 2, 64, 32),
+        (5, 32, 31, 64, 8),
+    ],
+    ids=["35b-t1", "35b-t2", "35b-t8", "tiny-k3", "tiny-k1", "tiny-k2", "tiny-k31"],
+)
+
+
+def shared_operands(gen, dtype, tokens, num_experts, top_k, hidden, inter):
+    """x, experts [E, 2I, H] and [E, H, I], ids (distinct per token), weights, gate logits (a
+    column of a wider GEMV output), the shared gate-up [2I, H] and down [H, I]."""
+
+    def randn(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return (torch.randn(shape, device="cuda", generator=gen) * scale).to(dtype)
+
+    x = randn(tokens, hidden)
+    gate_up = randn(num_experts, 2 * inter, hidden, scale=hidden**-0.5)
+    down = randn(num_experts, hidden, inter, scale=inter**-0.5)
+    scores = torch.rand(tokens, num_experts, device="cuda", generator=gen)
+    ids = scores.argsort(dim=-1)[:, :top_k]
+    weights = torch.rand(tokens, top_k, device="cuda", generator=gen)
+    gate = randn(tokens, 5)[:, 2:3]
+    shared_gate_up = randn(2 * inter, hidden, scale=hidden**-0.5)
+    shared_down = randn(hidden, inter, scale=inter**-0.5)
+    return x, gate_up, down, ids, weights, gate, shared_gate_up, shared_down
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@SHARED_CASES
+def test_expert_gemv_with_shared_weight(dtype, tokens, num_experts, top_k, hidden, inter, gen):
+    """Each unroll against the twin; the unrolls and the routed rows without the shared matrix
+    give equal bits (each lane accumulates its chunks in the same order)."""
+    x, gate_up, _, ids, _, _, sgu, _ = shared_operands(
+        gen, dtype, tokens, num_experts, top_k, hidden, inter
+    )
+    flat = ids.reshape(-1)
+    assert expert_cuda.supports(x, gate_up, sgu)
+    want = expert_ref.expert_gemv(x, gate_up, flat, rows_per_input=top_k, shared_weight=sgu)
+    routed = expert_cuda.expert_gemv(x, gate_up, flat, rows_per_input=top_k)
+    got = {}
+    for unroll in expert_cuda.GEMV_UNROLLS:
+        got[unroll] = expert_cuda.expert_gemv(
+            x, gate_up, flat, rows_per_input=top_k, shared_weight=sgu, unroll=unroll
+        )
+        assert got[unroll].shape == want.shape == (tokens * (top_k + 1), 2 * inter)
+        assert rel(got[unroll], want) < TOL[dtype]
+        # the shared rows alone: a relative error over the routed rows could hide them
+        assert rel(got[unroll].view(tokens, top_k + 1, -1)[:, top_k], F.linear(x, sgu)) < TOL[dtype]
+    assert torch.equal(got[1], got[2])
+    assert torch.equal(got[1].view(tokens, top_k + 1, -1)[:, :top_k].reshape(-1, 2 * inter), routed)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@SHARED_CASES
+def test_expert_down_sum_with_shared_down(dtype, tokens, num_experts, top_k, hidden, inter, gen):
+    """The tail with the shared expert's gate-up row per token against the twin, and against the
+    kernel given the shared output precomputed from the same row (the separate form)."""
+    _, _, down, ids, weights, gate, _, sdown = shared_operands(
+        gen, dtype, tokens, num_experts, top_k, hidden, inter
+    )
+    rows = (torch.randn(tokens * (top_k + 1), 2 * inter, device="cuda", generator=gen)).to(dtype)
+    assert expert_cuda.supports_down_sum(rows, down, ids, None, gate, sdown)
+    got = expert_cuda.expert_down_sum(rows, down, ids, weights, shared_gate=gate, shared_down=sdown)
+    want = expert_ref.expert_down_sum(rows, down, ids, weights, shared_gate=gate, shared_down=sdown)
+    assert got.shape == want.shape == (tokens, hidden) and got.dtype == dtype
+    assert rel(got, want) < TOL[dtype]
+    per_token = rows.view(tokens, top_k + 1, -1)
+    gate_rows, up_rows = per_token[:, top_k].chunk(2, dim=-1)
+    shared = F.linear(F.silu(gate_rows) * up_rows, sdown)
+    separate = expert_cuda.expert_down_sum(
+        per_token[:, :top_k].reshape(tokens * top_k, -1),
+        down,
+        ids,
+        weights,
+        shared=shared,
+        shared_gate=gate,
+    )
+    assert rel(got, separate) < TOL[dtype]
+
+
+@pytest.mark.parametrize("tokens", [1, 2, 8])
+def test_decode_moe_with_the_shared_expert_in_kernels_at_35b_shapes(
+    tokens, big_moe, gen, monkeypatch
+):
+    """sparse_moe with the shared gate-up bound (Is = I = 512): the gathered kernels run the
+    shared expert; against the twins, and against the kernels with the separate shared mlp."""
+    w = with_shared_gate_up(big_moe)
+    assert moe.shared_expert_in_kernels(w) is not None
+    x = torch.randn(tokens, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16)
+    got = moe.sparse_moe(x, w, top_k=TOP_K, norm_topk_prob=True)
+    with monkeypatch.context() as m:
+        m.setattr(moe, "shared_expert_in_kernels", lambda _: None)
+        separate = moe.sparse_moe(x, w, top_k=TOP_K, norm_topk_prob=True)
+    with monkeypatch.context() as m:
+        m.setenv("NINFER_KERNELS", "torch")
+        want = moe.sparse_moe(x, w, top_k=TOP_K, norm_topk_prob=True)
+    assert got.shape == (tokens, HIDDEN) and got.dtype == torch.bfloat16
+    assert rel(got, want) < TOL[torch.bfloat16]
+    assert rel(got, separate) < TOL[torch.bfloat16]
+
+
 # --- the whole MoE block ------------------------------------------------------------------------
 
 
@@ -191,9 +313,13 @@ def test_decode_moe_kernels_match_twins_at_35b_shapes(tokens, big_moe, gen, monk
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("tokens", [1, 3])
-def test_tiny_moe_kernels_match_twins(dtype, tokens: int, gen, monkeypatch) -> None:
-    """The tiny test models' MoE shape (hidden 64, 16 experts, top-2) in fp32 and bf16."""
-    w = make_moe(gen, dtype, num_experts=16, hidden=64, inter=32, shared_inter=48)
+@pytest.mark.parametrize("shared_inter", [48, 32], ids=["shared-mlp", "shared-in-kernels"])
+def test_tiny_moe_kernels_match_twins(dtype, tokens: int, shared_inter: int, gen, monkeypatch):
+    """The tiny test models' MoE shape (hidden 64, 16 experts, top-2) in fp32 and bf16; with a
+    shared expert of the experts' size (the tiny models' own) it runs inside the kernels."""
+    w = make_moe(gen, dtype, num_experts=16, hidden=64, inter=32, shared_inter=shared_inter)
+    w = with_shared_gate_up(w)
+    assert (moe.shared_expert_in_kernels(w) is not None) == (shared_inter == 32)
     x = torch.randn(tokens, 64, device="cuda", generator=gen).to(dtype)
     got = moe.sparse_moe(x, w, top_k=2, norm_topk_prob=False)
     monkeypatch.setenv("NINFER_KERNELS", "torch")
@@ -305,9 +431,14 @@ def test_grouped_prefill_matches_the_loop_and_never_syncs(big_moe, gen) -> None:
 
 @pytest.mark.parametrize("tokens", [1, 4, 64], ids=["t1", "t4", "t64-grouped"])
 @pytest.mark.parametrize("fused_router", [False, True], ids=["router", "router+gate"])
-def test_sparse_moe_replays_from_a_cuda_graph(tokens: int, fused_router: bool, big_moe, gen):
-    """Capture once, replay on new inputs: the routing happens on the device each replay."""
+@pytest.mark.parametrize("bound_shared", [False, True], ids=["shared-mlp", "shared-gate-up"])
+def test_sparse_moe_replays_from_a_cuda_graph(
+    tokens: int, fused_router: bool, bound_shared: bool, big_moe, gen
+):
+    """Capture once, replay on new inputs: the routing happens on the device each replay. With
+    the shared gate-up bound the gathered steps (t1, t4) run the shared expert in the kernels."""
     w = with_fused_router(big_moe) if fused_router else big_moe
+    w = with_shared_gate_up(w) if bound_shared else w
     static_x = torch.randn(tokens, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16)
     path = moe.expert_path(static_x, w.experts_gate_up, w.experts_down, tokens * TOP_K)
     assert path is (ExpertPath.GATHERED if tokens <= 4 else ExpertPath.GROUPED_GEMV)

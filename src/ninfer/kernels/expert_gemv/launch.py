@@ -3,7 +3,10 @@
 Imports torch and kernels.runtime. Same signatures and results as the `reference` twins where
 the `supports*` checks say yes (contiguous aligned [E, N, K] weights, K a multiple of one 16-byte
 load, rows 16-byte aligned); dispatch runs the twin otherwise. Short rows (K <= 1024, the 35B
-down projection's 512) get 8 rows per warp so each lane keeps 8 loads in flight.
+down projection's 512) get 8 rows per warp so each lane keeps 8 loads in flight; `expert_gemv`
+also unrolls its chunk loop (`GEMV_UNROLL`) so longer rows keep as many in flight. With the MoE
+shared expert's matrices given (`shared_weight`, `shared_down`) the two kernels run it as one more
+assignment per token, so a decode step's shared expert costs no launches of its own.
 """
 
 from __future__ import annotations
@@ -18,8 +21,14 @@ THREADS = 256
 WARPS = THREADS // 32
 MAX_K = 12288  # x staged as fp32 in the 48 KiB of static-launch shared memory
 SHORT_ROW = 1024  # up to this K a warp owns 8 rows, above it 4
+# Chunk steps per lane per loop iteration of expert_gemv: ROWS x GEMV_UNROLL independent 16-byte
+# loads in flight per lane (1 is the schedule of the kernel before the unroll; the two give
+# bit-identical results, and kernel_bench --moe-batches times both).
+GEMV_UNROLL = 2
+GEMV_UNROLLS = (1, 2)  # the instances the launcher may request
 DOWN_ROWS = 8  # rows per warp of expert_down_sum (its instance's template argument)
 MAX_TOP_K = 32  # expert_down_sum's shared partials hold at most 32 units of DOWN_ROWS rows
+DOWN_MAX_WARPS = 16  # expert_down_sum's __launch_bounds__(512): one warp per unit up to 16
 MAX_TOKENS = 65535  # grid.y of expert_down_sum
 
 
@@ -40,7 +49,21 @@ def _aligned_experts(weight: torch.Tensor, dtype: torch.dtype) -> bool:
     )
 
 
-def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
+def _shared_matrix_fits(matrix: torch.Tensor | None, experts: torch.Tensor) -> bool:
+    """No shared-expert matrix, or one shaped like one expert's ([N, K] of [E, N, K]) that the
+    kernels read as they read an expert: same dtype, contiguous, 16-byte aligned."""
+    return matrix is None or (
+        matrix.dtype == experts.dtype
+        and experts.dim() == 3
+        and matrix.shape == experts.shape[1:]
+        and matrix.is_contiguous()
+        and matrix.data_ptr() % 16 == 0
+    )
+
+
+def supports(
+    x: torch.Tensor, weight: torch.Tensor, shared_weight: torch.Tensor | None = None
+) -> bool:
     """Whether the expert GEMV kernel takes these operands (otherwise the twin runs)."""
     return (
         _aligned_experts(weight, x.dtype)
@@ -48,6 +71,9 @@ def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and x.dim() == 2
         and x.shape[-1] == weight.shape[2]
         and x.stride(-1) == 1
+        and x.data_ptr() % 16 == 0
+        and (x.stride(0) * x.element_size() % 16 == 0 or x.shape[0] <= 1)
+        and _shared_matrix_fits(shared_weight, weight)
     )
 
 
@@ -57,6 +83,7 @@ def supports_down_sum(
     expert_ids: torch.Tensor,
     shared: torch.Tensor | None = None,
     shared_gate: torch.Tensor | None = None,
+    shared_down: torch.Tensor | None = None,
 ) -> bool:
     """Whether the fused decode-tail kernel takes these operands (otherwise the twin runs)."""
     dtype = gate_up_out.dtype
@@ -64,16 +91,35 @@ def supports_down_sum(
         return False
     num_tokens, top_k = expert_ids.shape
     _, n, k = down.shape
+    slots = top_k + (shared_down is not None)  # gate-up rows per token
     row_bytes = gate_up_out.stride(0) * gate_up_out.element_size()
     ok = (
-        1 <= top_k <= MAX_TOP_K
+        top_k >= 1
+        and slots <= MAX_TOP_K
         and num_tokens <= MAX_TOKENS
-        and gate_up_out.shape == (num_tokens * top_k, 2 * k)
+        and gate_up_out.shape == (num_tokens * slots, 2 * k)
         and gate_up_out.stride(1) == 1
-        and (row_bytes % 16 == 0 or num_tokens * top_k <= 1)
+        and (row_bytes % 16 == 0 or num_tokens * slots <= 1)
         and gate_up_out.data_ptr() % 16 == 0
     )
-    return ok and _shared_fits(shared, shared_gate, dtype, num_tokens, n)
+    if not ok:
+        return False
+    if shared_down is None:
+        return _shared_fits(shared, shared_gate, dtype, num_tokens, n)
+    return (
+        shared is None
+        and _shared_matrix_fits(shared_down, down)
+        and _gate_fits(shared_gate, dtype, num_tokens)
+    )
+
+
+def _gate_fits(shared_gate: torch.Tensor | None, dtype: torch.dtype, num_tokens: int) -> bool:
+    """The shared expert's gate logits [T, 1] (any row stride)."""
+    return (
+        shared_gate is not None
+        and shared_gate.dtype == dtype
+        and shared_gate.shape == (num_tokens, 1)
+    )
 
 
 def _shared_fits(
@@ -87,43 +133,55 @@ def _shared_fits(
     if shared is None:
         return shared_gate is None
     return (
-        shared_gate is not None
-        and shared.dtype == shared_gate.dtype == dtype
+        _gate_fits(shared_gate, dtype, num_tokens)
+        and shared.dtype == dtype
         and shared.shape == (num_tokens, n)
         and shared.stride(1) == 1
-        and shared_gate.shape == (num_tokens, 1)
     )
 
 
 def expert_gemv(
-    x: torch.Tensor, weight: torch.Tensor, expert_ids: torch.Tensor, *, rows_per_input: int
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    expert_ids: torch.Tensor,
+    *,
+    rows_per_input: int,
+    shared_weight: torch.Tensor | None = None,
+    unroll: int | None = None,
 ) -> torch.Tensor:
-    """See `reference.expert_gemv`."""
-    device = rt.check_cuda(x, weight, expert_ids)
-    if not supports(x, weight):
+    """See `reference.expert_gemv`; `unroll` overrides `GEMV_UNROLL` (kernel_bench compares)."""
+    device = rt.check_cuda(x, weight, expert_ids, shared_weight)
+    if not supports(x, weight, shared_weight):
         raise rt.KernelInputError(
             f"expert GEMV needs contiguous aligned [E, N, K] weights with K % 8 == 0 and "
-            f"K <= {MAX_K}, x rows dense and of the same dtype; got x {tuple(x.shape)} "
-            f"{x.dtype}, weight {tuple(weight.shape)} {weight.dtype}"
+            f"K <= {MAX_K}, x rows dense, 16-byte aligned and of the same dtype, and a shared "
+            f"matrix (if any) shaped like one expert; got x {tuple(x.shape)} {x.dtype}, weight "
+            f"{tuple(weight.shape)} {weight.dtype}, shared "
+            f"{None if shared_weight is None else tuple(shared_weight.shape)}"
         )
-    num_assignments = expert_ids.numel()
-    if num_assignments != x.shape[0] * rows_per_input:
+    unroll = GEMV_UNROLL if unroll is None else unroll
+    if unroll not in GEMV_UNROLLS:
+        raise rt.KernelInputError(f"unroll {unroll} is not one of {GEMV_UNROLLS}")
+    if expert_ids.numel() != x.shape[0] * rows_per_input:
         raise rt.KernelInputError(
-            f"{num_assignments} expert ids for {x.shape[0]} inputs x {rows_per_input} rows each"
+            f"{expert_ids.numel()} expert ids for {x.shape[0]} inputs x {rows_per_input} rows each"
         )
     _, n, k = weight.shape
     ids = expert_ids.reshape(-1).to(torch.int64).contiguous()
+    num_assignments = x.shape[0] * (rows_per_input + (shared_weight is not None))
     out = torch.empty((num_assignments, n), dtype=x.dtype, device=device)
     if num_assignments == 0:
         return out
     rows = rows_per_warp(k)
-    kernel = rt.get_kernel(OP, f"expert_gemv<{rt.cuda_type(x, 'x')}, {rows}>", device)
+    instance = f"expert_gemv<{rt.cuda_type(x, 'x')}, {rows}, {unroll}>"
+    kernel = rt.get_kernel(OP, instance, device)
     args = (
         rt.ptr(out),
         rt.ptr(x),
         rt.i64(x.stride(0)),
         rt.ptr(weight),
         rt.ptr(ids),
+        rt.ptr(shared_weight),
         rt.i32(rows_per_input),
         rt.i32(n),
         rt.i32(k),
@@ -131,6 +189,19 @@ def expert_gemv(
     grid = (-(-n // (WARPS * rows)), num_assignments)
     rt.launch(kernel, grid, (THREADS,), args, device, shared_mem=4 * k)
     return out
+
+
+def down_sum_block(top_k: int, with_shared_down: bool) -> tuple[int, int]:
+    """(row groups per block, threads per block) of expert_down_sum.
+
+    Row groups: enough that small k still gives the 8 warps a unit each. Threads: 8 warps, or one
+    warp per unit where there are more units (k = 8 plus the shared slot: 9) up to
+    DOWN_MAX_WARPS, so that no warp of the block runs two units while the others wait.
+    """
+    slots = top_k + with_shared_down
+    groups = max(1, WARPS // slots)
+    warps = max(WARPS, min(slots * groups, DOWN_MAX_WARPS))
+    return groups, 32 * warps
 
 
 def expert_down_sum(
@@ -141,15 +212,17 @@ def expert_down_sum(
     *,
     shared: torch.Tensor | None = None,
     shared_gate: torch.Tensor | None = None,
+    shared_down: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """See `reference.expert_down_sum`."""
-    device = rt.check_cuda(gate_up_out, down, expert_ids, weights, shared, shared_gate)
-    if not supports_down_sum(gate_up_out, down, expert_ids, shared, shared_gate):
+    device = rt.check_cuda(gate_up_out, down, expert_ids, weights, shared, shared_gate, shared_down)
+    if not supports_down_sum(gate_up_out, down, expert_ids, shared, shared_gate, shared_down):
         raise rt.KernelInputError(
             f"fused MoE down projection needs aligned [E, H, I] experts (I % 8 == 0), gate-up "
-            f"rows [T * k, 2I] with 16-byte aligned dense rows, k <= {MAX_TOP_K}, T <= "
-            f"{MAX_TOKENS} and a shared output [T, H] with gate [T, 1] (or neither); got "
-            f"gate_up {tuple(gate_up_out.shape)} {gate_up_out.dtype}, down {tuple(down.shape)} "
+            f"rows [T * s, 2I] (s = k, or k + 1 with shared_down) with 16-byte aligned dense "
+            f"rows, s <= {MAX_TOP_K}, T <= {MAX_TOKENS}, and gate logits [T, 1] with either a "
+            f"shared output [T, H] or shared_down [H, I] (or none of the three); got gate_up "
+            f"{tuple(gate_up_out.shape)} {gate_up_out.dtype}, down {tuple(down.shape)} "
             f"{down.dtype}, ids {tuple(expert_ids.shape)}"
         )
     num_tokens, top_k = expert_ids.shape
@@ -161,7 +234,7 @@ def expert_down_sum(
     route_w = weights.reshape(-1).to(torch.float32).contiguous()
     if route_w.numel() != ids.numel():
         raise rt.KernelInputError(f"{route_w.numel()} routing weights for {ids.numel()} experts")
-    groups = max(1, WARPS // top_k)  # row groups per block, so that small k still fills the warps
+    groups, threads = down_sum_block(top_k, shared_down is not None)
     kernel = rt.get_kernel(
         OP, f"expert_down_sum<{rt.cuda_type(gate_up_out, 'gate_up_out')}, {DOWN_ROWS}>", device
     )
@@ -176,13 +249,14 @@ def expert_down_sum(
         rt.i64(0 if shared is None else shared.stride(0)),
         rt.ptr(shared_gate),
         rt.i64(0 if shared_gate is None else shared_gate.stride(0)),
+        rt.ptr(shared_down),
         rt.i32(top_k),
         rt.i32(groups),
         rt.i32(n),
         rt.i32(k),
     )
     grid = (-(-n // (DOWN_ROWS * groups)), num_tokens)
-    rt.launch(kernel, grid, (THREADS,), args, device)
+    rt.launch(kernel, grid, (threads,), args, device)
     return out
 
 

@@ -2,7 +2,9 @@
 
 Imports torch, layers.mlp and kernels.dispatch. Experts stay fused ([E, 2I, H], [E, H, I]) so
 kernels read them in place. `expert_path` names the four paths: small decode batches gather (a
-GEMV per assignment, then one kernel for SwiGLU, down, weighted sum and shared expert), larger
+GEMV per assignment, then one kernel for SwiGLU, down, weighted sum and shared expert; where the
+shared expert has an expert's shape it runs inside those two kernels as one more assignment per
+token, `shared_expert_in_kernels`, instead of three launches of its own), larger
 decode batches group the assignments by expert on the device and read each expert once (two
 grouped GEMVs), prefill sorts by expert for `torch._grouped_mm` (bf16, sm_90/100), else a loop
 over experts (host counts: the only path that syncs, so decode and H200 prefill can be CUDA-graph
@@ -32,6 +34,7 @@ __all__ = [
     "expert_path",
     "moe_experts",
     "route_topk",
+    "shared_expert_in_kernels",
     "sparse_moe",
 ]
 
@@ -107,6 +110,24 @@ def _grouped_mm_fits(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor)
     )
 
 
+def shared_expert_in_kernels(w: MoeWeights) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(gate_up [2I, H], down [H, I]) of the shared expert where the gathered kernels can run it
+    as one more assignment per token: plain tensors (not fp8), gate and up bound as one matrix,
+    and the routed experts' shapes and dtype (Qwen3.5-MoE: intermediate 512 for both). Else None:
+    the shared expert then runs as its own `mlp`."""
+    gate_up, down = w.shared_gate_up, w.shared_down_proj
+    if not isinstance(gate_up, torch.Tensor) or not isinstance(down, torch.Tensor):
+        return None
+    experts_gate_up, experts_down = w.experts_gate_up, w.experts_down
+    fits = (
+        gate_up.shape == experts_gate_up.shape[1:]
+        and down.shape == experts_down.shape[1:]
+        and gate_up.dtype == experts_gate_up.dtype
+        and down.dtype == experts_down.dtype
+    )
+    return (gate_up, down) if fits else None
+
+
 def moe_experts(
     x: torch.Tensor,
     gate_up: torch.Tensor,
@@ -116,6 +137,7 @@ def moe_experts(
     *,
     shared: torch.Tensor | None = None,
     shared_gate: torch.Tensor | None = None,
+    shared_expert: tuple[torch.Tensor, torch.Tensor] | None = None,
     path: ExpertPath | None = None,
 ) -> torch.Tensor:
     """Sum over each token's chosen experts of weight * expert_e(x) [+ sigmoid(gate) * shared].
@@ -123,19 +145,37 @@ def moe_experts(
     Args:
         x: [T, H]; gate_up: [E, 2I, H]; down: [E, H, I]; topk_weights: [T, k]; topk_ids: [T, k];
         shared: the shared expert's output [T, H], with shared_gate its gate logits [T, 1];
+        shared_expert: instead of `shared`, the shared expert's (gate_up [2I, H], down [H, I])
+        (`shared_expert_in_kernels`): the gathered path runs it inside its two kernels, the other
+        paths compute its output first (as `mlp` does) and combine it as `shared`;
         path: force a path (tests); None picks `expert_path`.
     Returns:
         [T, H] in x's dtype.
     """
+    if shared_expert is not None and shared is not None:
+        raise ValueError("give the shared expert's output or its weights, not both")
     if path is None:
         path = expert_path(x, gate_up, down, topk_ids.numel())
     if path is ExpertPath.GATHERED:
-        # On CUDA: one grouped GEMV reads the chosen experts in place, one kernel does the rest.
+        # On CUDA: one grouped GEMV reads the chosen experts (and the shared one) in place, one
+        # kernel does the rest.
+        shared_gate_up, shared_down = shared_expert if shared_expert is not None else (None, None)
         flat_ids = topk_ids.reshape(-1)  # assignment a is token a // k
-        gate_up_out = dispatch.expert_gemv(x, gate_up, flat_ids, rows_per_input=topk_ids.shape[1])
-        return dispatch.expert_down_sum(
-            gate_up_out, down, topk_ids, topk_weights, shared=shared, shared_gate=shared_gate
+        gate_up_out = dispatch.expert_gemv(
+            x, gate_up, flat_ids, rows_per_input=topk_ids.shape[1], shared_weight=shared_gate_up
         )
+        return dispatch.expert_down_sum(
+            gate_up_out,
+            down,
+            topk_ids,
+            topk_weights,
+            shared=shared,
+            shared_gate=shared_gate,
+            shared_down=shared_down,
+        )
+    if shared_expert is not None:
+        shared_gate_up, shared_down = shared_expert
+        shared = dispatch.linear(swiglu(dispatch.linear(x, shared_gate_up)), shared_down)
     if path is ExpertPath.GROUPED_GEMV:
         y = _experts_grouped_gemv(x, gate_up, down, topk_ids)  # [T * k, H]
         return dispatch.moe_combine(y, topk_weights, shared=shared, shared_gate=shared_gate)
@@ -211,6 +251,10 @@ def _experts_loop(
 def sparse_moe(x: torch.Tensor, w: MoeWeights, *, top_k: int, norm_topk_prob: bool) -> torch.Tensor:
     """Routed experts plus the shared expert scaled by sigmoid(shared_gate . x).
 
+    On the gathered (decode) path the shared expert runs inside the expert kernels where it fits
+    (`shared_expert_in_kernels`): at batch 1 its own GEMV, SwiGLU and GEMV were three
+    latency-bound launches per layer. Both forms round alike (see expert_gemv/reference.py).
+
     Args:
         x: [T, H].
     Returns:
@@ -222,9 +266,14 @@ def sparse_moe(x: torch.Tensor, w: MoeWeights, *, top_k: int, norm_topk_prob: bo
     else:
         router_logits, gate_logits = F.linear(x, w.router), F.linear(x, w.shared_gate)
     weights, ids = dispatch.route_topk(router_logits, top_k, normalize=norm_topk_prob)
-    shared = mlp(
-        x, MlpWeights(w.shared_gate_proj, w.shared_up_proj, w.shared_down_proj, w.shared_gate_up)
-    )
+    path = expert_path(x, w.experts_gate_up, w.experts_down, ids.numel())
+    in_kernels = shared_expert_in_kernels(w) if path is ExpertPath.GATHERED else None
+    shared = None
+    if in_kernels is None:
+        shared = mlp(
+            x,
+            MlpWeights(w.shared_gate_proj, w.shared_up_proj, w.shared_down_proj, w.shared_gate_up),
+        )
     return moe_experts(
         x,
         w.experts_gate_up,
@@ -233,4 +282,6 @@ def sparse_moe(x: torch.Tensor, w: MoeWeights, *, top_k: int, norm_topk_prob: bo
         ids,
         shared=shared,
         shared_gate=gate_logits,
+        shared_expert=in_kernels,
+        path=path,
     )

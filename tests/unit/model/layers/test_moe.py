@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from ninfer.kernels.fp8_gemv.reference import Fp8Weight
 from ninfer.model.layers import moe
 from ninfer.model.layers.mlp import swiglu_mlp
 from ninfer.model.layers.moe import ExpertPath, MoeWeights, moe_experts, route_topk, sparse_moe
@@ -169,3 +170,117 @@ def test_sparse_moe_matches_transformers_block():
     fused = dataclasses.replace(w, router_and_gate=torch.cat([w.router, w.shared_gate]))
     got_fused = sparse_moe(x[0], fused, top_k=2, norm_topk_prob=True)
     torch.testing.assert_close(got_fused, expected, rtol=1e-5, atol=1e-5)
+
+
+# --- the shared expert inside the gathered kernels ----------------------------------------------
+
+
+def moe_weights(
+    dtype: torch.dtype = torch.float32, *, shared_inter: int = INTER, bind: bool = True
+) -> MoeWeights:
+    """Random weights; `bind` puts the shared gate and up in one [2 Is, H] matrix (as the model
+    does on CUDA), the two projections then views into it."""
+    gen = torch.Generator().manual_seed(shared_inter)
+
+    def draw(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, generator=gen) / shape[-1] ** 0.5).to(dtype)
+
+    shared_gate_up = draw(2 * shared_inter, H)
+    return MoeWeights(
+        router=draw(E, H),
+        experts_gate_up=draw(E, 2 * INTER, H),
+        experts_down=draw(E, H, INTER),
+        shared_gate_proj=shared_gate_up[:shared_inter],
+        shared_up_proj=shared_gate_up[shared_inter:],
+        shared_down_proj=draw(H, shared_inter),
+        shared_gate=draw(1, H),
+        shared_gate_up=shared_gate_up if bind else None,
+    )
+
+
+class SharedRecorder:
+    """Records the `shared_weight` each `dispatch.expert_gemv` call gets and counts `mlp` calls."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.shared_weights: list[torch.Tensor | None] = []
+        self.mlp_calls = 0
+        real_gemv, real_mlp = moe.dispatch.expert_gemv, moe.mlp
+
+        def gemv(*args, **kwargs):
+            self.shared_weights.append(kwargs.get("shared_weight"))
+            return real_gemv(*args, **kwargs)
+
+        def mlp(*args, **kwargs):
+            self.mlp_calls += 1
+            return real_mlp(*args, **kwargs)
+
+        monkeypatch.setattr(moe.dispatch, "expert_gemv", gemv)
+        monkeypatch.setattr(moe, "mlp", mlp)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("num_tokens", [1, 2, 8])
+def test_sparse_moe_runs_the_shared_expert_in_the_gathered_kernels(dtype, num_tokens, monkeypatch):
+    """Where it fits, no separate `mlp`: the shared gate-up rides in the expert GEMV; the block
+    gives the same bits as the separate form (the twins run the same ops)."""
+    w = moe_weights(dtype)
+    assert moe.shared_expert_in_kernels(w) == (w.shared_gate_up, w.shared_down_proj)
+    x = (torch.randn(num_tokens, H, generator=torch.Generator().manual_seed(num_tokens))).to(dtype)
+    with monkeypatch.context() as m:
+        calls = SharedRecorder(m)
+        fused = sparse_moe(x, w, top_k=3, norm_topk_prob=True)
+        assert calls.mlp_calls == 0
+        assert [s is w.shared_gate_up for s in calls.shared_weights] == [True]
+    with monkeypatch.context() as m:
+        m.setattr(moe, "shared_expert_in_kernels", lambda _: None)  # today's separate form
+        calls = SharedRecorder(m)
+        separate = sparse_moe(x, w, top_k=3, norm_topk_prob=True)
+        assert calls.mlp_calls == 1 and calls.shared_weights == [None]
+    assert torch.equal(fused, separate)
+
+
+def test_sparse_moe_keeps_the_separate_shared_expert_where_it_does_not_fit(monkeypatch) -> None:
+    """Gate and up not bound as one matrix, another intermediate size, fp8 weights, another
+    dtype, or a batch past the gather limit (the loop on the CPU): the shared `mlp` runs."""
+    w = moe_weights()
+    fp8_down = Fp8Weight(w.shared_down_proj.to(torch.float8_e4m3fn), torch.ones(1, 1))
+    unfit = {
+        "unbound": moe_weights(bind=False),
+        "other-size": moe_weights(shared_inter=12),
+        "fp8-down": dataclasses.replace(w, shared_down_proj=fp8_down),
+        "other-dtype": dataclasses.replace(w, shared_down_proj=w.shared_down_proj.double()),
+    }
+    for name, unfit_w in unfit.items():
+        assert moe.shared_expert_in_kernels(unfit_w) is None, name
+    x = torch.randn(2, H)
+    for name in ("unbound", "other-size"):
+        with monkeypatch.context() as m:
+            calls = SharedRecorder(m)
+            sparse_moe(x, unfit[name], top_k=3, norm_topk_prob=True)
+            assert calls.mlp_calls == 1 and calls.shared_weights == [None], name
+    many = torch.randn(moe.GATHER_MAX_ASSIGNMENTS // 3 + 1, H)  # past the gather limit at top-3
+    with monkeypatch.context() as m:
+        calls = SharedRecorder(m)
+        sparse_moe(many, w, top_k=3, norm_topk_prob=True)
+        assert calls.mlp_calls == 1 and calls.shared_weights == []
+
+
+@pytest.mark.parametrize("path", list(ExpertPath), ids=lambda p: p.value)
+def test_moe_experts_takes_the_shared_weights_on_every_path(path) -> None:
+    """`shared_expert=` equals the precomputed `shared=` on every path (outside the gathered
+    one it is computed first, as `mlp` would)."""
+    if path is ExpertPath.GROUPED_MM and not cpu_grouped_mm_works():
+        pytest.skip("this torch has no CPU torch._grouped_mm")
+    w = moe_weights()
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(9, H, generator=gen)
+    weights, ids = route_topk(torch.randn(9, E, generator=gen), 3, normalize=True)
+    gate = torch.randn(9, 1, generator=gen)
+    sgu, sdown = moe.shared_expert_in_kernels(w)
+    shared = F.linear(F.silu(F.linear(x, sgu)[:, :INTER]) * F.linear(x, sgu)[:, INTER:], sdown)
+    args = (x, w.experts_gate_up, w.experts_down, weights, ids)
+    got = moe_experts(*args, shared_expert=(sgu, sdown), shared_gate=gate, path=path)
+    want = moe_experts(*args, shared=shared, shared_gate=gate, path=path)
+    assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="not both"):
+        moe_experts(*args, shared=shared, shared_expert=(sgu, sdown), shared_gate=gate)
