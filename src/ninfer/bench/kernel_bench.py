@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -21,6 +22,7 @@ import torch
 from ninfer.bench.results import KernelTiming
 from ninfer.kernels.add_rms_norm import launch as add_norm_cuda
 from ninfer.kernels.add_rms_norm import reference as add_norm_ref
+from ninfer.kernels.bf16_gemv import launch as bf16_gemv_cuda
 from ninfer.kernels.causal_conv1d import launch as conv_cuda
 from ninfer.kernels.causal_conv1d import reference as conv_ref
 from ninfer.kernels.expert_gemv import launch as expert_cuda
@@ -52,8 +54,8 @@ from ninfer.model.layers.mlp import MlpWeights, mlp
 CALLS_PER_GRAPH = 20
 
 
-def _graph_us(fn: Callable[[], object], replays: int = 10) -> float:
-    """Median GPU microseconds per call of `fn`, captured CALLS_PER_GRAPH times in one graph."""
+def _graph_us(fn: Callable[[], object], replays: int = 10, calls: int = CALLS_PER_GRAPH) -> float:
+    """Median GPU microseconds per call of `fn`, captured `calls` times in one graph."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -61,7 +63,7 @@ def _graph_us(fn: Callable[[], object], replays: int = 10) -> float:
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(CALLS_PER_GRAPH):
+        for _ in range(calls):
             fn()
     graph.replay()
     times = []
@@ -71,7 +73,7 @@ def _graph_us(fn: Callable[[], object], replays: int = 10) -> float:
         graph.replay()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0 / CALLS_PER_GRAPH)
+        times.append(start.elapsed_time(end) * 1000.0 / calls)
     times.sort()
     return times[len(times) // 2]
 
@@ -389,9 +391,25 @@ def main(argv: Sequence[str] | None = None) -> None:
         default="",
         help="Instead: the int4 GEMV vs bf16 F.linear on the 27B shortlist at these row counts.",
     )
+    parser.add_argument(
+        "--gemv-shapes",
+        nargs="?",
+        const=",".join(f"{n}x{k}" for n, k in GEMV_SHAPES),
+        default="",
+        help="Instead: the bf16 GEMV vs F.linear at these NxK weight shapes (no value: the 35B "
+        "and 27B decode projections).",
+    )
+    parser.add_argument(
+        "--gemv-rows", default="1,4,8", help="x row counts of --gemv-shapes (1..8)."
+    )
     opts = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("needs a CUDA device")
+    if opts.gemv_shapes:
+        shapes = [_parse_shape(s) for s in opts.gemv_shapes.split(",") if s.strip()]
+        rows = [int(x) for x in opts.gemv_rows.split(",") if x.strip()]
+        print(bf16_gemv_sweep(shapes, rows, torch.device("cuda", opts.device)))
+        return
     if opts.attention_contexts:
         contexts = [int(x) for x in opts.attention_contexts.split(",") if x.strip()]
         print(attention_sweep(contexts, torch.device("cuda", opts.device)))
@@ -776,6 +794,90 @@ def int4_sweep(
             f"{bf16_bytes / linear_us / 1e3:.0f} | {linear_us / kernel_us:.2f} | {err:.1e} |"
         )
     return "\n".join(lines)
+
+
+# N x K of the decode projections: 35B-A3B out_proj / o_proj, DeltaNet in_proj (merged), attention
+# qkv (merged), shared expert gate-up and down, and an odd N; 27B out_proj / o_proj, MLP down,
+# MLP gate-up (merged), DeltaNet in_proj (merged), attention qkv (merged)
+GEMV_SHAPES = (
+    (2048, 4096),
+    (12352, 2048),
+    (9216, 2048),
+    (1024, 2048),
+    (2048, 512),
+    (257, 2048),
+    (5120, 6144),
+    (5120, 17408),
+    (34816, 5120),
+    (16480, 5120),
+    (14336, 5120),
+)
+GEMV_ROTATE_BYTES = 256 << 20  # weight copies a bf16 GEMV sweep cycles through (cold L2)
+GEMV_MAX_COPIES = 256
+
+
+def _parse_shape(text: str) -> tuple[int, int]:
+    """An `NxK` weight shape (N out features, K in features), e.g. 2048x4096."""
+    n, k = text.strip().lower().split("x")
+    return int(n), int(k)
+
+
+def bf16_gemv_sweep(
+    shapes: Sequence[tuple[int, int]], row_counts: Sequence[int], device: torch.device
+) -> str:
+    """µs per call (graphs) of the bf16 GEMV kernel and of `F.linear` (cuBLAS) for bf16 x of each
+    row count against each W [N, K], with the weight bytes each streams per µs, the speedup, what
+    `bf16_gemv_preferred` routes today and the kernel's error against an fp64 product.
+
+    Weights come from DRAM as in a decode step (where every other layer's weights pass through
+    L2 between two calls of one projection): each captured call reads the next of enough random
+    copies of W to span GEMV_ROTATE_BYTES, five times the H200's 50 MB L2, so no call finds its
+    weights there. The plan column is R rows per warp group / warps splitting K / blocks.
+    """
+    lines = ["bf16 GEMV vs F.linear (bf16 x, bf16 W [N, K], bf16 out), CUDA graphs, cold L2"]
+    lines.append(
+        "| N x K | rows | plan | kernel µs | kernel GB/s | F.linear µs | F.linear GB/s | "
+        "speedup | routed | rel err |"
+    )
+    lines.append("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    sms = torch.cuda.get_device_properties(index).multi_processor_count
+    for n, k in shapes:
+        moved = n * k * 2
+        copies = min(GEMV_MAX_COPIES, -(-GEMV_ROTATE_BYTES // moved))
+        weights = [(torch.randn(n, k, device=device) * k**-0.5).to(torch.bfloat16)]
+        weights += [torch.randn_like(weights[0]) * k**-0.5 for _ in range(copies - 1)]
+        calls = max(CALLS_PER_GRAPH, copies)
+        for m in row_counts:
+            x = torch.randn(m, k, device=device).to(torch.bfloat16)
+            got = bf16_gemv_cuda.bf16_linear(x, weights[0])
+            exact = x.double() @ weights[0].double().T
+            err = ((got.double() - exact).norm() / exact.norm()).item()
+            kernel_us = _graph_us(
+                _rotating(lambda w, x=x: bf16_gemv_cuda.bf16_linear(x, w), weights), 5, calls
+            )
+            linear_us = _graph_us(
+                _rotating(lambda w, x=x: torch.nn.functional.linear(x, w), weights), 5, calls
+            )
+            p = bf16_gemv_cuda.plan(m, n, k, sms)
+            routed = "yes" if bf16_gemv_cuda.bf16_gemv_preferred(m, n, k) else "no"
+            lines.append(
+                f"| {n}x{k} | {m} | {p.rows_per_group}/{1 << p.ks_log2}/{p.blocks} | "
+                f"{kernel_us:.1f} | {moved / kernel_us / 1e3:.0f} | {linear_us:.1f} | "
+                f"{moved / linear_us / 1e3:.0f} | {linear_us / kernel_us:.2f} | {routed} | "
+                f"{err:.1e} |"
+            )
+        del weights
+        torch.cuda.empty_cache()
+    return "\n".join(lines)
+
+
+def _rotating(
+    fn: Callable[[torch.Tensor], object], weights: Sequence[torch.Tensor]
+) -> Callable[[], object]:
+    """fn over the next of `weights` at each call (a graph records each call's own weight)."""
+    counter = itertools.count()
+    return lambda: fn(weights[next(counter) % len(weights)])
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from ninfer.kernels import runtime
 from ninfer.kernels.add_rms_norm import launch as _add_rms_norm_cuda
 from ninfer.kernels.add_rms_norm import reference as _add_rms_norm_ref
+from ninfer.kernels.bf16_gemv import launch as _bf16_gemv_cuda
 from ninfer.kernels.causal_conv1d import launch as _conv_cuda
 from ninfer.kernels.causal_conv1d import reference as _conv_ref
 from ninfer.kernels.expert_gemv import launch as _expert_gemv_cuda
@@ -535,8 +536,30 @@ def int4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> t
     return _int4_ref.int4_linear(x, packed, scale)
 
 
+def bf16_gemv_routed(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `linear` runs the bf16 GEMV kernel for this plain weight.
+
+    bf16 x of 1..`bf16_gemv.launch.MAX_ROWS` rows on CUDA, a shape where the kernel is measured to
+    beat cuBLAS (`bf16_gemv_preferred`, a table in launch.py) and operands it takes (`supports`);
+    `bf16_gemv` in `NINFER_KERNELS_OFF` turns it off. The cheap checks come first: this runs for
+    every projection call, on the CPU too.
+    """
+    return (
+        x.dtype == torch.bfloat16
+        and x.dim() == 2
+        and 1 <= x.shape[0] <= _bf16_gemv_cuda.MAX_ROWS
+        and use_cuda_kernels(x, "bf16_gemv")
+        and _bf16_gemv_cuda.bf16_gemv_preferred(x.shape[0], weight.shape[0], weight.shape[1])
+        and _bf16_gemv_cuda.supports(x, weight)
+    )
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torch.Tensor:
     """x @ weight.T for a plain weight or an fp8 block-scaled one (`Fp8Weight`).
+
+    Plain weights: `F.linear`, except decode-sized bf16 x on CUDA in the shapes of
+    `bf16_gemv_routed`, which run the bf16 GEMV (K split across warps, where cuBLAS leaves few-row
+    outputs well under the device bandwidth).
 
     fp8 on CUDA: decode-sized x (at most `fp8_gemv.launch.MAX_ROWS` rows) runs the GEMV kernel,
     which reads the e4m3 bytes once; larger x (prefill) runs `fp8_gemm.launch.fp8_linear`: x
@@ -544,6 +567,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torch.Tensor:
     its grid, no blockwise support) a dequantize kernel into a scratch copy, then cuBLAS.
     """
     if not isinstance(weight, Fp8Weight):
+        if bf16_gemv_routed(x, weight):
+            return _bf16_gemv_cuda.bf16_linear(x, weight)
         return F.linear(x, weight)
     if use_cuda_kernels(x, "fp8_gemv") and x.dim() == 2 and x.shape[0] <= _fp8_gemv_cuda.MAX_ROWS:
         x = x.contiguous()

@@ -1,0 +1,170 @@
+// bf16_gemv: decode-sized plain bf16 projections with few output rows, y = x @ W^T.
+//
+// y[m, n] = sum_k x[m, k] * W[n, k] for M = 1..8 rows of x, x: bf16 [M, K] (dense rows, 16-byte
+// aligned), W: bf16 [N, K] contiguous, K % 8 == 0; fp32 products and sums, one rounding of each
+// output to bf16 (out: [M, N] contiguous).
+//
+// Why. At batch 1 the op streams N * K * 2 bytes of weights that no other block reads. cuBLAS
+// tiles such a GEMV over the output rows only, so with N = 2048 (the 35B model's out_proj and
+// o_proj, K = 4096) it has too few rows to keep enough loads in flight on 132 SMs and reads ~1.3
+// TB/s where the device copies at ~4.2. Here K is split across the warps of a block as well.
+//
+// Layout. A block is 8 warps; `1 << ks_log2` of them (a group) share R output rows and split K
+// between them, so a block owns (8 >> ks_log2) * R rows (the launcher picks the split: 8 warps
+// per group where K has at least 8 * 32 16-byte chunks, fewer for short rows so no lane idles,
+// and R = 4, 2 or 1 so that the grid still has a few blocks per SM when N is small).
+// - Lane l of warp s in a group reads chunks c = 32 s + l + 32 * ks * step of each of its R rows:
+//   one 16-byte non-allocating load (8 weights; read once, kept out of L1 where x lives) per row
+//   and step, U steps' loads (U * R) issued before any is used, so a lane has U * R * 16 bytes in
+//   flight and a warp reads R contiguous 512-byte spans per step (coalesced).
+// - x goes through the read-only path (__ldg, cached in L1: every block reads the same M * K * 2
+//   bytes); bf16 -> fp32 is a shift or a mask, done once per weight and once per x value and
+//   step, and each product goes into one of M * R fp32 accumulators held in registers (M and R
+//   are template arguments).
+// - Reduction: each warp reduce-scatters its M * R sums (padded to P, a power of two <= 32)
+//   with P - 1 + log2(32 / P) shuffles (not M * R * 5) so that lane l ends with the warp total
+//   of sum l / (32 / P); the group's warps meet in shared memory and one thread per (x row,
+//   output row) adds the ks partials in warp order (deterministic) and writes the bf16 result.
+// Rows past N re-read row N - 1 (computed, never stored); chunks past K are neither read nor
+// added. Cost model (estimate, not measured): per weight one conversion op and M FMAs plus the
+// x loads (M * 16 bytes from L1 per R * 16 bytes of weights), so M = 1..4 should sit at the
+// memory bound; M = 8 needs ~60% of the FP32 issue rate at full bandwidth (a tensor-core variant
+// would take it back to the memory bound, as fp8_tc_gemv does for fp8 weights).
+
+constexpr int BF16_GEMV_WARPS = 8;
+
+__device__ __forceinline__ uint4 bf16_gemv_zero16() { return make_uint4(0u, 0u, 0u, 0u); }
+
+__device__ __forceinline__ unsigned int bf16_gemv_word(const uint4& u, int j) {
+  return j == 0 ? u.x : j == 1 ? u.y : j == 2 ? u.z : u.w;
+}
+
+// The smallest power of two >= v (v in 1..32): the reduce-scatter's padded width.
+__host__ __device__ constexpr int bf16_gemv_pow2(int v) {
+  return v <= 1 ? 1 : v <= 2 ? 2 : v <= 4 ? 4 : v <= 8 ? 8 : v <= 16 ? 16 : 32;
+}
+
+// Warp reduce-scatter of P values per lane (P a power of two <= 32): returns, on lane l, the
+// sum over all 32 lanes of v[l / (32 / P)]. Halving step with offset o = 32 * half / P: the lane
+// whose bit o is set keeps the upper half of its values and sends the lower, its partner the
+// reverse, so after log2(P) steps index bit (log2 P - 1 - j) equals lane bit (4 - j) and the
+// remaining offsets (< 32 / P) are a plain butterfly sum. v is clobbered.
+template <int P>
+__device__ __forceinline__ float bf16_gemv_reduce_scatter(float (&v)[P], int lane) {
+#pragma unroll
+  for (int half = P / 2; half >= 1; half >>= 1) {
+    const int offset = 32 * half / P;
+    const bool upper = (lane & offset) != 0;
+#pragma unroll
+    for (int i = 0; i < half; ++i) {
+      const float send = upper ? v[i] : v[i + half];
+      const float keep = upper ? v[i + half] : v[i];
+      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, offset);
+    }
+  }
+  float total = v[0];
+#pragma unroll
+  for (int offset = 16 / P; offset > 0; offset >>= 1) {
+    total += __shfl_xor_sync(0xffffffffu, total, offset);
+  }
+  return total;
+}
+
+// Grid: ceil(N / ((8 >> ks_log2) * R)) blocks of 256 threads. M: rows of x; R: output rows per
+// warp group; U: steps of 16-byte loads per lane issued together. The launch bounds set the
+// register budget per thread: 64 (4 blocks per SM) for 1-2 rows of x, 80 (3) for 3-4 and 128 (2)
+// above, where the M * R accumulators need the room; with the launcher's U (2 up to 4 rows of x,
+// else 1) no instance spills (nvcc -Xptxas -v, sm_90).
+template <int M, int R, int U>
+__global__ void __launch_bounds__(256, M <= 2 ? 4 : M <= 4 ? 3 : 2) bf16_gemv(
+    bf16* __restrict__ out, const bf16* __restrict__ x, long long x_stride,
+    const bf16* __restrict__ w, int n, int k, int ks_log2) {
+  constexpr int V = M * R;  // sums per lane, index m * R + r
+  constexpr int P = bf16_gemv_pow2(V);
+  static_assert(V <= 32, "M * R sums must fit one per lane of a warp");
+  __shared__ float part[BF16_GEMV_WARPS][32];
+
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int ks = 1 << ks_log2;          // warps splitting K in a group
+  const int groups = BF16_GEMV_WARPS >> ks_log2;
+  const int group = warp >> ks_log2;
+  const int slice = warp & (ks - 1);
+  const int row0 = (blockIdx.x * groups + group) * R;
+  const int chunks = k >> 3;            // 16-byte chunks (8 weights) per row
+  const int step = 32 * ks;             // chunks a group covers per step
+
+  float acc[P];
+#pragma unroll
+  for (int i = 0; i < P; ++i) acc[i] = 0.0f;
+
+  if (row0 < n) {  // a group past N still takes part in the block's reduction below
+    const unsigned char* wrow[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int row = row0 + r < n ? row0 + r : n - 1;  // past N: computed, never stored
+      wrow[r] = reinterpret_cast<const unsigned char*>(w + static_cast<long long>(row) * k);
+    }
+    for (int c0 = slice * 32 + lane; c0 < chunks; c0 += U * step) {
+      uint4 wv[U][R];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int c = c0 + u * step;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          wv[u][r] = c < chunks ? ld_stream16(wrow[r] + 16ll * c) : bf16_gemv_zero16();
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int c = c0 + u * step;
+        uint4 xv[M];
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          xv[m] = c < chunks ? __ldg(reinterpret_cast<const uint4*>(x + m * x_stride) + c)
+                             : bf16_gemv_zero16();
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {  // word j: weights 8c + 2j (low half) and 8c + 2j + 1
+          float xlo[M], xhi[M];
+#pragma unroll
+          for (int m = 0; m < M; ++m) {
+            const unsigned int xw = bf16_gemv_word(xv[m], j);
+            xlo[m] = __uint_as_float(xw << 16);
+            xhi[m] = __uint_as_float(xw & 0xffff0000u);
+          }
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            const unsigned int ww = bf16_gemv_word(wv[u][r], j);
+            const float wlo = __uint_as_float(ww << 16);
+            const float whi = __uint_as_float(ww & 0xffff0000u);
+#pragma unroll
+            for (int m = 0; m < M; ++m) {
+              acc[m * R + r] = fmaf(wlo, xlo[m], acc[m * R + r]);
+              acc[m * R + r] = fmaf(whi, xhi[m], acc[m * R + r]);
+            }
+          }
+        }
+      }
+    }
+  }
+
+  constexpr int SPREAD = 32 / P;  // lanes holding the same sum after the reduce-scatter
+  const float total = bf16_gemv_reduce_scatter<P>(acc, lane);
+  if ((lane & (SPREAD - 1)) == 0) part[warp][lane / SPREAD] = total;
+  __syncthreads();
+
+  const int t = threadIdx.x;
+  if (t < groups * V) {
+    const int g = t / V;
+    const int i = t - g * V;
+    const int m = i / R;
+    const int r = i - m * R;
+    const int row = (blockIdx.x * groups + g) * R + r;
+    if (row < n) {
+      float sum = 0.0f;
+      for (int s = 0; s < ks; ++s) sum += part[g * ks + s][i];
+      out[static_cast<long long>(m) * n + row] = from_float<bf16>(sum);
+    }
+  }
+}

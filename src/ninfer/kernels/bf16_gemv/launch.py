@@ -1,0 +1,143 @@
+"""CUDA launcher of the bf16 GEMV (grid: row tiles; K split across the warps of a block).
+
+Imports torch and kernels.runtime. Same signature and results (to bf16 output rounding) as
+`reference.bf16_linear` where `supports` says yes: bf16 x of 1..MAX_ROWS dense 16-byte-aligned
+rows, a contiguous 16-byte-aligned bf16 weight [N, K] with K a multiple of 8 (whole 16-byte
+loads), both on one sm_80+ GPU (the L2 prefetch-size load qualifier). Where the kernel should
+beat cuBLAS is a separate, measured question: `bf16_gemv_preferred` (dispatch asks both).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from ninfer.kernels import runtime as rt
+
+OP = "bf16_gemv"
+THREADS = 256  # 8 warps per block (the .cu's BF16_GEMV_WARPS)
+WARPS = THREADS // 32
+MAX_ROWS = 8  # x rows per launch (one template instance per count)
+CHUNK = 8  # bf16 weights per 16-byte load
+MAX_ROWS_PER_GROUP = 4  # R: M * R accumulators must fit one per lane (M * R <= 32)
+MIN_BLOCKS_PER_SM = 2  # R is halved (down to 1) until the grid has this many blocks per SM
+# U, 16-byte load steps per lane issued together, by x row count: the .cu's launch bounds give
+# 1-4 rows 64-80 registers and 5-8 rows 128, and these are the U that fit them without spilling
+UNROLL = {1: 2, 2: 2, 3: 2, 4: 2, 5: 1, 6: 1, 7: 1, 8: 1}
+
+# Routing (dispatch.linear): per x row count, the largest out_features at which the kernel is
+# preferred over cuBLAS. The starting point is the out_proj / o_proj-like shapes where cuBLAS was
+# measured slow (N = 2048, K = 4096 at 1.3 TB/s on an H200); adjust after
+# `python -m ninfer.bench.kernel_bench --gemv-shapes ...` (a row count absent here is not routed).
+MAX_OUT_FEATURES: dict[int, int] = dict.fromkeys(range(1, MAX_ROWS + 1), 8192)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A launch's shape: R rows per warp group, 2**ks_log2 warps per group splitting K, U steps."""
+
+    rows_per_group: int
+    ks_log2: int
+    unroll: int
+    blocks: int
+
+    @property
+    def rows_per_block(self) -> int:
+        return (WARPS >> self.ks_log2) * self.rows_per_group
+
+
+def plan(num_rows: int, n: int, k: int, num_sms: int) -> Plan:
+    """The launch for x [num_rows, k] against W [n, k] on a GPU of `num_sms` SMs.
+
+    K split: as many warps per group (8, 4, 2, 1) as keep every lane on at least one 16-byte chunk
+    of the row (8 from K = 2048 up), so short rows (K = 512) do not leave most lanes idle. Rows
+    per group: 4 (four loads in flight per lane and step), halved while the grid would have fewer
+    than MIN_BLOCKS_PER_SM blocks per SM (small N: more, smaller blocks keep the SMs busy).
+    """
+    chunks = k // CHUNK
+    ks_log2 = 3
+    while ks_log2 > 0 and 32 << ks_log2 > chunks:
+        ks_log2 -= 1
+    groups = WARPS >> ks_log2
+    rows = MAX_ROWS_PER_GROUP
+    while rows > 1 and -(-n // (groups * rows)) < MIN_BLOCKS_PER_SM * num_sms:
+        rows //= 2
+    return Plan(rows, ks_log2, UNROLL[num_rows], -(-n // (groups * rows)))
+
+
+def bf16_gemv_preferred(num_rows: int, out_features: int, in_features: int) -> bool:
+    """Whether dispatch should run the kernel rather than cuBLAS for this decode-sized shape.
+
+    A measured choice, kept in one place (`MAX_OUT_FEATURES`): the kernel splits K across warps
+    to keep loads in flight where N is too small for cuBLAS's row tiling; for wide N cuBLAS
+    already streams near the device bandwidth. `in_features` is part of the signature so that a
+    later table can depend on it; operand limits are `supports`' business.
+    """
+    del in_features
+    limit = MAX_OUT_FEATURES.get(num_rows)
+    return limit is not None and 1 <= out_features <= limit
+
+
+def _problem(x: torch.Tensor, weight: torch.Tensor) -> str | None:
+    """Why the kernel cannot take these operands, or None when it can."""
+    if x.dim() != 2 or weight.dim() != 2:
+        return f"x and weight must be 2-D, got {tuple(x.shape)} and {tuple(weight.shape)}"
+    if x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16:
+        return f"x and weight must be bfloat16, got {x.dtype} and {weight.dtype}"
+    num_rows, k = x.shape
+    n = weight.shape[0]
+    if not 1 <= num_rows <= MAX_ROWS:
+        return f"x has {num_rows} rows; the bf16 GEMV takes 1..{MAX_ROWS}"
+    if weight.shape[1] != k:
+        return f"x {tuple(x.shape)} does not match weight {tuple(weight.shape)}"
+    if n < 1 or k < CHUNK or k % CHUNK:
+        return f"weight {tuple(weight.shape)}: needs N >= 1 and K a positive multiple of {CHUNK}"
+    if x.stride(1) != 1 or x.data_ptr() % 16:
+        return "x rows must be dense and 16-byte aligned"
+    if num_rows > 1 and (x.stride(0) * x.element_size()) % 16:
+        return f"x row stride {x.stride(0)} is not a multiple of 16 bytes"
+    if not weight.is_contiguous() or weight.data_ptr() % 16:
+        return "weight must be contiguous and 16-byte aligned"
+    if x.device != weight.device or x.device.type != "cuda":
+        return f"operands must share one CUDA device, got {x.device} and {weight.device}"
+    if torch.cuda.get_device_capability(x.device) < (8, 0):
+        return "the bf16 GEMV needs an sm_80+ GPU"
+    return None
+
+
+def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the kernel takes these operands (otherwise the twin runs)."""
+    return _problem(x, weight) is None
+
+
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def bf16_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """See `reference.bf16_linear`: [M, N] bf16."""
+    device = rt.check_cuda(x, weight)
+    problem = _problem(x, weight)
+    if problem is not None:
+        raise rt.KernelInputError(f"bf16 GEMV: {problem}")
+    num_rows, k = x.shape
+    n = weight.shape[0]
+    out = torch.empty((num_rows, n), dtype=x.dtype, device=device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    p = plan(num_rows, n, k, _num_sms(index))
+    instance = f"bf16_gemv<{num_rows}, {p.rows_per_group}, {p.unroll}>"
+    kernel = rt.get_kernel(OP, instance, device)
+    args = (
+        rt.ptr(out),
+        rt.ptr(x),
+        rt.i64(x.stride(0)),
+        rt.ptr(weight),
+        rt.i32(n),
+        rt.i32(k),
+        rt.i32(p.ks_log2),
+    )
+    rt.launch(kernel, (p.blocks,), (THREADS,), args, device)
+    return out

@@ -1,0 +1,22 @@
+"""Torch twin of the bf16 GEMV: `F.linear`, which is also what every CPU call runs.
+
+Imports only torch. The kernel computes the same products in fp32 and rounds each output to bf16
+once; cuBLAS does the same up to its summation order (and split-K choices), so the two agree to
+bf16 output rounding, not bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def bf16_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x @ weight.T.
+
+    Args:
+        x: [M, K]; weight: [N, K] (bf16 both, where the kernel runs).
+    Returns:
+        [M, N] in x's dtype.
+    """
+    return F.linear(x, weight)

@@ -1,0 +1,155 @@
+"""The bf16 GEMV's twin, its launcher's operand checks and launch plan, and dispatch's routing
+(CPU).
+
+The twin is `F.linear` by definition (every CPU call runs it), so the test pins that down and
+that `dispatch.linear` on CPU tensors is still exactly `F.linear`. The plan tests check the host
+arithmetic the kernel relies on: every output row covered by exactly one warp group, no lane
+without a chunk where the row has enough of them, and the compiled limits (M * R <= 32).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ninfer.kernels import dispatch, runtime
+from ninfer.kernels.bf16_gemv import launch as bf16_cuda
+from ninfer.kernels.bf16_gemv import reference as bf16_ref
+
+SHAPES = [(2048, 4096), (5120, 6144), (12352, 2048), (16480, 5120), (34816, 5120), (257, 2048)]
+
+
+@pytest.fixture
+def seed() -> int:
+    return torch.seed() % 2**31
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 20])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_twin_and_cpu_dispatch_are_f_linear(rows: int, dtype: torch.dtype, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, 64, generator=g).to(dtype)
+    w = torch.randn(40, 64, generator=g).to(dtype)
+    want = F.linear(x, w)
+    got = bf16_ref.bf16_linear(x, w)
+    assert got.dtype == dtype and torch.equal(got, want), f"seed {seed}"
+    assert not dispatch.bf16_gemv_routed(x, w)  # CPU tensors never take the kernel
+    assert torch.equal(dispatch.linear(x, w), want), f"seed {seed}"
+
+
+def test_preferred_follows_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    for rows in range(1, bf16_cuda.MAX_ROWS + 1):
+        assert bf16_cuda.bf16_gemv_preferred(rows, 2048, 4096)
+        assert bf16_cuda.bf16_gemv_preferred(rows, 5120, 6144)
+        assert bf16_cuda.bf16_gemv_preferred(rows, 8192, 2048)
+        assert not bf16_cuda.bf16_gemv_preferred(rows, 8193, 2048)
+        assert not bf16_cuda.bf16_gemv_preferred(rows, 12352, 2048)
+        assert not bf16_cuda.bf16_gemv_preferred(rows, 34816, 5120)
+    assert not bf16_cuda.bf16_gemv_preferred(0, 2048, 4096)
+    assert not bf16_cuda.bf16_gemv_preferred(bf16_cuda.MAX_ROWS + 1, 2048, 4096)
+    # the table is the one knob: widening it for one row count widens only that one
+    monkeypatch.setitem(bf16_cuda.MAX_OUT_FEATURES, 1, 65536)
+    assert bf16_cuda.bf16_gemv_preferred(1, 34816, 5120)
+    assert not bf16_cuda.bf16_gemv_preferred(2, 34816, 5120)
+    monkeypatch.delitem(bf16_cuda.MAX_OUT_FEATURES, 3)
+    assert not bf16_cuda.bf16_gemv_preferred(3, 2048, 4096)
+
+
+def test_problem_rejects_bad_operands() -> None:
+    """The operand checks come before the device check, so their messages show on the CPU."""
+    bf16 = torch.bfloat16
+    problem = bf16_cuda._problem
+    x = torch.randn(2, 64).to(bf16)
+    w = torch.randn(40, 64).to(bf16)
+    assert "2-D" in problem(x[None], w)
+    assert "bfloat16" in problem(x.float(), w)
+    assert "bfloat16" in problem(x, w.half())
+    assert "1..8" in problem(torch.randn(9, 64).to(bf16), w)
+    assert "1..8" in problem(torch.randn(0, 64).to(bf16), w)
+    assert "does not match" in problem(x, w[:, :32])
+    assert "multiple of 8" in problem(torch.randn(2, 12).to(bf16), torch.randn(4, 12).to(bf16))
+    assert "dense" in problem(torch.randn(64, 2).to(bf16).T, w)  # column-major x
+    wide = torch.randn(2, 68).to(bf16)
+    assert "row stride" in problem(wide[:, :64], w)  # 136-byte rows: not a multiple of 16
+    assert "contiguous" in problem(x, torch.randn(64, 40).to(bf16).T)
+    assert "CUDA" in problem(x, w)  # well-formed, but on the CPU
+    assert not bf16_cuda.supports(x, w)
+    with pytest.raises(runtime.KernelInputError, match="CUDA device"):
+        bf16_cuda.bf16_linear(x, w)
+
+
+@pytest.mark.parametrize("rows", range(1, 9))
+@pytest.mark.parametrize("n,k", [*SHAPES, (1, 8), (37, 40), (2048, 512), (64, 2048)])
+@pytest.mark.parametrize("num_sms", [132, 8])
+def test_plan_covers_every_row_once(rows: int, n: int, k: int, num_sms: int) -> None:
+    p = bf16_cuda.plan(rows, n, k, num_sms)
+    assert p.rows_per_group in (1, 2, 4) and rows * p.rows_per_group <= 32
+    assert 0 <= p.ks_log2 <= 3 and p.unroll == bf16_cuda.UNROLL[rows]
+    # blocks x groups x R rows cover [0, n) and the last block starts inside it
+    assert (p.blocks - 1) * p.rows_per_block < n <= p.blocks * p.rows_per_block
+    chunks = k // bf16_cuda.CHUNK
+    ks = 1 << p.ks_log2
+    assert ks == 1 or 32 * ks <= chunks  # every lane of a split group has a chunk
+    assert ks == 8 or 32 * ks * 2 > chunks  # and K is split as widely as that allows
+    # R is lowered from 4 only while the grid has too few blocks for the SMs, and no further
+    enough = bf16_cuda.MIN_BLOCKS_PER_SM * num_sms
+    groups = 8 >> p.ks_log2
+    if p.rows_per_group < 4:
+        assert -(-n // (groups * 2 * p.rows_per_group)) < enough
+    if p.rows_per_group > 1:
+        assert p.blocks >= enough
+
+
+def test_plan_of_the_35b_out_proj() -> None:
+    """N = 2048, K = 4096 on 132 SMs: 8 warps split K, 4 rows each, 512 blocks (~3.9 per SM),
+    each lane with 2 steps x 4 rows = 8 loads in flight (one batch)."""
+    p = bf16_cuda.plan(1, 2048, 4096, 132)
+    assert (p.rows_per_group, p.ks_log2, p.unroll, p.blocks) == (4, 3, 2, 512)
+
+
+def test_dispatch_routing_decision(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on a GPU (the device checks stubbed): bf16 1..8 rows of routed shapes take the kernel,
+    anything else F.linear; `NINFER_KERNELS_OFF=bf16_gemv` turns it off."""
+    monkeypatch.setattr(dispatch, "use_cuda_kernels", lambda t, op=None: op == "bf16_gemv")
+    monkeypatch.setattr(bf16_cuda, "supports", lambda x, w: True)
+    bf16 = torch.bfloat16
+    w = torch.zeros(2048, 64, dtype=bf16)
+    assert dispatch.bf16_gemv_routed(torch.zeros(1, 64, dtype=bf16), w)
+    assert dispatch.bf16_gemv_routed(torch.zeros(8, 64, dtype=bf16), w)
+    assert not dispatch.bf16_gemv_routed(torch.zeros(9, 64, dtype=bf16), w)
+    assert not dispatch.bf16_gemv_routed(torch.zeros(1, 64), w.float())
+    assert not dispatch.bf16_gemv_routed(torch.zeros(1, 1, 64, dtype=bf16), w)
+    assert not dispatch.bf16_gemv_routed(
+        torch.zeros(1, 64, dtype=bf16), torch.zeros(9000, 64, dtype=bf16)
+    )
+    calls: list[tuple[int, int]] = []
+    monkeypatch.setattr(
+        bf16_cuda, "bf16_linear", lambda x, w: calls.append((x.shape[0], w.shape[0])) or x
+    )
+    dispatch.linear(torch.zeros(3, 64, dtype=bf16), w)
+    assert calls == [(3, 2048)]
+    assert dispatch.linear(torch.zeros(12, 64, dtype=bf16), w).shape == (12, 2048)
+    assert calls == [(3, 2048)]  # 12 rows: F.linear
+
+
+def test_kill_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`bf16_gemv` in NINFER_KERNELS_OFF, or NINFER_KERNELS=torch, is seen by the routing."""
+    monkeypatch.setattr(runtime, "cupy_available", lambda: True)
+    fake_cuda = type("FakeCuda", (), {"is_cuda": True})()
+    assert dispatch.use_cuda_kernels(fake_cuda, "bf16_gemv")
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "fp8_tc,bf16_gemv")
+    assert not dispatch.use_cuda_kernels(fake_cuda, "bf16_gemv")
+    monkeypatch.delenv("NINFER_KERNELS_OFF")
+    monkeypatch.setenv("NINFER_KERNELS", "torch")
+    assert not dispatch.use_cuda_kernels(fake_cuda, "bf16_gemv")
+
+
+def test_source_instances_match_the_launcher() -> None:
+    """The .cu's launch bounds and the launcher's U table agree on the row-count split the
+    registers were checked for (1-2 / 3-4 / 5-8 rows), and the warp count is the same."""
+    source = (runtime.KERNEL_DIR / "bf16_gemv" / "bf16_gemv.cu").read_text()
+    assert "__launch_bounds__(256, M <= 2 ? 4 : M <= 4 ? 3 : 2)" in source
+    assert f"constexpr int BF16_GEMV_WARPS = {bf16_cuda.WARPS};" in source
+    assert bf16_cuda.THREADS == 256
+    assert all(bf16_cuda.UNROLL[m] == (2 if m <= 4 else 1) for m in range(1, 9))

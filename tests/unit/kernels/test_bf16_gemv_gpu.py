@@ -1,0 +1,113 @@
+"""The bf16 GEMV kernel against an fp64 product and cuBLAS, in graphs and through dispatch (GPU).
+
+Fresh random operands per test (the conftest `gen`). Tolerances, from how the kernel rounds: it
+sums fp32 products (exact for bf16 operands) in fp32 and rounds each output once to bf16, so
+against the fp64 product `exact` every element obeys |got - exact| <= 2^-8 |exact| + delta (half
+a bf16 ulp is at most 2^-8 of the value; delta bounds the fp32 summation error, which is at most
+~(K / 256 + 8) fp32 roundings deep: 2e-5 of sum |x| |w| covers K up to ~80,000 in the worst
+case). The norm-relative error, ||got - exact|| / ||exact||, is then at most ~2^-8 = 3.9e-3 and
+is held to the 1e-2 the other bf16 kernels use; against cuBLAS (two bf16 roundings) as well.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ninfer.kernels import dispatch
+from ninfer.kernels.bf16_gemv import launch as bf16_cuda
+from support.gpu_checks import capture_graph, rel
+
+pytestmark = pytest.mark.gpu
+TOL = 1e-2
+ULP_BOUND = 2.0**-8  # half a bf16 ulp, relative to the value
+SUM_SLACK = 2e-5  # fp32 summation error, relative to sum |x| |w|
+
+SHAPES = [
+    pytest.param(2048, 4096, id="35b-out-proj"),
+    pytest.param(5120, 6144, id="27b-out-proj"),
+    pytest.param(12352, 2048, id="35b-in-proj"),
+    pytest.param(2048, 512, id="35b-shared-down"),
+    pytest.param(64, 2048, id="35b-in-proj-ba"),
+    pytest.param(257, 2048, id="odd-n"),
+    pytest.param(1003, 520, id="odd-n-k-off-the-warp-split"),
+    pytest.param(37, 8, id="one-chunk"),
+]
+
+
+def _operands(rows: int, n: int, k: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.randn(rows, k, device="cuda", generator=gen).to(torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", generator=gen) * k**-0.5
+    w *= torch.rand(n, 1, device="cuda", generator=gen) * 4  # rows of different magnitude
+    return x, w.to(torch.bfloat16)
+
+
+def _check(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
+    """Shape, dtype, the element bound and the norm bound against fp64 (see the module doc)."""
+    assert got.shape == (x.shape[0], w.shape[0]) and got.dtype == torch.bfloat16
+    exact = x.double() @ w.double().T
+    scale = x.double().abs() @ w.double().abs().T
+    err = (got.double() - exact).abs()
+    bound = ULP_BOUND * exact.abs() + SUM_SLACK * scale
+    worst = (err - bound).max().item()
+    assert worst <= 0, f"element bound exceeded by {worst:.3e}"
+    assert rel(got, exact) < TOL
+
+
+@pytest.mark.parametrize("rows", range(1, bf16_cuda.MAX_ROWS + 1))
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_bf16_gemv_matches_fp64(rows: int, n: int, k: int, gen) -> None:
+    x, w = _operands(rows, n, k, gen)
+    assert bf16_cuda.supports(x, w)
+    got = bf16_cuda.bf16_linear(x, w)
+    _check(got, x, w)
+    assert rel(got, F.linear(x, w)) < TOL
+    assert torch.equal(bf16_cuda.bf16_linear(x, w), got)  # fixed reduction order
+
+
+@pytest.mark.parametrize("rows", [1, 8])
+@pytest.mark.parametrize("n,k", [(34816, 5120), (5120, 17408)], ids=["27b-gate-up", "27b-down"])
+def test_bf16_gemv_wide_shapes(rows: int, n: int, k: int, gen) -> None:
+    x, w = _operands(rows, n, k, gen)
+    _check(bf16_cuda.bf16_linear(x, w), x, w)
+
+
+def test_bf16_gemv_row_views_and_strided_x(gen) -> None:
+    """A weight that is a row slice of a merged matrix (as the fused projections bind) and x
+    rows with a 16-byte-multiple stride (a column slice of a wider tensor)."""
+    x_wide, _ = _operands(5, 1, 1024 + 64, gen)
+    _, merged = _operands(1, 3000, 1024, gen)
+    w = merged[1000:2500]  # contiguous rows at an offset into the merged storage
+    x = x_wide[:, 64:]  # rows of 1088 values: a 2176-byte stride
+    assert w.storage_offset() > 0 and x.stride(0) == 1024 + 64 and bf16_cuda.supports(x, w)
+    _check(bf16_cuda.bf16_linear(x, w), x, w)
+
+
+def test_bf16_gemv_is_recorded_by_a_cuda_graph(gen) -> None:
+    x, w = _operands(4, 2048, 4096, gen)
+    graph, out = capture_graph(lambda: bf16_cuda.bf16_linear(x, w))
+    x.copy_(torch.randn(4, 4096, device="cuda", generator=gen))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, bf16_cuda.bf16_linear(x, w))
+    _check(out, x, w)
+
+
+def test_dispatch_routes_decode_rows_to_the_kernel(gen, monkeypatch) -> None:
+    monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
+    monkeypatch.delenv("NINFER_KERNELS", raising=False)
+    x, w = _operands(3, 2048, 4096, gen)
+    assert dispatch.bf16_gemv_routed(x, w)
+    assert torch.equal(dispatch.linear(x, w), bf16_cuda.bf16_linear(x, w))
+    # more rows than a decode batch, fp32 x, out_features past the table, strided x rows:
+    # F.linear, bit for bit
+    prefill = torch.randn(9, 4096, device="cuda", generator=gen).to(torch.bfloat16)
+    wide_n = _operands(1, bf16_cuda.MAX_OUT_FEATURES[1] + 64, 256, gen)
+    odd_stride = torch.randn(3, 4100, device="cuda", generator=gen).to(torch.bfloat16)[:, :4096]
+    for xx, ww in ((prefill, w), (x.float(), w.float()), wide_n, (odd_stride, w)):
+        assert not dispatch.bf16_gemv_routed(xx, ww)
+        assert torch.equal(dispatch.linear(xx, ww), F.linear(xx, ww))
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "bf16_gemv")
+    assert not dispatch.bf16_gemv_routed(x, w)
+    assert torch.equal(dispatch.linear(x, w), F.linear(x, w))
