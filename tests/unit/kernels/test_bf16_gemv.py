@@ -42,9 +42,12 @@ def test_preferred_follows_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
     for rows in range(1, bf16_cuda.MAX_ROWS + 1):
         assert bf16_cuda.bf16_gemv_preferred(rows, 2048, 4096)
         assert bf16_cuda.bf16_gemv_preferred(rows, 5120, 6144)
-        assert bf16_cuda.bf16_gemv_preferred(rows, 8192, 2048)
-        assert not bf16_cuda.bf16_gemv_preferred(rows, 8193, 2048)
-        assert not bf16_cuda.bf16_gemv_preferred(rows, 12352, 2048)
+        assert bf16_cuda.bf16_gemv_preferred(rows, 8192, 5120)
+        assert not bf16_cuda.bf16_gemv_preferred(rows, 8193, 5120)
+        # short rows (K <= SHORT_K) up to SHORT_K_MAX_OUT: the 35B-A3B's in_proj 12352 x 2048
+        assert bf16_cuda.bf16_gemv_preferred(rows, 12352, 2048)
+        assert not bf16_cuda.bf16_gemv_preferred(rows, 16385, 2048)
+        assert not bf16_cuda.bf16_gemv_preferred(rows, 248320, 2048)  # an lm_head
         assert not bf16_cuda.bf16_gemv_preferred(rows, 34816, 5120)
     assert not bf16_cuda.bf16_gemv_preferred(0, 2048, 4096)
     assert not bf16_cuda.bf16_gemv_preferred(bf16_cuda.MAX_ROWS + 1, 2048, 4096)
@@ -121,7 +124,7 @@ def test_dispatch_routing_decision(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not dispatch.bf16_gemv_routed(torch.zeros(1, 64), w.float())
     assert not dispatch.bf16_gemv_routed(torch.zeros(1, 1, 64, dtype=bf16), w)
     assert not dispatch.bf16_gemv_routed(
-        torch.zeros(1, 64, dtype=bf16), torch.zeros(9000, 64, dtype=bf16)
+        torch.zeros(1, 4096, dtype=bf16), torch.zeros(9000, 4096, dtype=bf16)
     )
     calls: list[tuple[int, int]] = []
     monkeypatch.setattr(

@@ -32,6 +32,9 @@ UNROLL = {1: 2, 2: 2, 3: 2, 4: 2, 5: 1, 6: 1, 7: 1, 8: 1}
 # measured slow (N = 2048, K = 4096 at 1.3 TB/s on an H200); adjust after
 # `python -m ninfer.bench.kernel_bench --gemv-shapes ...` (a row count absent here is not routed).
 MAX_OUT_FEATURES: dict[int, int] = dict.fromkeys(range(1, MAX_ROWS + 1), 8192)
+# Short rows (K <= 2048, the 35B-A3B's hidden size) up to this N: 12352 x 2048 measured 15.1 µs
+# against cuBLAS's 16.6 at one row (docs/perf.md run T3), 9216 x 2048 even.
+SHORT_K, SHORT_K_MAX_OUT = 2048, 16384
 
 
 @dataclass(frozen=True)
@@ -70,13 +73,14 @@ def plan(num_rows: int, n: int, k: int, num_sms: int) -> Plan:
 def bf16_gemv_preferred(num_rows: int, out_features: int, in_features: int) -> bool:
     """Whether dispatch should run the kernel rather than cuBLAS for this decode-sized shape.
 
-    A measured choice, kept in one place (`MAX_OUT_FEATURES`): the kernel splits K across warps
-    to keep loads in flight where N is too small for cuBLAS's row tiling; for wide N cuBLAS
-    already streams near the device bandwidth. `in_features` is part of the signature so that a
-    later table can depend on it; operand limits are `supports`' business.
+    A measured choice, kept in one place (`MAX_OUT_FEATURES`, `SHORT_K_MAX_OUT`): the kernel
+    splits K across warps to keep loads in flight where N is too small for cuBLAS's row tiling;
+    for wide N and long rows cuBLAS already streams near the device bandwidth. Operand limits
+    are `supports`' business.
     """
-    del in_features
     limit = MAX_OUT_FEATURES.get(num_rows)
+    if limit is not None and in_features <= SHORT_K:
+        limit = max(limit, SHORT_K_MAX_OUT)
     return limit is not None and 1 <= out_features <= limit
 
 
