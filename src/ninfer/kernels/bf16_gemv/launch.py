@@ -31,7 +31,10 @@ UNROLL = {1: 2, 2: 2, 3: 2, 4: 2, 5: 1, 6: 1, 7: 1, 8: 1}
 # preferred over cuBLAS. The starting point is the out_proj / o_proj-like shapes where cuBLAS was
 # measured slow (N = 2048, K = 4096 at 1.3 TB/s on an H200); adjust after
 # `python -m ninfer.bench.kernel_bench --gemv-shapes ...` (a row count absent here is not routed).
-MAX_OUT_FEATURES: dict[int, int] = dict.fromkeys(range(1, MAX_ROWS + 1), 8192)
+# Routed x row counts and their largest N. Measured at one row only (docs/perf.md run T3); 5..8
+# rows stay on cuBLAS until measured: there the kernel's fp32 FMAs (8 per weight element) may
+# bind before the loads, and the 35B-A3B batch-8 step of run T3 was 6 % slower than run J's.
+MAX_OUT_FEATURES: dict[int, int] = dict.fromkeys(range(1, 5), 8192)
 # Short rows (K <= 2048, the 35B-A3B's hidden size) up to this N: 12352 x 2048 measured 15.1 µs
 # against cuBLAS's 16.6 at one row (docs/perf.md run T3), 9216 x 2048 even.
 SHORT_K, SHORT_K_MAX_OUT = 2048, 16384
