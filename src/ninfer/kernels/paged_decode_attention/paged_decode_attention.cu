@@ -88,6 +88,33 @@ __device__ __forceinline__ void reduce_scatter(float (&v)[M], int lane, int& bas
   }
 }
 
+// Phase 2 of both partial kernels: softmax over a block's scores [G][S] (shared memory), one warp
+// per head, no running rescale (every score is known before any V is read). p = exp(s - m) for
+// t < n_valid and 0 from there up to n_end (what phase 3 reads); (m, l) of head g goes to
+// ml[g * ml_stride], ml[g * ml_stride + 1].
+template <int G>
+__device__ __forceinline__ void pda_softmax(float* sc, int S, int n_valid, int n_end,
+                                            float* __restrict__ ml, long long ml_stride, int warp,
+                                            int lane) {
+  for (int g = warp; g < G; g += PDA_WARPS) {
+    float* sg = sc + g * S;
+    float m = __int_as_float(0xff800000);
+    for (int t = lane; t < n_valid; t += 32) m = fmaxf(m, sg[t]);
+    m = pda_warp_max(m);
+    float l = 0.0f;
+    for (int t = lane; t < n_end; t += 32) {
+      const float p = t < n_valid ? __expf(sg[t] - m) : 0.0f;
+      sg[t] = p;
+      l += p;
+    }
+    l = warp_sum(l);
+    if (lane == 0) {
+      ml[g * ml_stride] = m;
+      ml[g * ml_stride + 1] = l;
+    }
+  }
+}
+
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
@@ -198,24 +225,8 @@ __global__ void __launch_bounds__(PDA_WARPS * 32, G * D <= 48 * 32 ? 4 : 3) page
 
   // 2. softmax over the block's tokens, one warp per head
   const int n_chunked = min(S, (n_valid + CHUNK - 1) / CHUNK * CHUNK);  // positions phase 1 wrote
-  for (int g = warp; g < G; g += PDA_WARPS) {
-    float* sg = smem + g * S;
-    float m = __int_as_float(0xff800000);
-    for (int t = lane; t < n_valid; t += 32) m = fmaxf(m, sg[t]);
-    m = pda_warp_max(m);
-    float l = 0.0f;
-    for (int t = lane; t < n_chunked; t += 32) {
-      const float p = __expf(sg[t] - m);  // surplus tokens: exp(-inf) = 0
-      sg[t] = p;
-      l += p;
-    }
-    l = warp_sum(l);
-    if (lane == 0) {
-      const long long idx = (head0 + g) * num_splits + split;
-      ws_ml[idx * 2] = m;
-      ws_ml[idx * 2 + 1] = l;
-    }
-  }
+  pda_softmax<G>(smem, S, n_valid, n_chunked, ws_ml + ((head0 * num_splits) + split) * 2,
+                 2 * num_splits, warp, lane);
   __syncthreads();
 
   // 3. values
@@ -508,24 +519,8 @@ __global__ void __launch_bounds__(PDA_WARPS * 32, 4) paged_decode_mma(
 
   // 2. softmax, one warp per head; p = 0 from the last live token to the next multiple of 16
   const int n16 = min(S, (n_valid + 15) / 16 * 16);
-  for (int g = warp; g < G; g += PDA_WARPS) {
-    float* sg = sc + g * S;
-    float m = __int_as_float(0xff800000);
-    for (int t = lane; t < n_valid; t += 32) m = fmaxf(m, sg[t]);
-    m = pda_warp_max(m);
-    float l = 0.0f;
-    for (int t = lane; t < n16; t += 32) {
-      const float p = t < n_valid ? __expf(sg[t] - m) : 0.0f;
-      sg[t] = p;
-      l += p;
-    }
-    l = warp_sum(l);
-    if (lane == 0) {
-      const long long idx = (head0 + g) * num_splits + split;
-      ws_ml[idx * 2] = m;
-      ws_ml[idx * 2 + 1] = l;
-    }
-  }
+  pda_softmax<G>(sc, S, n_valid, n16, ws_ml + ((head0 * num_splits) + split) * 2,
+                 2 * num_splits, warp, lane);
   __syncthreads();
 
   // 3. values: warp w owns dims w * D / 4 ..; n-tile j's column gq is dim base + gq * NT + j
