@@ -62,13 +62,15 @@ def use_cuda_kernels(t: torch.Tensor, op: str | None = None) -> bool:
     """True when `t` lives on a GPU and the CUDA kernels (op `op`, if named) can run there."""
     if not t.is_cuda or os.environ.get("NINFER_KERNELS", "cuda") == "torch":
         return False
-    if op is not None and _switched_off(op):
+    if op is not None and switched_off(op):
         return False
     return runtime.cupy_available()
 
 
-def _switched_off(op: str) -> bool:
-    """`op` begins an entry of NINFER_KERNELS_OFF (entries may carry a suffix, e.g. a test name)."""
+def switched_off(op: str) -> bool:
+    """`op` begins an entry of NINFER_KERNELS_OFF (entries may carry a suffix, e.g. a test name).
+    Also names variants that are not kernels of their own (`unroll_expert_gemv`,
+    `shared_expert_in_kernels`), so a device run can compare them without a code change."""
     entries = os.environ.get("NINFER_KERNELS_OFF", "").split(",")
     return any(e.strip().startswith(op) for e in entries if e.strip())
 
@@ -235,7 +237,7 @@ def chunked_delta_prefill(
     return (
         q.dtype == torch.bfloat16
         and max(query_lens, default=0) >= _chunk_cuda.CHUNK_MIN_TOKENS
-        and not _switched_off("gated_delta_chunk")
+        and not switched_off("gated_delta_chunk")
         and _chunk_cuda.supports(q, v, ssm_state)
     )
 
@@ -299,10 +301,15 @@ def expert_gemv(
 ) -> torch.Tensor:
     """MoE experts read in place by id (+ the shared expert); see expert_gemv/reference.py."""
     if use_cuda_kernels(x, "expert_gemv") and _expert_gemv_cuda.supports(x, weight, shared_weight):
-        fn = _expert_gemv_cuda.expert_gemv
-    else:
-        fn = _expert_gemv_ref.expert_gemv
-    return fn(x, weight, expert_ids, rows_per_input=rows_per_input, shared_weight=shared_weight)
+        # `unroll_expert_gemv` in NINFER_KERNELS_OFF: one chunk step in flight per loop (A/B)
+        unroll = 1 if switched_off("unroll_expert_gemv") else _expert_gemv_cuda.GEMV_UNROLL
+        return _expert_gemv_cuda.expert_gemv(
+            x, weight, expert_ids, rows_per_input=rows_per_input, shared_weight=shared_weight,
+            unroll=unroll,
+        )  # fmt: skip
+    return _expert_gemv_ref.expert_gemv(
+        x, weight, expert_ids, rows_per_input=rows_per_input, shared_weight=shared_weight
+    )
 
 
 def expert_group_gemv(
@@ -406,7 +413,7 @@ def grouped_mm_enabled(t: torch.Tensor) -> bool:
     """
     if not t.is_cuda or not hasattr(torch, "_grouped_mm"):
         return False
-    if os.environ.get("NINFER_KERNELS", "cuda") == "torch" or _switched_off("grouped_mm"):
+    if os.environ.get("NINFER_KERNELS", "cuda") == "torch" or switched_off("grouped_mm"):
         return False
     major, _ = torch.cuda.get_device_capability(t.device)
     return major in (9, 10)
@@ -574,7 +581,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torch.Tensor:
         x = x.contiguous()
         # tensor cores first (sm_90, bf16 x); NINFER_KERNELS_OFF=fp8_tc falls back to the
         # CUDA-core GEMV, which also takes fp32 x (full fp32 products)
-        if not _switched_off("fp8_tc") and _fp8_tc_cuda.supports(x, weight):
+        if not switched_off("fp8_tc") and _fp8_tc_cuda.supports(x, weight):
             return _fp8_tc_cuda.fp8_linear(x, weight)
         if _fp8_gemv_cuda.supports(x, weight):
             return _fp8_gemv_cuda.fp8_linear(x, weight)

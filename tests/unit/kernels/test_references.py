@@ -246,11 +246,11 @@ def test_gated_norm_gate_layout_addresses_every_row(tokens: int) -> None:
 
 def test_kernels_can_be_switched_off_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NINFER_KERNELS_OFF", "paged_decode_attention, gated_rms_norm_reads_x")
-    assert dispatch._switched_off("paged_decode_attention")
-    assert dispatch._switched_off("gated_rms_norm")  # a test name names its op
-    assert not dispatch._switched_off("add_rms_norm")
+    assert dispatch.switched_off("paged_decode_attention")
+    assert dispatch.switched_off("gated_rms_norm")  # a test name names its op
+    assert not dispatch.switched_off("add_rms_norm")
     monkeypatch.setenv("NINFER_KERNELS_OFF", "")
-    assert not dispatch._switched_off("paged_decode_attention")
+    assert not dispatch.switched_off("paged_decode_attention")
 
 
 def test_runtime_rejects_what_the_kernels_cannot_take() -> None:

@@ -261,13 +261,15 @@ def sparse_moe(x: torch.Tensor, w: MoeWeights, *, top_k: int, norm_topk_prob: bo
         [T, H].
     """
     if w.router_and_gate is not None:
-        both = F.linear(x, w.router_and_gate)  # [T, E + 1]
+        both = dispatch.linear(x, w.router_and_gate)  # [T, E + 1]
         router_logits, gate_logits = both[:, :-1], both[:, -1:]
     else:
         router_logits, gate_logits = F.linear(x, w.router), F.linear(x, w.shared_gate)
     weights, ids = dispatch.route_topk(router_logits, top_k, normalize=norm_topk_prob)
     path = expert_path(x, w.experts_gate_up, w.experts_down, ids.numel())
-    in_kernels = shared_expert_in_kernels(w) if path is ExpertPath.GATHERED else None
+    # `shared_expert_in_kernels` in NINFER_KERNELS_OFF keeps the separate mlp (a device A/B)
+    fuse = path is ExpertPath.GATHERED and not dispatch.switched_off("shared_expert_in_kernels")
+    in_kernels = shared_expert_in_kernels(w) if fuse else None
     shared = None
     if in_kernels is None:
         shared = mlp(

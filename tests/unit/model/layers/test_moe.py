@@ -232,7 +232,7 @@ def test_sparse_moe_runs_the_shared_expert_in_the_gathered_kernels(dtype, num_to
         assert calls.mlp_calls == 0
         assert [s is w.shared_gate_up for s in calls.shared_weights] == [True]
     with monkeypatch.context() as m:
-        m.setattr(moe, "shared_expert_in_kernels", lambda _: None)  # today's separate form
+        m.setenv("NINFER_KERNELS_OFF", "shared_expert_in_kernels")  # the separate form (A/B)
         calls = SharedRecorder(m)
         separate = sparse_moe(x, w, top_k=3, norm_topk_prob=True)
         assert calls.mlp_calls == 1 and calls.shared_weights == [None]
