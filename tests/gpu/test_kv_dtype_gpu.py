@@ -194,6 +194,10 @@ def test_tensor_core_partial_equals_the_cuda_core_one(kv_dtype, lens, hq, hk, d,
     assert not got.isnan().any()
     for b in range(len(lens)):
         assert rel(got[b], core[b]) < 1e-2, f"row {b} (len {lens[b]})"
+    two = paged_cuda.paged_decode_attention(
+        q, k_pages, v_pages, table, kv_lens, scale=d**-0.5, mma_tiles=2
+    )
+    assert torch.equal(two, got)  # two tiles per warp iteration: same products, same order
 
 
 def test_paged_decode_over_quantized_pages_replays_in_a_graph(gen) -> None:

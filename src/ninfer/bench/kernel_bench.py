@@ -726,8 +726,10 @@ def attention_sweep(
     (None: each kernel's own plan; the "auto" label shows the mma kernel's), with the KV bytes
     it must read over that time; each output is compared with the CUDA-core kernel at its plan."""
     lines = ["paged decode attention, 27B shape: 24 q / 4 KV heads x 256, page 64"]
-    lines.append("| kv dtype | batch | context | split | mma µs | core µs | mma GB/s | mma err |")
-    lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    lines.append(
+        "| kv dtype | batch | context | split | mma µs | mma x2 µs | core µs | mma GB/s | mma err |"
+    )
+    lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     page_size, heads, dim = 64, 4, 256
     for context in contexts:
         for b in batches:
@@ -752,14 +754,20 @@ def attention_sweep(
                 want = attend(tensor_cores=False)
                 for split in splits:
                     us = {}
-                    for mma in (True, False):
-                        call = functools.partial(attend, tokens_per_split=split, tensor_cores=mma)
-                        us[mma] = _graph_us(call, replays=5)
+                    for variant in ("mma", "mma2", "core"):
+                        call = functools.partial(
+                            attend,
+                            tokens_per_split=split,
+                            tensor_cores=variant != "core",
+                            mma_tiles=2 if variant == "mma2" else 1,
+                        )
+                        us[variant] = _graph_us(call, replays=5)
                     err = _rel(attend(tokens_per_split=split), want)
                     label = f"{auto} (auto)" if split is None else str(split)
                     lines.append(
-                        f"| {kv_dtype} | {b} | {context} | {label} | {us[True]:.1f} | "
-                        f"{us[False]:.1f} | {moved / us[True] / 1e3:.0f} | {err:.1e} |"
+                        f"| {kv_dtype} | {b} | {context} | {label} | {us['mma']:.1f} | "
+                        f"{us['mma2']:.1f} | {us['core']:.1f} | {moved / us['mma'] / 1e3:.0f} | "
+                        f"{err:.1e} |"
                     )
     return "\n".join(lines)
 

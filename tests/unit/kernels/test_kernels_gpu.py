@@ -249,6 +249,8 @@ def test_paged_decode_tensor_cores_match_cuda_cores(lens, hq, hk, d, gen) -> Non
     core = paged_cuda.paged_decode_attention(*args, scale=d**-0.5, tensor_cores=False)
     want = paged_ref.paged_decode_attention(*args, scale=d**-0.5)
     assert rel(got, core) < 1e-2 and rel(got, want) < 1e-2
+    # two tiles per warp iteration: the same products in the same order, so the same bits
+    assert torch.equal(paged_cuda.paged_decode_attention(*args, scale=d**-0.5, mma_tiles=2), got)
     graph, out = capture_graph(lambda: paged_cuda.paged_decode_attention(*args, scale=d**-0.5))
     q.copy_(torch.randn(q.shape, device="cuda", generator=gen))
     graph.replay()

@@ -31,6 +31,9 @@ MAX_BLOCKS = 2048  # partial blocks over the table's capacity: ~15 per SM on an 
 # 8 rows 22.3 µs at 288 blocks vs 30.5 at 1,088; 8k x 1 17.2 at 260 vs 28.0 at 1,032): its
 # blocks are short, so larger splits spread the fixed cost (q, softmax, partial write, combine).
 MMA_MAX_BLOCKS = 320
+# Token tiles (phase 1) and k-steps (phase 3) whose loads a warp issues together: 1 ran in run
+# T2; 2 doubles the bytes in flight at ~2 blocks per SM (bit-equal results; not yet measured).
+MMA_TILES = 1
 SCORE_FLOATS = 8192  # shared-memory scores per block (32 KiB): G x tokens_per_split
 COMBINE_DIMS = 32  # head dims per combine block
 
@@ -140,10 +143,12 @@ def paged_decode_attention(
     scale: float,
     tokens_per_split: int | None = None,
     tensor_cores: bool = True,
+    mma_tiles: int = MMA_TILES,
 ) -> torch.Tensor:
     """See `reference.paged_decode_attention`. `tokens_per_split` (a power of two >= 32 within
     the block's score memory) overrides `plan_splits` for benchmark sweeps; `tensor_cores`
-    False keeps the CUDA-core partial kernel where the mma one would serve."""
+    False keeps the CUDA-core partial kernel where the mma one would serve; `mma_tiles` (1 or 2)
+    sets the mma kernel's tiles per warp iteration."""
     k_tensors, v_tensors = kvf.page_tensors(k_pages), kvf.page_tensors(v_pages)
     device = rt.check_cuda(q, *k_tensors, *v_tensors, page_table, kv_lens)
     if not supports(q, k_pages, v_pages):
@@ -189,7 +194,9 @@ def paged_decode_attention(
     )
     dtype = rt.cuda_type(q, "q")
     if mma:
-        instance = f"paged_decode_mma<{head_dim}, {group}, {k_code}>"
+        if mma_tiles not in (1, 2):
+            raise rt.KernelInputError(f"mma_tiles must be 1 or 2, got {mma_tiles}")
+        instance = f"paged_decode_mma<{head_dim}, {group}, {k_code}, {mma_tiles}>"
         smem = 4 * group * plan.tokens_per_split
     else:
         instance = f"paged_decode_partial<{dtype}, {head_dim}, {group}, {k_code}, {v_code}>"

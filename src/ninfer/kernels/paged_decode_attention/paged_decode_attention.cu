@@ -420,8 +420,8 @@ __device__ __forceinline__ void pdm_load_words(const unsigned char* p, unsigned 
   }
 }
 
-template <int D, int G, int FMT>
-__global__ void __launch_bounds__(PDA_WARPS * 32, 4) paged_decode_mma(
+template <int D, int G, int FMT, int TILES>
+__global__ void __launch_bounds__(PDA_WARPS * 32, TILES == 1 ? 4 : 2) paged_decode_mma(
     float* __restrict__ ws_acc, float* __restrict__ ws_ml, const bf16* __restrict__ q,
     const void* __restrict__ k_values, const float* __restrict__ k_scale,
     const unsigned char* __restrict__ k_blocks, const void* __restrict__ v_values,
@@ -481,37 +481,46 @@ __global__ void __launch_bounds__(PDA_WARPS * 32, 4) paged_decode_mma(
         for (int i = 0; i < 4; ++i) qa[4 * c + i] = 0u;
       }
     }
-    for (int t0 = warp * 8; t0 < n_valid; t0 += PDA_WARPS * 8) {
-      const int t = min(start + t0 + gq, last);
-      const long long row = (pages[t / page_size] * page_size + t % page_size) * num_kv_heads + kh;
-      unsigned kw[CH * 4];
+    for (int t00 = warp * 8 * TILES; t00 < n_valid; t00 += PDA_WARPS * 8 * TILES) {
+      long long rows[TILES];
+      unsigned kw[TILES][CH * 4];
 #pragma unroll
-      for (int c = 0; c < CH; ++c) {
-        unsigned w4[4];
-        pdm_load_words<FMT, 8>(kv_k + (row * D + (c * 4 + tq) * 8) * EB, w4);
+      for (int u = 0; u < TILES; ++u) {  // every tile's loads in flight before any mma
+        const int t = min(start + t00 + 8 * u + gq, last);
+        rows[u] = (pages[t / page_size] * page_size + t % page_size) * num_kv_heads + kh;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) kw[4 * c + i] = w4[i];
-      }
-      if (tq < (D * EB) / 128) prefetch_l2(kv_v + row * D * EB + tq * 128);
-      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int c = 0; c < CH; ++c) {
+          unsigned w4[4];
+          pdm_load_words<FMT, 8>(kv_k + (rows[u] * D + (c * 4 + tq) * 8) * EB, w4);
 #pragma unroll
-      for (int kk = 0; kk < 2 * CH; ++kk) {
-        if constexpr (F16) {
-          pdm_mma_f16(acc, qa[2 * kk], qa[2 * kk + 1], kw[2 * kk], kw[2 * kk + 1]);
-        } else {
-          pdm_mma_bf16(acc, qa[2 * kk], qa[2 * kk + 1], kw[2 * kk], kw[2 * kk + 1]);
+          for (int i = 0; i < 4; ++i) kw[u][4 * c + i] = w4[i];
         }
+        if (tq < (D * EB) / 128) prefetch_l2(kv_v + rows[u] * D * EB + tq * 128);
       }
-      float s0 = acc[0] * scale, s1 = acc[1] * scale;  // tokens t0 + 2tq, t0 + 2tq + 1
-      if constexpr (F16) {
-        const float ks = k_scale[row];  // this lane's token gq; c0 / c1 are tokens 2tq, 2tq + 1
-        s0 *= __shfl_sync(0xffffffffu, ks, 8 * tq);
-        s1 *= __shfl_sync(0xffffffffu, ks, 8 * tq + 4);
-      }
-      if (gq < G) {
-        const int ta = t0 + 2 * tq;
-        sc[gq * S + ta] = ta < n_valid ? s0 : __int_as_float(0xff800000);
-        sc[gq * S + ta + 1] = ta + 1 < n_valid ? s1 : __int_as_float(0xff800000);
+#pragma unroll
+      for (int u = 0; u < TILES; ++u) {
+        const int t0 = t00 + 8 * u;
+        if (t0 >= n_valid) break;  // warp-uniform
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int kk = 0; kk < 2 * CH; ++kk) {
+          if constexpr (F16) {
+            pdm_mma_f16(acc, qa[2 * kk], qa[2 * kk + 1], kw[u][2 * kk], kw[u][2 * kk + 1]);
+          } else {
+            pdm_mma_bf16(acc, qa[2 * kk], qa[2 * kk + 1], kw[u][2 * kk], kw[u][2 * kk + 1]);
+          }
+        }
+        float s0 = acc[0] * scale, s1 = acc[1] * scale;  // tokens t0 + 2tq, t0 + 2tq + 1
+        if constexpr (F16) {
+          const float ks = k_scale[rows[u]];  // lane's token gq; c0 / c1: tokens 2tq, 2tq + 1
+          s0 *= __shfl_sync(0xffffffffu, ks, 8 * tq);
+          s1 *= __shfl_sync(0xffffffffu, ks, 8 * tq + 4);
+        }
+        if (gq < G) {
+          const int ta = t0 + 2 * tq;
+          sc[gq * S + ta] = ta < n_valid ? s0 : __int_as_float(0xff800000);
+          sc[gq * S + ta + 1] = ta + 1 < n_valid ? s1 : __int_as_float(0xff800000);
+        }
       }
     }
   }
@@ -529,36 +538,45 @@ __global__ void __launch_bounds__(PDA_WARPS * 32, 4) paged_decode_mma(
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
   const float* sp = sc + min(gq, G - 1) * S;
-  for (int k0 = 0; k0 < n16; k0 += 16) {
-    unsigned vw[4][NT / 2];  // tokens k0 + 2tq, + 1, + 8, + 9: NT dims each, as operand pairs
-    float vs[4];
+  for (int k00 = 0; k00 < n16; k00 += 16 * TILES) {
+    unsigned vw[TILES][4][NT / 2];  // tokens k0 + 2tq, + 1, + 8, + 9: NT dims each, as pairs
+    float vs[TILES][4];
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int t = min(start + k0 + 2 * tq + (r & 1) + 8 * (r >> 1), last);
-      const long long row = (pages[t / page_size] * page_size + t % page_size) * num_kv_heads + kh;
-      pdm_load_words<FMT, NT>(kv_v + (row * D + base + gq * NT) * EB, vw[r]);
-      if constexpr (F16) vs[r] = v_scale[row];
-    }
-    const float2 pa = *reinterpret_cast<const float2*>(sp + k0 + 2 * tq);
-    const float2 pb = *reinterpret_cast<const float2*>(sp + k0 + 2 * tq + 8);
-    unsigned a0, a2;
-    if constexpr (F16) {
-      a0 = pdm_pack<true>(pa.x * vs[0], pa.y * vs[1]);
-      a2 = pdm_pack<true>(pb.x * vs[2], pb.y * vs[3]);
-    } else {
-      a0 = pdm_pack<false>(pa.x, pa.y);
-      a2 = pdm_pack<false>(pb.x, pb.y);
-    }
-    if (gq >= G) a0 = a2 = 0u;
+    for (int u = 0; u < TILES; ++u) {  // every k-step's loads in flight before any mma
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      const unsigned sel = (j & 1) ? 0x7632u : 0x5410u;  // element j of two tokens' words
-      const unsigned b0 = __byte_perm(vw[0][j / 2], vw[1][j / 2], sel);
-      const unsigned b1 = __byte_perm(vw[2][j / 2], vw[3][j / 2], sel);
+      for (int r = 0; r < 4; ++r) {
+        const int t = min(start + k00 + 16 * u + 2 * tq + (r & 1) + 8 * (r >> 1), last);
+        const long long row =
+            (pages[t / page_size] * page_size + t % page_size) * num_kv_heads + kh;
+        pdm_load_words<FMT, NT>(kv_v + (row * D + base + gq * NT) * EB, vw[u][r]);
+        if constexpr (F16) vs[u][r] = v_scale[row];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < TILES; ++u) {
+      const int k0 = k00 + 16 * u;
+      if (k0 >= n16) break;  // warp-uniform; k-steps stay in order, as with TILES = 1
+      const float2 pa = *reinterpret_cast<const float2*>(sp + k0 + 2 * tq);
+      const float2 pb = *reinterpret_cast<const float2*>(sp + k0 + 2 * tq + 8);
+      unsigned a0, a2;
       if constexpr (F16) {
-        pdm_mma_f16(acc[j], a0, a2, b0, b1);
+        a0 = pdm_pack<true>(pa.x * vs[u][0], pa.y * vs[u][1]);
+        a2 = pdm_pack<true>(pb.x * vs[u][2], pb.y * vs[u][3]);
       } else {
-        pdm_mma_bf16(acc[j], a0, a2, b0, b1);
+        a0 = pdm_pack<false>(pa.x, pa.y);
+        a2 = pdm_pack<false>(pb.x, pb.y);
+      }
+      if (gq >= G) a0 = a2 = 0u;
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const unsigned sel = (j & 1) ? 0x7632u : 0x5410u;  // element j of two tokens' words
+        const unsigned b0 = __byte_perm(vw[u][0][j / 2], vw[u][1][j / 2], sel);
+        const unsigned b1 = __byte_perm(vw[u][2][j / 2], vw[u][3][j / 2], sel);
+        if constexpr (F16) {
+          pdm_mma_f16(acc[j], a0, a2, b0, b1);
+        } else {
+          pdm_mma_bf16(acc[j], a0, a2, b0, b1);
+        }
       }
     }
   }
