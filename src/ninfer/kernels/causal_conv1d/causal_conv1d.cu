@@ -4,12 +4,14 @@
 // oldest first): with ext = [state, x_b], y_t = silu(sum_j w[c, j] ext[t + j]) in fp32, rounded
 // to x's type. Two launches on one stream, so no thread overwrites a state slot another still
 // reads: `causal_conv1d_fwd` (a thread per channel walks CONV_TOKENS tokens, the window in
-// registers, finding its sequence by binary search over cu_seqlens) reads the old states, then
+// registers, finding its sequence by binary search over cu_seqlens; CONV_BATCH tokens of one
+// sequence load together) reads the old states, then
 // `causal_conv1d_state` (a thread per channel and sequence) writes each slot's last K-1 inputs,
 // mixing old state and new inputs for sequences shorter than K-1. x rows may be strided (a column
 // slice of the fused projection); a warp reads 32 consecutive channels of a row.
 
 constexpr int CONV_TOKENS = 32;  // tokens per thread in causal_conv1d_fwd
+constexpr int CONV_BATCH = 8;    // of them loaded together where one sequence covers all 8
 
 // Input at flat token p for the sequence starting at `seq_start` (earlier: its state slot).
 template <typename TX, typename TS, int K>
@@ -55,7 +57,7 @@ __global__ void __launch_bounds__(128) causal_conv1d_fwd(
     hist[i] = conv_input<TX, TS, K>(x, x_stride, st, t_begin - (K - 1) + i, seq_start, c);
   }
 
-  for (long long t = t_begin; t < t_end; ++t) {
+  for (long long t = t_begin; t < t_end;) {
     if (t >= seq_end) {  // the next non-empty sequence starts here: its history is its state
       while (cu_seqlens[b + 1] <= t) ++b;
       seq_start = cu_seqlens[b];
@@ -64,15 +66,28 @@ __global__ void __launch_bounds__(128) causal_conv1d_fwd(
 #pragma unroll
       for (int i = 0; i < K - 1; ++i) hist[i] = to_float(st[i]);
     }
-    const float xt = to_float(x[t * x_stride + c]);
-    float y = 0.0f;
+    // CONV_BATCH tokens of one sequence: their loads all issued before the first product (the
+    // one-token loop waited for each load in turn); same products in the same order per token.
+    const int n = t + CONV_BATCH <= min(t_end, seq_end) ? CONV_BATCH : 1;
+    float xt[CONV_BATCH];
 #pragma unroll
-    for (int i = 0; i < K - 1; ++i) y += hist[i] * w[i];
-    y += xt * w[K - 1];
+    for (int u = 0; u < CONV_BATCH; ++u) {
+      if (u < n) xt[u] = to_float(x[(t + u) * x_stride + c]);
+    }
 #pragma unroll
-    for (int i = 0; i < K - 2; ++i) hist[i] = hist[i + 1];
-    hist[K - 2] = xt;
-    out[t * channels + c] = from_float<TX>(y / (1.0f + __expf(-y)));
+    for (int u = 0; u < CONV_BATCH; ++u) {
+      if (u < n) {
+        float y = 0.0f;
+#pragma unroll
+        for (int i = 0; i < K - 1; ++i) y += hist[i] * w[i];
+        y += xt[u] * w[K - 1];
+#pragma unroll
+        for (int i = 0; i < K - 2; ++i) hist[i] = hist[i + 1];
+        hist[K - 2] = xt[u];
+        out[(t + u) * channels + c] = from_float<TX>(y / (1.0f + __expf(-y)));
+      }
+    }
+    t += n;
   }
 }
 
