@@ -1,4 +1,4 @@
-"""Launch plans of the elementwise kernels (silu_mul, gated_rms_norm), checked on the CPU.
+"""Launch plans of the elementwise kernels (silu_mul, gated_rms_norm, qk_norm_rope), on the CPU.
 
 The kernels themselves run only on a GPU (test_elementwise_gpu.py); here the pure planning
 functions are held to what the kernels assume: vector paths only on aligned inputs, and grids
@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ninfer.kernels.gated_rms_norm import launch as gated
+from ninfer.kernels.qk_norm_rope import launch as qk
 from ninfer.kernels.silu_mul import launch as silu
 
 BF16, FP32 = 2, 4  # element sizes
@@ -152,3 +153,16 @@ def test_gated_norm_warps_cover_every_row_once(num_rows: int) -> None:
     rows = np.arange(plan.grid[0] * warps_per_block)  # blockIdx.x * warps + warp, as the kernel
     assert np.array_equal(rows[rows < num_rows], np.arange(num_rows))
     assert plan.grid[0] * warps_per_block - num_rows < warps_per_block  # no empty block
+
+
+def test_qk_norm_rope_warp_kernel_where_rotate_half_pairs_share_a_lane_slot() -> None:
+    """E = D / 32 dims per lane, and R / 2 a multiple of E (a dim and its rotate-half partner sit
+    at the same slot of lanes R / (2E) apart); else the block kernel serves the shape."""
+    assert qk.per_warp_dims(256, 64) == 8  # 27B / 35B-A3B: 32 rotary pairs, lanes 4 apart
+    assert qk.per_warp_dims(32, 16) == 1
+    assert qk.per_warp_dims(512, 128) == 16
+    assert qk.per_warp_dims(256, 0) == 8  # no rotary dims: the norm alone
+    assert qk.per_warp_dims(256, 8) is None  # partner 4 dims away: inside one lane's slots
+    assert qk.per_warp_dims(96, 32) is None  # E = 3
+    assert qk.per_warp_dims(1024, 64) is None  # E = 32: past WARP_DIMS
+    assert qk.per_warp_dims(48, 16) is None  # not a multiple of 32

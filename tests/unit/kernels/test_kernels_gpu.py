@@ -260,10 +260,13 @@ def test_paged_decode_tensor_cores_match_cuda_cores(lens, hq, hk, d, gen) -> Non
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
     "tokens,hq,hk,d,rotary",
-    [(1, 24, 4, 256, 64), (8, 24, 4, 256, 64), (300, 16, 2, 256, 64), (5, 4, 2, 32, 16)],
-    ids=["27b-b1", "27b-b8", "35b-prefill", "tiny"],
-)
+    [(1, 24, 4, 256, 64), (8, 24, 4, 256, 64), (300, 16, 2, 256, 64), (5, 4, 2, 32, 16),
+     (3, 4, 2, 96, 32), (4, 4, 2, 256, 8)],
+    ids=["27b-b1", "27b-b8", "35b-prefill", "tiny", "d96-block", "rotary8-block"],
+)  # fmt: skip
 def test_qk_norm_rope(dtype, tokens: int, hq: int, hk: int, d: int, rotary: int, gen) -> None:
+    """The warp kernel where `per_warp_dims` takes the shape (the last two ids: the block kernel),
+    and the block kernel everywhere, against the twin."""
     width = hq * 2 * d + 2 * hk * d
     proj = torch.randn(tokens, width, device="cuda", generator=gen).to(dtype)
     q = proj[:, : hq * 2 * d].view(tokens, hq, 2, d)[:, :, 0]  # the model's strided views
@@ -274,11 +277,13 @@ def test_qk_norm_rope(dtype, tokens: int, hq: int, hk: int, d: int, rotary: int,
     angles = torch.cat((angles, angles), dim=-1)
     cos, sin = angles.cos(), angles.sin()
     assert qk_cuda.supports(q, k, cos)
-    got = qk_cuda.qk_norm_rope(q, k, qw, kw, cos, sin, 1e-6)
+    assert (qk_cuda.per_warp_dims(d, rotary) is None) == (d == 96 or rotary == 8)
     want = qk_ref.qk_norm_rope(q, k, qw, kw, cos, sin, 1e-6)
-    for x, y in zip(got, want, strict=True):
-        assert x.shape == y.shape and x.is_contiguous()
-        assert rel(x, y) < TOL[dtype]
+    for per_warp in (True, False):
+        got = qk_cuda.qk_norm_rope(q, k, qw, kw, cos, sin, 1e-6, per_warp=per_warp)
+        for x, y in zip(got, want, strict=True):
+            assert x.shape == y.shape and x.is_contiguous()
+            assert rel(x, y) < TOL[dtype]
 
 
 def test_kernels_are_recorded_by_a_cuda_graph(gen: torch.Generator) -> None:

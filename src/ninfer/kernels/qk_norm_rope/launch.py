@@ -1,4 +1,5 @@
-"""CUDA launcher of the fused q/k RMSNorm + RoPE (grid: heads x tokens, one thread per dim).
+"""CUDA launcher of the fused q/k RMSNorm + RoPE: a warp per (token, head) where the head dim
+is 32 x E and rotate-half pairs stay on one lane slot, else a block per (token, head).
 
 Imports torch and kernels.runtime. Same signature and results as `reference.qk_norm_rope` where
 `supports` says yes; q and k are read through their strides (views into the fused projection).
@@ -35,6 +36,18 @@ def supports(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor) -> bool:
     )
 
 
+WARP_DIMS = (1, 2, 4, 8, 16)  # E = head dim / 32 of the warp kernel
+ROWS_PER_BLOCK = 8  # warps (head rows) per block of the warp kernel
+
+
+def per_warp_dims(head_dim: int, rotary: int) -> int | None:
+    """E of `qk_norm_rope_warp` for this shape, or None (the block kernel serves it)."""
+    if head_dim % 32 or head_dim // 32 not in WARP_DIMS:
+        return None
+    dims = head_dim // 32
+    return dims if (rotary // 2) % dims == 0 else None
+
+
 def qk_norm_rope(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -43,8 +56,10 @@ def qk_norm_rope(
     cos: torch.Tensor,
     sin: torch.Tensor,
     eps: float,
+    *,
+    per_warp: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """See `reference.qk_norm_rope`."""
+    """See `reference.qk_norm_rope`; `per_warp` False keeps the block kernel (tests compare)."""
     device = rt.check_cuda(q, k, q_weight, k_weight, cos, sin)
     if not supports(q, k, cos):
         raise rt.KernelInputError(
@@ -60,8 +75,8 @@ def qk_norm_rope(
     q_weight = q_weight.to(q.dtype).contiguous()
     k_weight = k_weight.to(q.dtype).contiguous()
     cos, sin = cos.contiguous(), sin.contiguous()
-    kernel = rt.get_kernel(OP, f"qk_norm_rope<{rt.cuda_type(q, 'q')}>", device)
-    args = (
+    dims = per_warp_dims(head_dim, cos.shape[-1]) if per_warp else None
+    common = (  # the arguments both kernels start with
         rt.ptr(q_out),
         rt.ptr(k_out),
         rt.ptr(q),
@@ -76,10 +91,16 @@ def qk_norm_rope(
         rt.ptr(sin),
         rt.i32(num_q_heads),
         rt.i32(num_k_heads),
-        rt.i32(head_dim),
-        rt.i32(cos.shape[-1]),
-        rt.f32(eps),
     )
-    grid = (num_q_heads + num_k_heads, num_tokens)
-    rt.launch(kernel, grid, (rt.block_size(head_dim),), args, device)
+    dtype = rt.cuda_type(q, "q")
+    rows = num_q_heads + num_k_heads
+    if dims is not None:
+        kernel = rt.get_kernel(OP, f"qk_norm_rope_warp<{dtype}, {dims}>", device)
+        args = (*common, rt.i32(cos.shape[-1]), rt.f32(eps))
+        grid = (-(-rows // ROWS_PER_BLOCK), num_tokens)
+        rt.launch(kernel, grid, (32 * ROWS_PER_BLOCK,), args, device)
+    else:
+        kernel = rt.get_kernel(OP, f"qk_norm_rope<{dtype}>", device)
+        args = (*common, rt.i32(head_dim), rt.i32(cos.shape[-1]), rt.f32(eps))
+        rt.launch(kernel, (rows, num_tokens), (rt.block_size(head_dim),), args, device)
     return q_out, k_out
