@@ -7,7 +7,6 @@ stays a thin parser, and from kv_quality.py so that the measurement has no print
 from __future__ import annotations
 
 import datetime
-import json
 import shlex
 import sys
 from dataclasses import asdict
@@ -18,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ninfer.bench.kv_quality import KvQualityResult, run_kv_quality
+from ninfer.bench.report import emit_json
 from ninfer.bench.synthetic import synthetic_model
 
 
@@ -49,13 +49,8 @@ def run_kv_quality_cmd(
         "command": shlex.join(["ninfer", *sys.argv[1:]]),
         "kv_quality": [asdict(r) for r in rows],
     }
-    text = json.dumps(report, indent=2)
-    if save is not None:
-        save.write_text(text + "\n")
-    if as_json:
-        print(text)
-        return
-    _print(report, rows, Console())
+    if not emit_json(report, save, as_json):
+        _print(report, rows, Console())
 
 
 def _print(report: dict, rows: list[KvQualityResult], console: Console) -> None:

@@ -6,6 +6,7 @@ Imports rich and bench.results only.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -15,6 +16,17 @@ from ninfer.bench.results import BenchReport, HfComparison, StepProfile, compari
 
 def to_json(report: BenchReport) -> str:
     return json.dumps(report.to_json(), indent=2)
+
+
+def emit_json(report: BenchReport | dict, save: Path | None, as_json: bool) -> bool:
+    """Write the report's JSON to `save` (if given) and print it when `as_json`; True when printed,
+    so the caller skips its tables. One place for every bench mode's `--save` / `--json`."""
+    text = to_json(report) if isinstance(report, BenchReport) else json.dumps(report, indent=2)
+    if save is not None:
+        save.write_text(text + "\n")
+    if as_json:
+        print(text)
+    return as_json
 
 
 def print_report(report: BenchReport, console: Console) -> None:

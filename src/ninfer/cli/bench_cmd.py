@@ -170,7 +170,7 @@ def bench(
                 _ints(vision_batches, "--vision-batches"), not no_ttft, as_json, save)  # fmt: skip
         return
     from ninfer.bench.hf_compare import HfCompareError, require_hf
-    from ninfer.bench.report import print_report, to_json
+    from ninfer.bench.report import emit_json, print_report
     from ninfer.bench.run import BenchError, BenchOptions, check_compare, run_bench
     from ninfer.bench.synthetic import UnknownSyntheticModel, synthetic_config
 
@@ -209,11 +209,7 @@ def bench(
             report = run_bench(opts, lambda msg: (status.update(msg), err.print(msg, style="dim")))
     except (BenchError, HfCompareError, UnknownSyntheticModel) as e:
         raise UserError(str(e)) from None
-    if save is not None:
-        save.write_text(to_json(report) + "\n")
-    if as_json:
-        print(to_json(report))
-    else:
+    if not emit_json(report, save, as_json):
         print_report(report, Console())
 
 
@@ -231,10 +227,9 @@ def _spec(
     save: Path | None,
     lm_head_draft: bool,
 ) -> None:
-    import json
-
     import torch
 
+    from ninfer.bench.report import emit_json
     from ninfer.bench.spec_bench import run_spec_bench
     from ninfer.bench.synthetic import random_mtp_weights, synthetic_model
     from ninfer.model.mtp import MtpHead
@@ -265,11 +260,7 @@ def _spec(
     )
     report |= {"synthetic": synthetic, "weights": weights,
                "command": shlex.join(["ninfer", *sys.argv[1:]])}  # fmt: skip
-    text = json.dumps(report, indent=2)
-    if save is not None:
-        save.write_text(text + "\n")
-    if as_json:
-        print(text)
+    if emit_json(report, save, as_json):
         return
     con = Console()
     shortlist = ", lm-head-draft" if lm_head_draft else ""
@@ -297,10 +288,9 @@ def _vision(
     as_json: bool,
     save: Path | None,
 ) -> None:
-    import json
-
     import torch
 
+    from ninfer.bench.report import emit_json
     from ninfer.bench.synthetic import synthetic_model
     from ninfer.bench.vision_bench import run_vision_bench
 
@@ -323,11 +313,7 @@ def _vision(
         on_progress=lambda msg: err.print(msg, style="dim"),
     )
     report["command"] = shlex.join(["ninfer", *sys.argv[1:]])
-    text = json.dumps(report, indent=2)
-    if save is not None:
-        save.write_text(text + "\n")
-    if as_json:
-        print(text)
+    if emit_json(report, save, as_json):
         return
     con = Console()
     for row in report["tower"]:
