@@ -66,12 +66,16 @@ def test_split_plan_at_the_27b_decode_shapes() -> None:
     assert paged_launch.plan_splits(1, 4, 6, 32960) == (128, 258)
     assert paged_launch.plan_splits(8, 4, 6, 2048) == (32, 64)  # 2,048 blocks
     assert paged_launch.plan_splits(8, 4, 6, 4096) == (64, 64)
-    # the tensor-core partial's plan: about two blocks per SM (docs/perf.md run T2)
+    # the tensor-core partial's plan: about two blocks per SM (docs/perf.md run T2) over the
+    # live tokens, half of a graph table's power-of-two capacity at least
     mma = paged_launch.MMA_MAX_BLOCKS
     assert paged_launch.plan_splits(1, 4, 6, 1088, mma) == (32, 34)
     assert paged_launch.plan_splits(8, 4, 6, 1088, mma) == (128, 9)
-    assert paged_launch.plan_splits(1, 4, 6, 8256, mma) == (128, 65)
     assert paged_launch.plan_splits(8, 4, 6, 32832, mma) == (1024, 33)
+    assert paged_launch.plan_splits(1, 4, 6, 65536, mma, 32768) == (512, 128)  # 32k in 64k
+    assert paged_launch.plan_splits(1, 4, 6, 16384, mma, 8192) == (128, 128)  # 8k in 16k
+    assert paged_launch.plan_splits(8, 4, 6, 2048, mma, 1024) == (128, 16)  # 1k in 2k, 8 rows
+    assert paged_launch.plan_splits(1, 4, 6, 2048, mma, 1024) == (32, 64)
 
 
 @pytest.mark.parametrize("head_dim", [32, 64, 128, 256, 512])

@@ -31,6 +31,10 @@ MAX_BLOCKS = 2048  # partial blocks over the table's capacity: ~15 per SM on an 
 # 8 rows 22.3 µs at 288 blocks vs 30.5 at 1,088; 8k x 1 17.2 at 260 vs 28.0 at 1,032): its
 # blocks are short, so larger splits spread the fixed cost (q, softmax, partial write, combine).
 MMA_MAX_BLOCKS = 320
+# ... counted over half the table's capacity: the decode graphs' tables are power-of-two page
+# buckets (engine/graphs.py), so the longest row fills between half and all of its table. Counted
+# over the whole table, a 32k row in its 64k bucket got 1,024-token splits: 132 live blocks, one
+# per SM, where the sweep's best was ~260 (run T2: 8k x 1 row, 21.9 µs at 132 vs 17.2 at 260).
 # Token tiles (phase 1) and k-steps (phase 3) whose loads a warp issues together: 1 ran in run
 # T2; 2 doubles the bytes in flight at ~2 blocks per SM (bit-equal results; not yet measured).
 MMA_TILES = 1
@@ -110,9 +114,15 @@ def uses_tensor_cores(q: torch.Tensor, group: int, k_code: int, v_code: int) -> 
 
 
 def plan_splits(
-    num_seqs: int, num_kv_heads: int, group: int, capacity: int, max_blocks: int = MAX_BLOCKS
+    num_seqs: int,
+    num_kv_heads: int,
+    group: int,
+    capacity: int,
+    max_blocks: int = MAX_BLOCKS,
+    live: int | None = None,
 ) -> SplitPlan:
-    """Tokens per split: the smallest power of two >= 32 with at most `max_blocks` partial blocks.
+    """Tokens per split: the smallest power of two >= 32 that keeps the partial blocks over `live`
+    tokens (default: the table's capacity) within `max_blocks`; the splits cover the capacity.
 
     Small splits keep short contexts spread over the SMs (1k tokens, batch 1, 4 KV heads: 32
     splits of 32 tokens = 128 blocks); long ones grow the split so the combine stays cheap (a 32k
@@ -122,8 +132,9 @@ def plan_splits(
     while max_tokens * 2 * group <= SCORE_FLOATS:
         max_tokens *= 2
     capacity = max(capacity, 1)
+    counted = max(capacity if live is None else live, 1)
     size = MIN_SPLIT_TOKENS
-    while size < max_tokens and num_seqs * num_kv_heads * -(-capacity // size) > max_blocks:
+    while size < max_tokens and num_seqs * num_kv_heads * -(-counted // size) > max_blocks:
         size *= 2
     return SplitPlan(size, -(-capacity // size))
 
@@ -176,8 +187,11 @@ def paged_decode_attention(
         return out
     table_width = table.shape[1]
     mma = tensor_cores and uses_tensor_cores(q, group, k_code, v_code)
-    max_blocks = MMA_MAX_BLOCKS if mma else MAX_BLOCKS
-    plan = plan_splits(num_seqs, num_kv_heads, group, table_width * page_size, max_blocks)
+    capacity = table_width * page_size
+    if mma:  # counted over half the table: graph tables are power-of-two page buckets
+        plan = plan_splits(num_seqs, num_kv_heads, group, capacity, MMA_MAX_BLOCKS, capacity // 2)
+    else:
+        plan = plan_splits(num_seqs, num_kv_heads, group, capacity)
     if tokens_per_split is not None:
         if (
             tokens_per_split < MIN_SPLIT_TOKENS
