@@ -53,6 +53,25 @@ __device__ __forceinline__ float block_sum(float v) {
   return warp_sum(total);
 }
 
+// d += A (16 x 16, row-major fragment a0..a3) * B (16 x 8, col-major fragment b0, b1) with fp32
+// accumulation, one mma.sync m16n8k16 (sm_80+): f16 operands when F16, else bf16. The one copy of
+// the instruction the tensor-core kernels (chunked delta rule, fp8 GEMV, paged attention) use.
+template <bool F16>
+__device__ __forceinline__ void mma_16816(float (&d)[4], unsigned a0, unsigned a1, unsigned a2,
+                                          unsigned a3, unsigned b0, unsigned b1) {
+  if constexpr (F16) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
+
 // 16 bytes of a read-once weight stream: not allocated in L1, 256-byte L2 prefetch (sm_80+).
 __device__ __forceinline__ uint4 ld_stream16(const unsigned char* p) {
   uint4 v;

@@ -144,16 +144,6 @@ __device__ __forceinline__ unsigned int e4m3x2_to_f16x2(unsigned int w) {
   return (e << 7) & 0xbf80bf80u;  // sign at bit 15, exponent/mantissa at bits 13..7
 }
 
-__device__ __forceinline__ void mma_f16(float (&d)[4], unsigned int a0, unsigned int a1,
-                                        unsigned int a2, unsigned int a3, unsigned int b0,
-                                        unsigned int b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 __device__ __forceinline__ unsigned int f16_bits(float v) {
   unsigned short h;
   asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
@@ -279,7 +269,7 @@ __device__ __forceinline__ void compute_tile(float (&acc)[4], const uint4 (&b)[4
     const unsigned int wg8[4] = {b[2 + h].x, b[2 + h].y, b[2 + h].z, b[2 + h].w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      mma_f16(frag, e4m3x2_to_f16x2<0xA280u>(wg[i]), e4m3x2_to_f16x2<0xA280u>(wg8[i]),
+      mma_16816<true>(frag, e4m3x2_to_f16x2<0xA280u>(wg[i]), e4m3x2_to_f16x2<0xA280u>(wg8[i]),
               e4m3x2_to_f16x2<0xB391u>(wg[i]), e4m3x2_to_f16x2<0xB391u>(wg8[i]), xw[2 * i],
               xw[2 * i + 1]);
     }

@@ -60,13 +60,10 @@ __device__ __forceinline__ void gdc_ldsm4_trans(unsigned (&r)[4], const void* ro
                : "r"(gdc_smem_addr(row)));
 }
 
-// d += A (16x16 bf16, row) * B (16x8 bf16, col), fp32 accumulate
+// d += A (16x16 bf16, row) * B (16x8 bf16, col), fp32 accumulate (a fragment array)
 __device__ __forceinline__ void gdc_mma(float (&d)[4], const unsigned (&a)[4], unsigned b0,
                                         unsigned b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  mma_16816<false>(d, a[0], a[1], a[2], a[3], b0, b1);
 }
 
 // (lo, hi) -> bf16x2 rounded to nearest even, lo in the low half (the lower column of a fragment)

@@ -341,24 +341,6 @@ __global__ void __launch_bounds__(256) paged_decode_combine(
 // runs on f16 codes with q rounded to f16; the per-(token, head) scales go onto the score (K)
 // and onto p (V) in fp32, not onto each value.
 
-__device__ __forceinline__ void pdm_mma_bf16(float (&d)[4], unsigned a0, unsigned a2, unsigned b0,
-                                             unsigned b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void pdm_mma_f16(float (&d)[4], unsigned a0, unsigned a2, unsigned b0,
-                                            unsigned b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
-}
-
 // (lo, hi) fp32 -> a packed pair of the mma operand type, lo in the low half
 template <bool F16>
 __device__ __forceinline__ unsigned pdm_pack(float lo, float hi) {
@@ -504,11 +486,9 @@ __global__ void __launch_bounds__(PDA_WARPS * 32, TILES == 1 ? 4 : 2) paged_deco
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int kk = 0; kk < 2 * CH; ++kk) {
-          if constexpr (F16) {
-            pdm_mma_f16(acc, qa[2 * kk], qa[2 * kk + 1], kw[u][2 * kk], kw[u][2 * kk + 1]);
-          } else {
-            pdm_mma_bf16(acc, qa[2 * kk], qa[2 * kk + 1], kw[u][2 * kk], kw[u][2 * kk + 1]);
-          }
+          // rows G..15 of A are padding: a1 = a3 = 0
+          mma_16816<F16>(acc, qa[2 * kk], 0u, qa[2 * kk + 1], 0u, kw[u][2 * kk],
+                         kw[u][2 * kk + 1]);
         }
         float s0 = acc[0] * scale, s1 = acc[1] * scale;  // tokens t0 + 2tq, t0 + 2tq + 1
         if constexpr (F16) {
@@ -572,11 +552,7 @@ __global__ void __launch_bounds__(PDA_WARPS * 32, TILES == 1 ? 4 : 2) paged_deco
         const unsigned sel = (j & 1) ? 0x7632u : 0x5410u;  // element j of two tokens' words
         const unsigned b0 = __byte_perm(vw[u][0][j / 2], vw[u][1][j / 2], sel);
         const unsigned b1 = __byte_perm(vw[u][2][j / 2], vw[u][3][j / 2], sel);
-        if constexpr (F16) {
-          pdm_mma_f16(acc[j], a0, a2, b0, b1);
-        } else {
-          pdm_mma_bf16(acc[j], a0, a2, b0, b1);
-        }
+        mma_16816<F16>(acc[j], a0, 0u, a2, 0u, b0, b1);
       }
     }
   }
