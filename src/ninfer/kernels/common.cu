@@ -53,6 +53,45 @@ __device__ __forceinline__ float block_sum(float v) {
   return warp_sum(total);
 }
 
+// How many values each lane holds after reduce_scatter<N, OFFSET>.
+template <int N, int OFFSET>
+struct ScatterCount {
+  static constexpr int value = ScatterCount<N % 2 == 0 ? N / 2 : N, OFFSET / 2>::value;
+};
+template <int N>
+struct ScatterCount<N, 0> {
+  static constexpr int value = N;
+};
+
+// Sums v[0..N) over the lanes of a warp (call with OFFSET = 16). While N is even, each step keeps
+// half of the values, the half chosen by the lane's OFFSET bit, and adds the partner lane's copy
+// of that half (N / 2 shuffles); once N is odd the rest is a plain butterfly. Afterwards v[i],
+// i < ScatterCount<N, 16>::value, is the warp total of entry base + i, and `owner` is true on
+// exactly one lane for each entry. Serves the paged attention's score sums and the bf16 GEMV's
+// row sums.
+template <int N, int OFFSET, int M>
+__device__ __forceinline__ void reduce_scatter(float (&v)[M], int lane, int& base, bool& owner) {
+  if constexpr (OFFSET > 0) {
+    if constexpr (N % 2 == 0) {
+      constexpr int H = N / 2;
+      const bool hi = (lane & OFFSET) != 0;
+#pragma unroll
+      for (int i = 0; i < H; ++i) {
+        const float send = hi ? v[i] : v[i + H];
+        const float keep = hi ? v[i + H] : v[i];
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, OFFSET);
+      }
+      if (hi) base += H;
+      reduce_scatter<H, OFFSET / 2, M>(v, lane, base, owner);
+    } else {
+#pragma unroll
+      for (int i = 0; i < N; ++i) v[i] += __shfl_xor_sync(0xffffffffu, v[i], OFFSET);
+      if (lane & OFFSET) owner = false;
+      reduce_scatter<N, OFFSET / 2, M>(v, lane, base, owner);
+    }
+  }
+}
+
 // d += A (16 x 16, row-major fragment a0..a3) * B (16 x 8, col-major fragment b0, b1) with fp32
 // accumulation, one mma.sync m16n8k16 (sm_80+): f16 operands when F16, else bf16. The one copy of
 // the instruction the tensor-core kernels (chunked delta rule, fp8 GEMV, paged attention) use.

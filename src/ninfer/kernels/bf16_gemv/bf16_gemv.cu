@@ -21,7 +21,8 @@
 //   bytes); bf16 -> fp32 is a shift or a mask, done once per weight and once per x value and
 //   step, and each product goes into one of M * R fp32 accumulators held in registers (M and R
 //   are template arguments).
-// - Reduction: each warp reduce-scatters its M * R sums (padded to P, a power of two <= 32)
+// - Reduction: each warp reduce-scatters (common.cu's reduce_scatter) its M * R sums (padded to
+//   P, a power of two <= 32)
 //   with P - 1 + log2(32 / P) shuffles (not M * R * 5) so that lane l ends with the warp total
 //   of sum l / (32 / P); the group's warps meet in shared memory and one thread per (x row,
 //   output row) adds the ks partials in warp order (deterministic) and writes the bf16 result.
@@ -42,32 +43,6 @@ __device__ __forceinline__ unsigned int bf16_gemv_word(const uint4& u, int j) {
 // The smallest power of two >= v (v in 1..32): the reduce-scatter's padded width.
 __host__ __device__ constexpr int bf16_gemv_pow2(int v) {
   return v <= 1 ? 1 : v <= 2 ? 2 : v <= 4 ? 4 : v <= 8 ? 8 : v <= 16 ? 16 : 32;
-}
-
-// Warp reduce-scatter of P values per lane (P a power of two <= 32): returns, on lane l, the
-// sum over all 32 lanes of v[l / (32 / P)]. Halving step with offset o = 32 * half / P: the lane
-// whose bit o is set keeps the upper half of its values and sends the lower, its partner the
-// reverse, so after log2(P) steps index bit (log2 P - 1 - j) equals lane bit (4 - j) and the
-// remaining offsets (< 32 / P) are a plain butterfly sum. v is clobbered.
-template <int P>
-__device__ __forceinline__ float bf16_gemv_reduce_scatter(float (&v)[P], int lane) {
-#pragma unroll
-  for (int half = P / 2; half >= 1; half >>= 1) {
-    const int offset = 32 * half / P;
-    const bool upper = (lane & offset) != 0;
-#pragma unroll
-    for (int i = 0; i < half; ++i) {
-      const float send = upper ? v[i] : v[i + half];
-      const float keep = upper ? v[i + half] : v[i];
-      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, offset);
-    }
-  }
-  float total = v[0];
-#pragma unroll
-  for (int offset = 16 / P; offset > 0; offset >>= 1) {
-    total += __shfl_xor_sync(0xffffffffu, total, offset);
-  }
-  return total;
 }
 
 // Grid: ceil(N / ((8 >> ks_log2) * R)) blocks of 256 threads. M: rows of x; R: output rows per
@@ -149,9 +124,10 @@ __global__ void __launch_bounds__(256, M <= 2 ? 4 : M <= 4 ? 3 : 2) bf16_gemv(
     }
   }
 
-  constexpr int SPREAD = 32 / P;  // lanes holding the same sum after the reduce-scatter
-  const float total = bf16_gemv_reduce_scatter<P>(acc, lane);
-  if ((lane & (SPREAD - 1)) == 0) part[warp][lane / SPREAD] = total;
+  int base = 0;  // afterwards acc[0] is the warp total of sum `base` = lane / (32 / P)
+  bool owner = true;  // on exactly one lane per sum
+  reduce_scatter<P, 16, P>(acc, lane, base, owner);
+  if (owner) part[warp][base] = acc[0];
   __syncthreads();
 
   const int t = threadIdx.x;

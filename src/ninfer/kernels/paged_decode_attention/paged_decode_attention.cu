@@ -50,44 +50,6 @@ __device__ __forceinline__ float pda_block_max(float v) {
   return pda_warp_max(lane < num_warps ? partial[lane] : __int_as_float(0xff800000));
 }
 
-// How many values each lane holds after reduce_scatter<N, OFFSET>.
-template <int N, int OFFSET>
-struct ScatterCount {
-  static constexpr int value = ScatterCount<N % 2 == 0 ? N / 2 : N, OFFSET / 2>::value;
-};
-template <int N>
-struct ScatterCount<N, 0> {
-  static constexpr int value = N;
-};
-
-// Sums v[0..N) over the lanes of a warp (call with OFFSET = 16). While N is even, each step keeps
-// half of the values, the half chosen by the lane's OFFSET bit, and adds the partner lane's copy
-// of that half (N / 2 shuffles); once N is odd the rest is a plain butterfly. Afterwards v[i],
-// i < ScatterCount<N, 16>::value, is the warp total of entry base + i, and `owner` is true on exactly
-// one lane for each entry.
-template <int N, int OFFSET, int M>
-__device__ __forceinline__ void reduce_scatter(float (&v)[M], int lane, int& base, bool& owner) {
-  if constexpr (OFFSET > 0) {
-    if constexpr (N % 2 == 0) {
-      constexpr int H = N / 2;
-      const bool hi = (lane & OFFSET) != 0;
-#pragma unroll
-      for (int i = 0; i < H; ++i) {
-        const float send = hi ? v[i] : v[i + H];
-        const float keep = hi ? v[i + H] : v[i];
-        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, OFFSET);
-      }
-      if (hi) base += H;
-      reduce_scatter<H, OFFSET / 2, M>(v, lane, base, owner);
-    } else {
-#pragma unroll
-      for (int i = 0; i < N; ++i) v[i] += __shfl_xor_sync(0xffffffffu, v[i], OFFSET);
-      if (lane & OFFSET) owner = false;
-      reduce_scatter<N, OFFSET / 2, M>(v, lane, base, owner);
-    }
-  }
-}
-
 // Phase 2 of both partial kernels: softmax over a block's scores [G][S] (shared memory), one warp
 // per head, no running rescale (every score is known before any V is read). p = exp(s - m) for
 // t < n_valid and 0 from there up to n_end (what phase 3 reads); (m, l) of head g goes to
