@@ -302,7 +302,7 @@ def expert_gemv(
     """MoE experts read in place by id (+ the shared expert); see expert_gemv/reference.py."""
     if use_cuda_kernels(x, "expert_gemv") and _expert_gemv_cuda.supports(x, weight, shared_weight):
         # `unroll_expert_gemv` in NINFER_KERNELS_OFF: one chunk step in flight per loop (A/B)
-        unroll = 1 if switched_off("unroll_expert_gemv") else _expert_gemv_cuda.GEMV_UNROLL
+        unroll = 1 if switched_off("unroll_expert_gemv") else None  # None: GEMV_UNROLL
         return _expert_gemv_cuda.expert_gemv(
             x, weight, expert_ids, rows_per_input=rows_per_input, shared_weight=shared_weight,
             unroll=unroll,

@@ -30,11 +30,13 @@ MAX_BLOCKS = 2048  # partial blocks over the table's capacity: ~15 per SM on an 
 # The mma partial is fastest at about two blocks per SM (run T2 of docs/perf.md, 27B shape: 1k x
 # 8 rows 22.3 µs at 288 blocks vs 30.5 at 1,088; 8k x 1 17.2 at 260 vs 28.0 at 1,032): its
 # blocks are short, so larger splits spread the fixed cost (q, softmax, partial write, combine).
+# They are counted over half the table's capacity: the decode graphs' tables are power-of-two
+# page buckets (engine/graphs.py), so the longest row fills between half and all of its table.
+# Counted over the whole table, a 32k row in its 64k bucket got 1,024-token splits: 132 live
+# blocks, one per SM, where the sweep's best was ~260 (run T2: 8k x 1 row, 21.9 µs at 132 vs
+# 17.2 at 260).
 MMA_MAX_BLOCKS = 320
-# ... counted over half the table's capacity: the decode graphs' tables are power-of-two page
-# buckets (engine/graphs.py), so the longest row fills between half and all of its table. Counted
-# over the whole table, a 32k row in its 64k bucket got 1,024-token splits: 132 live blocks, one
-# per SM, where the sweep's best was ~260 (run T2: 8k x 1 row, 21.9 µs at 132 vs 17.2 at 260).
+
 # Token tiles (phase 1) and k-steps (phase 3) whose loads a warp issues together: 1 ran in run
 # T2; 2 doubles the bytes in flight at ~2 blocks per SM (bit-equal results; not yet measured).
 MMA_TILES = 1
@@ -95,7 +97,8 @@ def _operand(pages: KvPages) -> tuple[int, tuple]:
     return code, (rt.ptr(pages.values), rt.ptr(pages.scale), rt.ptr(pages.block_scale))
 
 
-MMA_FORMATS = (0, 1, 2)  # plain, int8, fp8 codes: exact as mma operands (bf16 / f16)
+# plain, int8 and fp8 codes: exact as mma operands (bf16 / f16)
+MMA_FORMATS = tuple(FORMAT_CODES[f] for f in (kvf.PLAIN, kvf.INT8, kvf.FP8))
 MMA_MAX_GROUP = 8  # the heads are the mma's M rows (16, of which G live)
 
 
@@ -109,7 +112,7 @@ def uses_tensor_cores(q: torch.Tensor, group: int, k_code: int, v_code: int) -> 
         and group <= MMA_MAX_GROUP
         and k_code == v_code
         and k_code in MMA_FORMATS
-        and head_dim % (64 if k_code == 0 else 128) == 0
+        and head_dim % (64 if k_code == FORMAT_CODES[kvf.PLAIN] else 128) == 0
     )
 
 
@@ -199,7 +202,7 @@ def paged_decode_attention(
             or tokens_per_split * group > SCORE_FLOATS
         ):
             raise rt.KernelInputError(f"tokens_per_split {tokens_per_split} is not a usable split")
-        plan = SplitPlan(tokens_per_split, -(-table_width * page_size // tokens_per_split))
+        plan = SplitPlan(tokens_per_split, -(-capacity // tokens_per_split))
     ws_acc = torch.empty(
         (num_seqs, num_q_heads, plan.num_splits, head_dim), dtype=torch.float32, device=device
     )
