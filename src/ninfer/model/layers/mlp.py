@@ -47,6 +47,19 @@ def swiglu_mlp(
     return dispatch.linear(F.silu(gate) * up, down_proj)
 
 
+def fused_mlp(
+    x: torch.Tensor, gate_up: torch.Tensor | Fp8Weight, down_proj: torch.Tensor | Fp8Weight
+) -> torch.Tensor:
+    """down(swiglu(gate_up(x))) with gate and up as one [2I, H] matrix: one gate-up GEMM.
+
+    Args:
+        x: [T, H]; gate_up: [2I, H], gate rows then up rows; down_proj: [H, I].
+    Returns:
+        [T, H].
+    """
+    return dispatch.linear(swiglu(dispatch.linear(x, gate_up)), down_proj)
+
+
 def mlp(x: torch.Tensor, w: MlpWeights) -> torch.Tensor:
     """`swiglu_mlp` over bound weights: one gate-up GEMM when `w.gate_up` is bound.
 
@@ -57,4 +70,4 @@ def mlp(x: torch.Tensor, w: MlpWeights) -> torch.Tensor:
     """
     if w.gate_up is None:
         return swiglu_mlp(x, w.gate_proj, w.up_proj, w.down_proj)
-    return dispatch.linear(swiglu(dispatch.linear(x, w.gate_up)), w.down_proj)
+    return fused_mlp(x, w.gate_up, w.down_proj)

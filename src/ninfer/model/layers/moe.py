@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from ninfer.kernels import dispatch
 from ninfer.kernels.fp8_gemv.reference import Fp8Weight
 from ninfer.kernels.moe_routing.reference import route_topk
-from ninfer.model.layers.mlp import MlpWeights, mlp, swiglu
+from ninfer.model.layers.mlp import MlpWeights, fused_mlp, mlp, swiglu
 
 __all__ = [
     "GATHER_MAX_ASSIGNMENTS",
@@ -174,8 +174,7 @@ def moe_experts(
             shared_down=shared_down,
         )
     if shared_expert is not None:
-        shared_gate_up, shared_down = shared_expert
-        shared = dispatch.linear(swiglu(dispatch.linear(x, shared_gate_up)), shared_down)
+        shared = fused_mlp(x, *shared_expert)
     if path is ExpertPath.GROUPED_GEMV:
         y = _experts_grouped_gemv(x, gate_up, down, topk_ids)  # [T * k, H]
         return dispatch.moe_combine(y, topk_weights, shared=shared, shared_gate=shared_gate)
