@@ -81,18 +81,23 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
-// Row indices (page slot * Hk + head, see kv_codec.cu) of the K/V rows of KV head kh of tokens
-// first .. first + C - 1, each clamped to last (a live position) so that surplus tokens of a chunk
-// read valid memory.
+// The row index (page slot * Hk + head, see kv_codec.cu) of KV head kh of token t of a sequence
+// whose page table row is `pages`.
+__device__ __forceinline__ long long kv_row(const long long* __restrict__ pages, int t,
+                                            int page_size, int num_kv_heads, int kh) {
+  const long long page = pages[t / page_size];
+  return (page * page_size + t % page_size) * num_kv_heads + kh;
+}
+
+// Row indices of KV head kh of tokens first .. first + C - 1, each clamped to last (a live
+// position) so that surplus tokens of a chunk read valid memory.
 template <int C>
 __device__ __forceinline__ void token_rows(long long (&rows)[C], const long long* __restrict__ pages,
                                            int first, int last, int page_size, int num_kv_heads,
                                            int kh) {
 #pragma unroll
   for (int u = 0; u < C; ++u) {
-    const int t = min(first + u, last);
-    const long long page = pages[t / page_size];
-    rows[u] = (page * page_size + t % page_size) * num_kv_heads + kh;
+    rows[u] = kv_row(pages, min(first + u, last), page_size, num_kv_heads, kh);
   }
 }
 
@@ -317,7 +322,8 @@ __device__ __forceinline__ unsigned pdm_pack(float lo, float hi) {
 
 // N consecutive codes (1 byte each) of an 8-bit row -> N / 2 f16x2 words, exact
 template <int FMT, int N>
-__device__ __forceinline__ void pdm_codes_to_f16(const unsigned (&raw)[N / 4], unsigned (&w)[N / 2]) {
+__device__ __forceinline__ void pdm_codes_to_f16(const unsigned (&raw)[N / 4],
+                                                 unsigned (&w)[N / 2]) {
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) {
     const unsigned pair = (raw[i / 2] >> (16 * (i % 2))) & 0xffffu;
@@ -430,8 +436,7 @@ __global__ void __launch_bounds__(PDA_WARPS * 32, TILES == 1 ? 4 : 2) paged_deco
       unsigned kw[TILES][CH * 4];
 #pragma unroll
       for (int u = 0; u < TILES; ++u) {  // every tile's loads in flight before any mma
-        const int t = min(start + t00 + 8 * u + gq, last);
-        rows[u] = (pages[t / page_size] * page_size + t % page_size) * num_kv_heads + kh;
+        rows[u] = kv_row(pages, min(start + t00 + 8 * u + gq, last), page_size, num_kv_heads, kh);
 #pragma unroll
         for (int c = 0; c < CH; ++c) {
           unsigned w4[4];
@@ -488,8 +493,7 @@ __global__ void __launch_bounds__(PDA_WARPS * 32, TILES == 1 ? 4 : 2) paged_deco
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         const int t = min(start + k00 + 16 * u + 2 * tq + (r & 1) + 8 * (r >> 1), last);
-        const long long row =
-            (pages[t / page_size] * page_size + t % page_size) * num_kv_heads + kh;
+        const long long row = kv_row(pages, t, page_size, num_kv_heads, kh);
         pdm_load_words<FMT, NT>(kv_v + (row * D + base + gq * NT) * EB, vw[u][r]);
         if constexpr (F16) vs[u][r] = v_scale[row];
       }
