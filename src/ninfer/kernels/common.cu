@@ -92,6 +92,24 @@ __device__ __forceinline__ void reduce_scatter(float (&v)[M], int lane, int& bas
   }
 }
 
+// Two fp32 values rounded to nearest even and packed, lo in the low half (the lower column of an
+// mma fragment): bf16x2, or f16x2 when F16. One sm_80+ instruction; bf16 rounds exactly as
+// from_float<bf16> (NaN bits aside), which older targets fall back to.
+template <bool F16>
+__device__ __forceinline__ unsigned int pack_pair(float lo, float hi) {
+  unsigned int r;
+  if constexpr (F16) {
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  } else {
+#if __CUDA_ARCH__ >= 800
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#else
+    r = from_float<bf16>(lo).bits | (static_cast<unsigned int>(from_float<bf16>(hi).bits) << 16);
+#endif
+  }
+  return r;
+}
+
 // d += A (16 x 16, row-major fragment a0..a3) * B (16 x 8, col-major fragment b0, b1) with fp32
 // accumulation, one mma.sync m16n8k16 (sm_80+): f16 operands when F16, else bf16. The one copy of
 // the instruction the tensor-core kernels (chunked delta rule, fp8 GEMV, paged attention) use.

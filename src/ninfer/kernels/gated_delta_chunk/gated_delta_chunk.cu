@@ -66,13 +66,6 @@ __device__ __forceinline__ void gdc_mma(float (&d)[4], const unsigned (&a)[4], u
   mma_16816<false>(d, a[0], a[1], a[2], a[3], b0, b1);
 }
 
-// (lo, hi) -> bf16x2 rounded to nearest even, lo in the low half (the lower column of a fragment)
-__device__ __forceinline__ unsigned gdc_pack(float lo, float hi) {
-  unsigned r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-
 // --- ptx helpers end ---------------------------------------------------------------------------
 
 // Fragment positions (lane = 4 * gid + tig): an m16n8 accumulator holds rows gid, gid + 8 and
@@ -81,10 +74,10 @@ __device__ __forceinline__ unsigned gdc_pack(float lo, float hi) {
 // the accumulators of n-tiles 2j and 2j+1 pack into the A operand of k-step j.
 __device__ __forceinline__ void gdc_acc_to_a(unsigned (&a)[4], const float (&c0)[4],
                                              const float (&c1)[4]) {
-  a[0] = gdc_pack(c0[0], c0[1]);
-  a[1] = gdc_pack(c0[2], c0[3]);
-  a[2] = gdc_pack(c1[0], c1[1]);
-  a[3] = gdc_pack(c1[2], c1[3]);
+  a[0] = pack_pair<false>(c0[0], c0[1]);
+  a[1] = pack_pair<false>(c0[2], c0[3]);
+  a[2] = pack_pair<false>(c1[0], c1[1]);
+  a[3] = pack_pair<false>(c1[2], c1[3]);
 }
 
 template <int DK>
@@ -252,7 +245,7 @@ __global__ void __launch_bounds__(GDC_PREP_THREADS) gdc_prepare(
         if (t < n) {
           const long long o = ((c0 + t) * num_v_heads + hv) * GDC_CHUNK + s;
           *reinterpret_cast<unsigned*>(attn_out + o) =
-              gdc_pack(d0 * qk_acc[j][2 * h2], d1 * qk_acc[j][2 * h2 + 1]);
+              pack_pair<false>(d0 * qk_acc[j][2 * h2], d1 * qk_acc[j][2 * h2 + 1]);
         }
       }
     }
@@ -312,7 +305,7 @@ __global__ void __launch_bounds__(GDC_PREP_THREADS) gdc_prepare(
         const float v0 = s <= t ? sm.u.mat.inv[t][s] * sm.beta[s] : 0.0f;
         const float v1 = s + 1 <= t ? sm.u.mat.inv[t][s + 1] * sm.beta[s + 1] : 0.0f;
         const long long o = ((c0 + t) * num_v_heads + hv) * GDC_CHUNK + s;
-        *reinterpret_cast<unsigned*>(tb_out + o) = gdc_pack(v0, v1);
+        *reinterpret_cast<unsigned*>(tb_out + o) = pack_pair<false>(v0, v1);
       }
     }
     // row scales of real tokens

@@ -308,18 +308,6 @@ __global__ void __launch_bounds__(256) paged_decode_combine(
 // runs on f16 codes with q rounded to f16; the per-(token, head) scales go onto the score (K)
 // and onto p (V) in fp32, not onto each value.
 
-// (lo, hi) fp32 -> a packed pair of the mma operand type, lo in the low half
-template <bool F16>
-__device__ __forceinline__ unsigned pdm_pack(float lo, float hi) {
-  unsigned r;
-  if constexpr (F16) {
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  } else {
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  }
-  return r;
-}
-
 // N consecutive codes (1 byte each) of an 8-bit row -> N / 2 f16x2 words, exact
 template <int FMT, int N>
 __device__ __forceinline__ void pdm_codes_to_f16(const unsigned (&raw)[N / 4],
@@ -421,7 +409,7 @@ __global__ void __launch_bounds__(PDA_WARPS * 32, TILES == 1 ? 4 : 2) paged_deco
           if constexpr (F16) {  // bf16 q -> f16, clamped to its finite range
             const float lo = fminf(fmaxf(__uint_as_float(w[i] << 16), -65504.0f), 65504.0f);
             const float hi = fminf(fmaxf(__uint_as_float(w[i] & 0xffff0000u), -65504.0f), 65504.0f);
-            qa[4 * c + i] = pdm_pack<true>(lo, hi);
+            qa[4 * c + i] = pack_pair<true>(lo, hi);
           } else {
             qa[4 * c + i] = w[i];
           }
@@ -506,11 +494,11 @@ __global__ void __launch_bounds__(PDA_WARPS * 32, TILES == 1 ? 4 : 2) paged_deco
       const float2 pb = *reinterpret_cast<const float2*>(sp + k0 + 2 * tq + 8);
       unsigned a0, a2;
       if constexpr (F16) {
-        a0 = pdm_pack<true>(pa.x * vs[u][0], pa.y * vs[u][1]);
-        a2 = pdm_pack<true>(pb.x * vs[u][2], pb.y * vs[u][3]);
+        a0 = pack_pair<true>(pa.x * vs[u][0], pa.y * vs[u][1]);
+        a2 = pack_pair<true>(pb.x * vs[u][2], pb.y * vs[u][3]);
       } else {
-        a0 = pdm_pack<false>(pa.x, pa.y);
-        a2 = pdm_pack<false>(pb.x, pb.y);
+        a0 = pack_pair<false>(pa.x, pa.y);
+        a2 = pack_pair<false>(pb.x, pb.y);
       }
       if (gq >= G) a0 = a2 = 0u;
 #pragma unroll

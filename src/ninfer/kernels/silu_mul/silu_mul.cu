@@ -18,23 +18,11 @@ __device__ __forceinline__ T swiglu(T gate, T up) {
   return from_float<T>(act * to_float(up));
 }
 
-// Two bf16 roundings in one sm_80+ instruction (lo in the low half); the same round-to-nearest-
-// even as from_float<bf16>, so the vector kernel matches the scalar one (NaN bits aside).
-__device__ __forceinline__ unsigned int round_bf16x2(float lo, float hi) {
-#if __CUDA_ARCH__ >= 800
-  unsigned int r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-#else
-  return from_float<bf16>(lo).bits | (static_cast<unsigned int>(from_float<bf16>(hi).bits) << 16);
-#endif
-}
-
 // swiglu() on the two bf16 packed in each of a gate word and an up word.
 __device__ __forceinline__ unsigned int swiglu_bf16x2(unsigned int gate, unsigned int up) {
-  const unsigned int act = round_bf16x2(silu(__uint_as_float(gate << 16)),
+  const unsigned int act = pack_pair<false>(silu(__uint_as_float(gate << 16)),
                                         silu(__uint_as_float(gate & 0xffff0000u)));
-  return round_bf16x2(__uint_as_float(act << 16) * __uint_as_float(up << 16),
+  return pack_pair<false>(__uint_as_float(act << 16) * __uint_as_float(up << 16),
                       __uint_as_float(act & 0xffff0000u) * __uint_as_float(up & 0xffff0000u));
 }
 
