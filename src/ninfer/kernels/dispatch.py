@@ -447,7 +447,7 @@ def paged_decode_attention(
     if paged_decode_supported(q, k_pages, v_pages):
         return _paged_cuda.paged_decode_attention(
             q, k_pages, v_pages, page_table, kv_lens, scale=scale,
-            tensor_cores=use_cuda_kernels(q, "paged_decode_mma"),
+            tensor_cores=not switched_off("paged_decode_mma"),
         )  # fmt: skip
     return _paged_ref.paged_decode_attention(q, k_pages, v_pages, page_table, kv_lens, scale=scale)
 
