@@ -159,7 +159,7 @@ def run_bench(opts: BenchOptions, on_progress: Callable[[str], None]) -> BenchRe
             except Exception as e:  # NOTE: diagnostics only, as above
                 report.notes.append(f"batch profile failed: {type(e).__name__}: {e}")
         if prefill_sizes:
-            num_tokens = min(2048, max(prefill_sizes))
+            num_tokens = min(opts.prefill_chunk, max(prefill_sizes))
             on_progress(f"profiling an eager prefill of {num_tokens} tokens")
             try:
                 report.prefill_profile = bench.profile_prefill(num_tokens)

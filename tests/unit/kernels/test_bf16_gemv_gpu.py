@@ -103,7 +103,7 @@ def test_dispatch_routes_decode_rows_to_the_kernel(gen, monkeypatch) -> None:
     # more rows than a decode batch, fp32 x, out_features past the table, strided x rows:
     # F.linear, bit for bit
     prefill = torch.randn(9, 4096, device="cuda", generator=gen).to(torch.bfloat16)
-    wide_n = _operands(1, bf16_cuda.MAX_OUT_FEATURES[1] + 64, 4096, gen)  # K > SHORT_K
+    wide_n = _operands(1, bf16_cuda.ONE_ROW_MAX_OUT + 64, 4096, gen)  # K > SHORT_K
     odd_stride = torch.randn(3, 4100, device="cuda", generator=gen).to(torch.bfloat16)[:, :4096]
     for xx, ww in ((prefill, w), (x.float(), w.float()), wide_n, (odd_stride, w)):
         assert not dispatch.bf16_gemv_routed(xx, ww)

@@ -27,17 +27,17 @@ MIN_BLOCKS_PER_SM = 2  # R is halved (down to 1) until the grid has this many bl
 # 1-4 rows 64-80 registers and 5-8 rows 128, and these are the U that fit them without spilling
 UNROLL = {1: 2, 2: 2, 3: 2, 4: 2, 5: 1, 6: 1, 7: 1, 8: 1}
 
-# Routing (dispatch.linear): per x row count, the largest out_features at which the kernel is
-# preferred over cuBLAS. The starting point is the out_proj / o_proj-like shapes where cuBLAS was
-# measured slow (N = 2048, K = 4096 at 1.3 TB/s on an H200); adjust after
-# `python -m ninfer.bench.kernel_bench --gemv-shapes ...` (a row count absent here is not routed).
-# Routed x row counts and their largest N. Measured at one row only (docs/perf.md run T3); 5..8
-# rows stay on cuBLAS until measured: there the kernel's fp32 FMAs (8 per weight element) may
-# bind before the loads, and the 35B-A3B batch-8 step of run T3 was 6 % slower than run J's.
-MAX_OUT_FEATURES: dict[int, int] = dict.fromkeys(range(1, 5), 8192)
-# Short rows (K <= 2048, the 35B-A3B's hidden size) up to this N: 12352 x 2048 measured 15.1 µs
-# against cuBLAS's 16.6 at one row (docs/perf.md run T3), 9216 x 2048 even.
+# Routing (dispatch.linear), from `python -m ninfer.bench.kernel_bench --gemv-shapes --gemv-rows
+# 1,4,8` (docs/perf.md runs T3, U2). One x row: the kernel is preferred up to ONE_ROW_MAX_OUT
+# outputs at any K, and for short rows (K <= SHORT_K, the 35B-A3B's hidden size) up to
+# SHORT_K_MAX_OUT (12352 x 2048: 15.5 µs against cuBLAS's 16.2; 9216 x 2048 even). Two or more
+# rows: cuBLAS reuses each weight load across the rows and wins from 5120 x 6144 up (23.3 against
+# 18.0 µs at 4 rows; 12352 x 2048: 27.5 against 16.2), while the kernel still wins on small
+# matrices up to 8 rows (2048 x 4096: 9.2 against 9.6; 1024 x 2048: 4.7 against 5.8; 257 x 2048:
+# 2.7 against 8.2), hence a weight-count limit. 2 and 3 rows were not measured and follow 4.
+ONE_ROW_MAX_OUT = 8192
 SHORT_K, SHORT_K_MAX_OUT = 2048, 16384
+MULTI_ROW_MAX_WEIGHTS = 2048 * 4096
 
 
 @dataclass(frozen=True)
@@ -76,15 +76,17 @@ def plan(num_rows: int, n: int, k: int, num_sms: int) -> Plan:
 def bf16_gemv_preferred(num_rows: int, out_features: int, in_features: int) -> bool:
     """Whether dispatch should run the kernel rather than cuBLAS for this decode-sized shape.
 
-    A measured choice, kept in one place (`MAX_OUT_FEATURES`, `SHORT_K_MAX_OUT`): the kernel
-    splits K across warps to keep loads in flight where N is too small for cuBLAS's row tiling;
-    for wide N and long rows cuBLAS already streams near the device bandwidth. Operand limits
-    are `supports`' business.
+    A measured choice, kept in one place (the routing constants above): the kernel splits K
+    across warps to keep loads in flight where N is too small for cuBLAS's row tiling; for wide N
+    and long rows cuBLAS already streams near the device bandwidth, and from two x rows up its
+    tiles reuse every weight load. Operand limits are `supports`' business.
     """
-    limit = MAX_OUT_FEATURES.get(num_rows)
-    if limit is not None and in_features <= SHORT_K:
-        limit = max(limit, SHORT_K_MAX_OUT)
-    return limit is not None and 1 <= out_features <= limit
+    if not 1 <= num_rows <= MAX_ROWS or out_features < 1:
+        return False
+    if num_rows > 1:
+        return out_features * in_features <= MULTI_ROW_MAX_WEIGHTS
+    limit = SHORT_K_MAX_OUT if in_features <= SHORT_K else ONE_ROW_MAX_OUT
+    return out_features <= limit
 
 
 def _problem(x: torch.Tensor, weight: torch.Tensor) -> str | None:
