@@ -129,6 +129,26 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], unsigned a0, unsigned a
   }
 }
 
+// SwiGLU of one gate and up element as torch's `F.silu(gate) * up` in T: silu rounded to T, then
+// the product rounded to T. silu_mul's kernels and the bf16 GEMV's SwiGLU input share it, so a
+// fused GEMV sees the very bits silu_mul would have written.
+__device__ __forceinline__ float silu(float g) { return g / (1.0f + __expf(-g)); }
+
+template <typename T>
+__device__ __forceinline__ T swiglu(T gate, T up) {
+  const float g = to_float(gate);
+  const float act = to_float(from_float<T>(silu(g)));
+  return from_float<T>(act * to_float(up));
+}
+
+// swiglu() on the two bf16 packed in each of a gate word and an up word.
+__device__ __forceinline__ unsigned int swiglu_bf16x2(unsigned int gate, unsigned int up) {
+  const unsigned int act = pack_pair<false>(silu(__uint_as_float(gate << 16)),
+                                            silu(__uint_as_float(gate & 0xffff0000u)));
+  return pack_pair<false>(__uint_as_float(act << 16) * __uint_as_float(up << 16),
+                          __uint_as_float(act & 0xffff0000u) * __uint_as_float(up & 0xffff0000u));
+}
+
 // 16 bytes of a read-once weight stream: not allocated in L1, 256-byte L2 prefetch (sm_80+).
 __device__ __forceinline__ uint4 ld_stream16(const unsigned char* p) {
   uint4 v;

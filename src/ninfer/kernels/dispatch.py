@@ -543,22 +543,36 @@ def int4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> t
     return _int4_ref.int4_linear(x, packed, scale)
 
 
-def bf16_gemv_routed(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `linear` runs the bf16 GEMV kernel for this plain weight.
+def bf16_gemv_routed(x: torch.Tensor, weight: torch.Tensor, *, swiglu_input: bool = False) -> bool:
+    """Whether `linear` (or, with `swiglu_input`, `swiglu_linear`) runs the bf16 GEMV kernel.
 
     bf16 x of 1..`bf16_gemv.launch.MAX_ROWS` rows on CUDA, a shape where the kernel is measured to
-    beat cuBLAS (`bf16_gemv_preferred`, a table in launch.py) and operands it takes (`supports`);
-    `bf16_gemv` in `NINFER_KERNELS_OFF` turns it off. The cheap checks come first: this runs for
-    every projection call, on the CPU too.
+    beat cuBLAS (`bf16_gemv_preferred`, a rule in launch.py) and operands it takes (`supports`);
+    `bf16_gemv` in `NINFER_KERNELS_OFF` turns it off, and `swiglu_gemv` turns off only the
+    SwiGLU-input form. The cheap checks come first: this runs for every projection call, on the
+    CPU too.
     """
     return (
         x.dtype == torch.bfloat16
         and x.dim() == 2
         and 1 <= x.shape[0] <= _bf16_gemv_cuda.MAX_ROWS
         and use_cuda_kernels(x, "bf16_gemv")
+        and not (swiglu_input and switched_off("swiglu_gemv"))
         and _bf16_gemv_cuda.bf16_gemv_preferred(x.shape[0], weight.shape[0], weight.shape[1])
-        and _bf16_gemv_cuda.supports(x, weight)
+        and _bf16_gemv_cuda.supports(x, weight, swiglu_input=swiglu_input)
     )
+
+
+def swiglu_linear(gate_up: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torch.Tensor:
+    """swiglu(gate_up) @ weight.T: a dense MLP's down projection over its gate-up output.
+
+    Where `linear` would run the bf16 GEMV on the activated row, the GEMV forms the SwiGLU as it
+    loads x (one launch and one intermediate fewer, the same bits as `silu_mul` then the GEMV);
+    everything else runs `silu_mul` then `linear`.
+    """
+    if not isinstance(weight, Fp8Weight) and bf16_gemv_routed(gate_up, weight, swiglu_input=True):
+        return _bf16_gemv_cuda.bf16_linear(gate_up, weight, swiglu_input=True)
+    return linear(silu_mul(gate_up), weight)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torch.Tensor:

@@ -87,6 +87,58 @@ def test_problem_rejects_bad_operands() -> None:
         bf16_cuda.bf16_linear(x, w)
 
 
+def test_problem_of_the_swiglu_input_form() -> None:
+    """With `swiglu_input` x is [M, 2K] (gate then up) against W [N, K]; a plain-width x, or a
+    gate-up row against a weight of the wrong K, is refused with the shapes named."""
+    bf16 = torch.bfloat16
+    w = torch.randn(40, 64).to(bf16)
+    gate_up = torch.randn(2, 128).to(bf16)
+    assert "CUDA" in bf16_cuda._problem(gate_up, w, True)  # well-formed, but on the CPU
+    assert "[gate | up] x (2, 64) does not match weight (40, 64)" in bf16_cuda._problem(
+        gate_up[:, :64], w, True
+    )
+    assert "does not match" in bf16_cuda._problem(gate_up, w)  # the plain form wants K columns
+    assert not bf16_cuda.supports(gate_up, w, swiglu_input=True)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 9])
+def test_swiglu_linear_on_the_cpu_is_silu_mul_then_linear(rows: int, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    for dtype in (torch.float32, torch.bfloat16):
+        gate_up = torch.randn(rows, 2 * 48, generator=g).to(dtype)
+        w = torch.randn(24, 48, generator=g).to(dtype)
+        want = F.linear(dispatch.silu_mul(gate_up), w)
+        assert torch.equal(bf16_ref.swiglu_linear(gate_up, w), want), f"seed {seed}"
+        assert not dispatch.bf16_gemv_routed(gate_up, w, swiglu_input=True)
+        assert torch.equal(dispatch.swiglu_linear(gate_up, w), want), f"seed {seed}"
+
+
+def test_swiglu_routing_decision(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on a GPU (device checks stubbed): the SwiGLU form follows the plain routing rule for
+    the down projection's shape, and `swiglu_gemv` in NINFER_KERNELS_OFF turns off only it."""
+    monkeypatch.setattr(dispatch, "use_cuda_kernels", lambda t, op=None: op == "bf16_gemv")
+    monkeypatch.setattr(bf16_cuda, "supports", lambda x, w, swiglu_input=False: True)
+    monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
+    bf16 = torch.bfloat16
+    down = torch.zeros(5120, 17408, dtype=bf16)  # the 27B's down projection
+    one, four = torch.zeros(1, 2 * 17408, dtype=bf16), torch.zeros(4, 2 * 17408, dtype=bf16)
+    assert dispatch.bf16_gemv_routed(one, down, swiglu_input=True)
+    assert not dispatch.bf16_gemv_routed(four, down, swiglu_input=True)  # cuBLAS from 2 rows
+    calls: list[bool] = []
+    monkeypatch.setattr(
+        bf16_cuda,
+        "bf16_linear",
+        lambda x, w, swiglu_input=False: calls.append(swiglu_input) or x[:, : w.shape[0]],
+    )
+    dispatch.swiglu_linear(one, down)
+    assert calls == [True]
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "swiglu_gemv")
+    assert not dispatch.bf16_gemv_routed(one, down, swiglu_input=True)
+    monkeypatch.setattr(dispatch, "silu_mul", lambda gu: gu[:, : gu.shape[1] // 2])
+    dispatch.swiglu_linear(one, down)  # silu_mul, then the plain routed GEMV
+    assert calls == [True, False]
+
+
 @pytest.mark.parametrize("rows", range(1, 9))
 @pytest.mark.parametrize("n,k", [*SHAPES, (1, 8), (37, 40), (2048, 512), (64, 2048)])
 @pytest.mark.parametrize("num_sms", [132, 8])
@@ -120,7 +172,7 @@ def test_dispatch_routing_decision(monkeypatch: pytest.MonkeyPatch) -> None:
     """As on a GPU (the device checks stubbed): bf16 1..8 rows of routed shapes take the kernel,
     anything else F.linear; `NINFER_KERNELS_OFF=bf16_gemv` turns it off."""
     monkeypatch.setattr(dispatch, "use_cuda_kernels", lambda t, op=None: op == "bf16_gemv")
-    monkeypatch.setattr(bf16_cuda, "supports", lambda x, w: True)
+    monkeypatch.setattr(bf16_cuda, "supports", lambda x, w, swiglu_input=False: True)
     bf16 = torch.bfloat16
     w = torch.zeros(2048, 64, dtype=bf16)
     assert dispatch.bf16_gemv_routed(torch.zeros(1, 64, dtype=bf16), w)

@@ -111,3 +111,48 @@ def test_dispatch_routes_decode_rows_to_the_kernel(gen, monkeypatch) -> None:
     monkeypatch.setenv("NINFER_KERNELS_OFF", "bf16_gemv")
     assert not dispatch.bf16_gemv_routed(x, w)
     assert torch.equal(dispatch.linear(x, w), F.linear(x, w))
+
+
+SWIGLU_SHAPES = [
+    pytest.param(5120, 17408, id="27b-down"),
+    pytest.param(2048, 512, id="35b-shared-down"),
+    pytest.param(1003, 520, id="odd-n-k-off-the-warp-split"),
+]
+
+
+@pytest.mark.parametrize("rows", range(1, bf16_cuda.MAX_ROWS + 1))
+@pytest.mark.parametrize("n,k", SWIGLU_SHAPES)
+def test_swiglu_input_is_silu_mul_then_the_gemv_bit_for_bit(rows: int, n: int, k: int, gen) -> None:
+    """The SwiGLU-input form forms x with common.cu's swiglu as silu_mul does, so it must give
+    exactly the bits of the silu_mul kernel followed by the plain GEMV, strided rows included."""
+    wide = torch.randn(rows, 2 * k + 16, device="cuda", generator=gen).to(torch.bfloat16) * 3
+    gate_up = wide[:, : 2 * k]  # a row stride past 2K, as a slice of a wider output
+    _, w = _operands(rows, n, k, gen)
+    want = bf16_cuda.bf16_linear(dispatch.silu_mul(gate_up).contiguous(), w)
+    got = bf16_cuda.bf16_linear(gate_up, w, swiglu_input=True)
+    assert torch.equal(got, want)
+    _check(got, dispatch.silu_mul(gate_up), w)
+
+
+def test_swiglu_linear_routes_and_switches(gen, monkeypatch) -> None:
+    """dispatch.swiglu_linear: the fused GEMV where the plain one is routed, else silu_mul then
+    linear; `swiglu_gemv` in NINFER_KERNELS_OFF keeps the two launches, with the same bits."""
+    monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
+    monkeypatch.delenv("NINFER_KERNELS", raising=False)
+    gate_up = torch.randn(1, 2 * 17408, device="cuda", generator=gen).to(torch.bfloat16)
+    _, w = _operands(1, 5120, 17408, gen)
+    assert dispatch.bf16_gemv_routed(gate_up, w, swiglu_input=True)
+    fused = dispatch.swiglu_linear(gate_up, w)
+    assert torch.equal(fused, dispatch.linear(dispatch.silu_mul(gate_up), w))
+    graph, out = capture_graph(lambda: dispatch.swiglu_linear(gate_up, w))
+    graph.replay()
+    assert torch.equal(out, fused)
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "swiglu_gemv")
+    assert not dispatch.bf16_gemv_routed(gate_up, w, swiglu_input=True)
+    assert dispatch.bf16_gemv_routed(dispatch.silu_mul(gate_up), w)
+    assert torch.equal(dispatch.swiglu_linear(gate_up, w), fused)
+    # four rows of the 27B's down projection: cuBLAS after silu_mul (not routed)
+    monkeypatch.delenv("NINFER_KERNELS_OFF")
+    four = torch.randn(4, 2 * 17408, device="cuda", generator=gen).to(torch.bfloat16)
+    assert not dispatch.bf16_gemv_routed(four, w, swiglu_input=True)
+    assert torch.equal(dispatch.swiglu_linear(four, w), F.linear(dispatch.silu_mul(four), w))

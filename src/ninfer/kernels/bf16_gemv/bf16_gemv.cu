@@ -2,7 +2,10 @@
 //
 // y[m, n] = sum_k x[m, k] * W[n, k] for M = 1..8 rows of x, x: bf16 [M, K] (dense rows, 16-byte
 // aligned), W: bf16 [N, K] contiguous, K % 8 == 0; fp32 products and sums, one rounding of each
-// output to bf16 (out: [M, N] contiguous).
+// output to bf16 (out: [M, N] contiguous). With SWIGLU, x's rows are [gate | up] of width 2K and
+// x[m, k] = swiglu(gate, up) (common.cu, rounded as silu_mul writes it): a dense MLP's down
+// projection reads its gate-up output directly, one launch and one intermediate fewer per layer,
+// with the very bits of silu_mul then the GEMV.
 //
 // Why. At batch 1 the op streams N * K * 2 bytes of weights that no other block reads. cuBLAS
 // tiles such a GEMV over the output rows only, so with N = 2048 (the 35B model's out_proj and
@@ -50,7 +53,7 @@ __host__ __device__ constexpr int bf16_gemv_pow2(int v) {
 // register budget per thread: 64 (4 blocks per SM) for 1-2 rows of x, 80 (3) for 3-4 and 128 (2)
 // above, where the M * R accumulators need the room; with the launcher's U (2 up to 4 rows of x,
 // else 1) no instance spills (nvcc -Xptxas -v, sm_90).
-template <int M, int R, int U>
+template <int M, int R, int U, bool SWIGLU = false>
 __global__ void __launch_bounds__(256, M <= 2 ? 4 : M <= 4 ? 3 : 2) bf16_gemv(
     bf16* __restrict__ out, const bf16* __restrict__ x, long long x_stride,
     const bf16* __restrict__ w, int n, int k, int ks_log2) {
@@ -98,6 +101,13 @@ __global__ void __launch_bounds__(256, M <= 2 ? 4 : M <= 4 ? 3 : 2) bf16_gemv(
         for (int m = 0; m < M; ++m) {
           xv[m] = c < chunks ? __ldg(reinterpret_cast<const uint4*>(x + m * x_stride) + c)
                              : bf16_gemv_zero16();
+          if constexpr (SWIGLU) {  // xv holds the gate; the up half starts K further on
+            const uint4 up = c < chunks
+                                 ? __ldg(reinterpret_cast<const uint4*>(x + m * x_stride + k) + c)
+                                 : bf16_gemv_zero16();
+            xv[m] = make_uint4(swiglu_bf16x2(xv[m].x, up.x), swiglu_bf16x2(xv[m].y, up.y),
+                               swiglu_bf16x2(xv[m].z, up.z), swiglu_bf16x2(xv[m].w, up.w));
+          }
         }
 #pragma unroll
         for (int j = 0; j < 4; ++j) {  // word j: weights 8c + 2j (low half) and 8c + 2j + 1

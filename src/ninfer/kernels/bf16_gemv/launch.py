@@ -1,10 +1,12 @@
 """CUDA launcher of the bf16 GEMV (grid: row tiles; K split across the warps of a block).
 
 Imports torch and kernels.runtime. Same signature and results (to bf16 output rounding) as
-`reference.bf16_linear` where `supports` says yes: bf16 x of 1..MAX_ROWS dense 16-byte-aligned
-rows, a contiguous 16-byte-aligned bf16 weight [N, K] with K a multiple of 8 (whole 16-byte
-loads), both on one sm_80+ GPU (the L2 prefetch-size load qualifier). Where the kernel should
-beat cuBLAS is a separate, measured question: `bf16_gemv_preferred` (dispatch asks both).
+`reference.bf16_linear` (or, with `swiglu_input`, `reference.swiglu_linear`: x is a gate-up row
+whose SwiGLU the kernel forms as it loads it) where `supports` says yes: bf16 x of 1..MAX_ROWS
+dense 16-byte-aligned rows, a contiguous 16-byte-aligned bf16 weight [N, K] with K a multiple of
+8 (whole 16-byte loads), both on one sm_80+ GPU (the L2 prefetch-size load qualifier). Where the
+kernel should beat cuBLAS is a separate, measured question: `bf16_gemv_preferred` (dispatch asks
+both).
 """
 
 from __future__ import annotations
@@ -89,18 +91,22 @@ def bf16_gemv_preferred(num_rows: int, out_features: int, in_features: int) -> b
     return out_features <= limit
 
 
-def _problem(x: torch.Tensor, weight: torch.Tensor) -> str | None:
-    """Why the kernel cannot take these operands, or None when it can."""
+def _problem(x: torch.Tensor, weight: torch.Tensor, swiglu_input: bool = False) -> str | None:
+    """Why the kernel cannot take these operands, or None when it can.
+
+    With `swiglu_input`, x is [M, 2K] (gate then up) against a weight [N, K].
+    """
     if x.dim() != 2 or weight.dim() != 2:
         return f"x and weight must be 2-D, got {tuple(x.shape)} and {tuple(weight.shape)}"
     if x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16:
         return f"x and weight must be bfloat16, got {x.dtype} and {weight.dtype}"
-    num_rows, k = x.shape
-    n = weight.shape[0]
+    num_rows, width = x.shape
+    n, k = weight.shape
     if not 1 <= num_rows <= MAX_ROWS:
         return f"x has {num_rows} rows; the bf16 GEMV takes 1..{MAX_ROWS}"
-    if weight.shape[1] != k:
-        return f"x {tuple(x.shape)} does not match weight {tuple(weight.shape)}"
+    if width != (2 * k if swiglu_input else k):
+        what = "a [gate | up] x" if swiglu_input else "x"
+        return f"{what} {tuple(x.shape)} does not match weight {tuple(weight.shape)}"
     if n < 1 or k < CHUNK or k % CHUNK:
         return f"weight {tuple(weight.shape)}: needs N >= 1 and K a positive multiple of {CHUNK}"
     if x.stride(1) != 1 or x.data_ptr() % 16:
@@ -116,9 +122,9 @@ def _problem(x: torch.Tensor, weight: torch.Tensor) -> str | None:
     return None
 
 
-def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
+def supports(x: torch.Tensor, weight: torch.Tensor, *, swiglu_input: bool = False) -> bool:
     """Whether the kernel takes these operands (otherwise the twin runs)."""
-    return _problem(x, weight) is None
+    return _problem(x, weight, swiglu_input) is None
 
 
 @functools.cache
@@ -126,18 +132,21 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def bf16_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """See `reference.bf16_linear`: [M, N] bf16."""
+def bf16_linear(
+    x: torch.Tensor, weight: torch.Tensor, *, swiglu_input: bool = False
+) -> torch.Tensor:
+    """See `reference.bf16_linear` (`reference.swiglu_linear` with `swiglu_input`): [M, N] bf16."""
     device = rt.check_cuda(x, weight)
-    problem = _problem(x, weight)
+    problem = _problem(x, weight, swiglu_input)
     if problem is not None:
         raise rt.KernelInputError(f"bf16 GEMV: {problem}")
-    num_rows, k = x.shape
-    n = weight.shape[0]
+    num_rows = x.shape[0]
+    n, k = weight.shape
     out = torch.empty((num_rows, n), dtype=x.dtype, device=device)
     index = device.index if device.index is not None else torch.cuda.current_device()
     p = plan(num_rows, n, k, _num_sms(index))
-    instance = f"bf16_gemv<{num_rows}, {p.rows_per_group}, {p.unroll}>"
+    swiglu = ", true" if swiglu_input else ""
+    instance = f"bf16_gemv<{num_rows}, {p.rows_per_group}, {p.unroll}{swiglu}>"
     kernel = rt.get_kernel(OP, instance, device)
     args = (
         rt.ptr(out),

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ninfer.kernels.silu_mul.reference import silu_mul
+
 
 def bf16_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x @ weight.T.
@@ -20,3 +22,14 @@ def bf16_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         [M, N] in x's dtype.
     """
     return F.linear(x, weight)
+
+
+def swiglu_linear(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """swiglu(gate_up) @ weight.T: the kernel's SwiGLU-input form, silu_mul then the product.
+
+    Args:
+        gate_up: [M, 2K], gate columns then up columns; weight: [N, K].
+    Returns:
+        [M, N] in gate_up's dtype.
+    """
+    return F.linear(silu_mul(gate_up), weight)

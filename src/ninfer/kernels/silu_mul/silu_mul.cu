@@ -7,24 +7,7 @@
 // move as one 16-byte access and a warp's access is one contiguous 512-byte span. Grid x runs
 // over the vectors of a row, grid y over rows (looping by gridDim.y past 65,535 rows): no index
 // division. silu_mul: any alignment, one thread per output element (the launcher's fallback).
-// Both round as swiglu() does, so they agree bit for bit.
-
-__device__ __forceinline__ float silu(float g) { return g / (1.0f + __expf(-g)); }
-
-template <typename T>
-__device__ __forceinline__ T swiglu(T gate, T up) {
-  const float g = to_float(gate);
-  const float act = to_float(from_float<T>(silu(g)));
-  return from_float<T>(act * to_float(up));
-}
-
-// swiglu() on the two bf16 packed in each of a gate word and an up word.
-__device__ __forceinline__ unsigned int swiglu_bf16x2(unsigned int gate, unsigned int up) {
-  const unsigned int act = pack_pair<false>(silu(__uint_as_float(gate << 16)),
-                                        silu(__uint_as_float(gate & 0xffff0000u)));
-  return pack_pair<false>(__uint_as_float(act << 16) * __uint_as_float(up << 16),
-                      __uint_as_float(act & 0xffff0000u) * __uint_as_float(up & 0xffff0000u));
-}
+// Both round as common.cu's swiglu() does, so they agree bit for bit.
 
 template <typename T>
 __global__ void __launch_bounds__(256)
