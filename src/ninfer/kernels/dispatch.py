@@ -543,14 +543,21 @@ def int4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> t
     return _int4_ref.int4_linear(x, packed, scale)
 
 
-def bf16_gemv_routed(x: torch.Tensor, weight: torch.Tensor, *, swiglu_input: bool = False) -> bool:
-    """Whether `linear` (or, with `swiglu_input`, `swiglu_linear`) runs the bf16 GEMV kernel.
+def bf16_gemv_routed(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    swiglu_input: bool = False,
+    gate: torch.Tensor | None = None,
+) -> bool:
+    """Whether `linear` (or `swiglu_linear` with `swiglu_input`, or `sigmoid_gate_linear` with a
+    `gate`) runs the bf16 GEMV kernel.
 
     bf16 x of 1..`bf16_gemv.launch.MAX_ROWS` rows on CUDA, a shape where the kernel is measured to
     beat cuBLAS (`bf16_gemv_preferred`, a rule in launch.py) and operands it takes (`supports`);
-    `bf16_gemv` in `NINFER_KERNELS_OFF` turns it off, and `swiglu_gemv` turns off only the
-    SwiGLU-input form. The cheap checks come first: this runs for every projection call, on the
-    CPU too.
+    `bf16_gemv` in `NINFER_KERNELS_OFF` turns it off, `swiglu_gemv` and `sigmoid_gate_gemv` only
+    the fused input forms. The cheap checks come first: this runs for every projection call, on
+    the CPU too.
     """
     return (
         x.dtype == torch.bfloat16
@@ -558,8 +565,9 @@ def bf16_gemv_routed(x: torch.Tensor, weight: torch.Tensor, *, swiglu_input: boo
         and 1 <= x.shape[0] <= _bf16_gemv_cuda.MAX_ROWS
         and use_cuda_kernels(x, "bf16_gemv")
         and not (swiglu_input and switched_off("swiglu_gemv"))
+        and not (gate is not None and switched_off("sigmoid_gate_gemv"))
         and _bf16_gemv_cuda.bf16_gemv_preferred(x.shape[0], weight.shape[0], weight.shape[1])
-        and _bf16_gemv_cuda.supports(x, weight, swiglu_input=swiglu_input)
+        and _bf16_gemv_cuda.supports(x, weight, swiglu_input=swiglu_input, gate=gate)
     )
 
 
@@ -573,6 +581,22 @@ def swiglu_linear(gate_up: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> to
     if not isinstance(weight, Fp8Weight) and bf16_gemv_routed(gate_up, weight, swiglu_input=True):
         return _bf16_gemv_cuda.bf16_linear(gate_up, weight, swiglu_input=True)
     return linear(silu_mul(gate_up), weight)
+
+
+def sigmoid_gate_linear(
+    o: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | Fp8Weight
+) -> torch.Tensor:
+    """(o * sigmoid(gate)) @ weight.T: the gated attention's output gate, then o_proj.
+
+    o, gate: [T, H, D] (gate a strided view of the q projection). Where `linear` would run the
+    bf16 GEMV on the gated rows, the GEMV applies the gate as it loads x (two elementwise launches
+    and an intermediate fewer, rounded as torch rounds the eager ops); everything else runs the
+    eager ops then `linear`.
+    """
+    x = o.reshape(o.shape[0], -1)
+    if not isinstance(weight, Fp8Weight) and bf16_gemv_routed(x, weight, gate=gate):
+        return _bf16_gemv_cuda.bf16_linear(x, weight, gate=gate)
+    return linear((o * torch.sigmoid(gate)).reshape(o.shape[0], -1), weight)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torch.Tensor:

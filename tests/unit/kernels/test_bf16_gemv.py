@@ -117,7 +117,7 @@ def test_swiglu_routing_decision(monkeypatch: pytest.MonkeyPatch) -> None:
     """As on a GPU (device checks stubbed): the SwiGLU form follows the plain routing rule for
     the down projection's shape, and `swiglu_gemv` in NINFER_KERNELS_OFF turns off only it."""
     monkeypatch.setattr(dispatch, "use_cuda_kernels", lambda t, op=None: op == "bf16_gemv")
-    monkeypatch.setattr(bf16_cuda, "supports", lambda x, w, swiglu_input=False: True)
+    monkeypatch.setattr(bf16_cuda, "supports", lambda x, w, swiglu_input=False, gate=None: True)
     monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
     bf16 = torch.bfloat16
     down = torch.zeros(5120, 17408, dtype=bf16)  # the 27B's down projection
@@ -128,7 +128,9 @@ def test_swiglu_routing_decision(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
         bf16_cuda,
         "bf16_linear",
-        lambda x, w, swiglu_input=False: calls.append(swiglu_input) or x[:, : w.shape[0]],
+        lambda x, w, swiglu_input=False, gate=None: (
+            calls.append(swiglu_input) or x[:, : w.shape[0]]
+        ),
     )
     dispatch.swiglu_linear(one, down)
     assert calls == [True]
@@ -137,6 +139,61 @@ def test_swiglu_routing_decision(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(dispatch, "silu_mul", lambda gu: gu[:, : gu.shape[1] // 2])
     dispatch.swiglu_linear(one, down)  # silu_mul, then the plain routed GEMV
     assert calls == [True, False]
+
+
+def test_gate_problem_names_what_is_wrong() -> None:
+    bf16 = torch.bfloat16
+    x = torch.randn(2, 4 * 16).to(bf16)
+    qg = torch.randn(2, 4, 2, 16).to(bf16)  # [M, H, (q, gate), D]: the gate a strided view
+    gate = qg[:, :, 1]
+    assert bf16_cuda._gate_problem(x, gate) is None
+    assert "bf16 [M, H, D]" in bf16_cuda._gate_problem(x, gate.float())
+    assert "bf16 [M, H, D]" in bf16_cuda._gate_problem(x, gate.reshape(2, -1))
+    assert "does not match" in bf16_cuda._gate_problem(x, gate[:1])
+    assert "does not match" in bf16_cuda._gate_problem(x[:, :32], gate)
+    assert "dense runs" in bf16_cuda._gate_problem(x, torch.randn(2, 4, 32).to(bf16)[:, :, ::2])
+    odd = torch.randn(2, 4, 2 * 16 + 2).to(bf16)[:, :, 1:17]  # heads start 2 bytes in
+    assert "16-byte" in bf16_cuda._gate_problem(x, odd)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 9])
+def test_sigmoid_gate_linear_on_the_cpu_is_the_eager_ops(rows: int, seed: int) -> None:
+    """The twin and the CPU dispatch are exactly the gated attention's old eager tail."""
+    g = torch.Generator().manual_seed(seed)
+    for dtype in (torch.float32, torch.bfloat16):
+        o = torch.randn(rows, 3, 16, generator=g).to(dtype)
+        qg = torch.randn(rows, 3, 2, 16, generator=g).to(dtype)
+        w = torch.randn(24, 48, generator=g).to(dtype)
+        want = F.linear((o * torch.sigmoid(qg[:, :, 1])).reshape(rows, -1), w)
+        assert torch.equal(bf16_ref.sigmoid_gate_linear(o, qg[:, :, 1], w), want), f"seed {seed}"
+        assert torch.equal(dispatch.sigmoid_gate_linear(o, qg[:, :, 1], w), want), f"seed {seed}"
+
+
+def test_sigmoid_gate_routing_decision(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on a GPU (device checks stubbed): the gate form follows the plain routing rule for
+    o_proj's shape, and `sigmoid_gate_gemv` in NINFER_KERNELS_OFF turns off only it."""
+    monkeypatch.setattr(dispatch, "use_cuda_kernels", lambda t, op=None: op == "bf16_gemv")
+    monkeypatch.setattr(bf16_cuda, "supports", lambda x, w, swiglu_input=False, gate=None: True)
+    monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
+    bf16 = torch.bfloat16
+    o_proj = torch.zeros(5120, 6144, dtype=bf16)  # the 27B's
+    o, gate = torch.zeros(1, 24, 256, dtype=bf16), torch.zeros(1, 24, 256, dtype=bf16)
+    assert dispatch.bf16_gemv_routed(o.reshape(1, -1), o_proj, gate=gate)
+    calls: list[object] = []
+    monkeypatch.setattr(
+        bf16_cuda,
+        "bf16_linear",
+        lambda x, w, swiglu_input=False, gate=None: calls.append(gate) or x[:, : w.shape[0]],
+    )
+    dispatch.sigmoid_gate_linear(o, gate, o_proj)
+    assert len(calls) == 1 and calls[0] is gate
+    four = torch.zeros(4, 24, 256, dtype=bf16)  # a verify step's rows: cuBLAS for this shape
+    assert not dispatch.bf16_gemv_routed(four.reshape(4, -1), o_proj, gate=four)
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "sigmoid_gate_gemv")
+    assert not dispatch.bf16_gemv_routed(o.reshape(1, -1), o_proj, gate=gate)
+    assert dispatch.bf16_gemv_routed(o.reshape(1, -1), o_proj)
+    dispatch.sigmoid_gate_linear(o, gate, o_proj)  # eager gate, then the plain routed GEMV
+    assert len(calls) == 2 and calls[1] is None
 
 
 @pytest.mark.parametrize("rows", range(1, 9))
@@ -172,7 +229,7 @@ def test_dispatch_routing_decision(monkeypatch: pytest.MonkeyPatch) -> None:
     """As on a GPU (the device checks stubbed): bf16 1..8 rows of routed shapes take the kernel,
     anything else F.linear; `NINFER_KERNELS_OFF=bf16_gemv` turns it off."""
     monkeypatch.setattr(dispatch, "use_cuda_kernels", lambda t, op=None: op == "bf16_gemv")
-    monkeypatch.setattr(bf16_cuda, "supports", lambda x, w, swiglu_input=False: True)
+    monkeypatch.setattr(bf16_cuda, "supports", lambda x, w, swiglu_input=False, gate=None: True)
     bf16 = torch.bfloat16
     w = torch.zeros(2048, 64, dtype=bf16)
     assert dispatch.bf16_gemv_routed(torch.zeros(1, 64, dtype=bf16), w)

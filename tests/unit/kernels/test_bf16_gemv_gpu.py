@@ -156,3 +156,57 @@ def test_swiglu_linear_routes_and_switches(gen, monkeypatch) -> None:
     four = torch.randn(4, 2 * 17408, device="cuda", generator=gen).to(torch.bfloat16)
     assert not dispatch.bf16_gemv_routed(four, w, swiglu_input=True)
     assert torch.equal(dispatch.swiglu_linear(four, w), F.linear(dispatch.silu_mul(four), w))
+
+
+@pytest.mark.parametrize("rows", range(1, bf16_cuda.MAX_ROWS + 1))
+@pytest.mark.parametrize(
+    "n,heads,head_dim",
+    [
+        pytest.param(5120, 24, 256, id="27b-o-proj"),
+        pytest.param(2048, 16, 256, id="35b-o-proj"),
+        pytest.param(1003, 5, 104, id="odd-n-odd-heads"),
+    ],
+)
+def test_sigmoid_gate_form_matches_the_eager_ops(
+    rows: int, n: int, heads: int, head_dim: int, gen
+) -> None:
+    """x = o * sigmoid(gate) formed in the loads, the gate a strided view of a [M, H, 2, D]
+    projection as the model slices it. Against the eager torch ops then the plain GEMV: the
+    kernel's sigmoid uses the fast exp, so a gate element may round to the neighbouring bf16 of
+    torch's; at most 1 % of the gated inputs may differ, by one bf16 ulp, and the outputs stay
+    within the module's fp64 bounds."""
+    o = torch.randn(rows, heads, head_dim, device="cuda", generator=gen).to(torch.bfloat16)
+    qg = torch.randn(rows, heads, 2, head_dim, device="cuda", generator=gen) * 3
+    gate = qg.to(torch.bfloat16)[:, :, 1]
+    _, w = _operands(rows, n, heads * head_dim, gen)
+    x = o.reshape(rows, -1)
+    gated = (o * torch.sigmoid(gate)).reshape(rows, -1)
+    got = bf16_cuda.bf16_linear(x, w, gate=gate)
+    _check(got, gated, w)
+    want = bf16_cuda.bf16_linear(gated.contiguous(), w)
+    assert rel(got, want) < 1e-3
+    # the gated inputs themselves, through a one-hot weight (row j of W picks input j)
+    k = heads * head_dim
+    eye = torch.eye(k, device="cuda", dtype=torch.bfloat16)[: min(k, 512)]
+    picked = bf16_cuda.bf16_linear(x, eye, gate=gate)
+    diff = picked != gated[:, : eye.shape[0]]
+    assert diff.float().mean().item() <= 0.01
+    ulp = (picked.float() - gated[:, : eye.shape[0]].float()).abs()
+    assert (ulp[diff] <= gated[:, : eye.shape[0]].float().abs()[diff] * 2**-7).all()
+
+
+def test_sigmoid_gate_linear_routes_and_switches(gen, monkeypatch) -> None:
+    monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
+    monkeypatch.delenv("NINFER_KERNELS", raising=False)
+    o = torch.randn(1, 24, 256, device="cuda", generator=gen).to(torch.bfloat16)
+    gate = torch.randn(1, 24, 2, 256, device="cuda", generator=gen).to(torch.bfloat16)[:, :, 1]
+    _, w = _operands(1, 5120, 6144, gen)
+    assert dispatch.bf16_gemv_routed(o.reshape(1, -1), w, gate=gate)
+    fused = dispatch.sigmoid_gate_linear(o, gate, w)
+    graph, out = capture_graph(lambda: dispatch.sigmoid_gate_linear(o, gate, w))
+    graph.replay()
+    assert torch.equal(out, fused)
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "sigmoid_gate_gemv")
+    eager = dispatch.sigmoid_gate_linear(o, gate, w)
+    assert torch.equal(eager, dispatch.linear((o * torch.sigmoid(gate)).reshape(1, -1), w))
+    assert rel(fused, eager) < 1e-3

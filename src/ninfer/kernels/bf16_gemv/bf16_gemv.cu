@@ -2,10 +2,15 @@
 //
 // y[m, n] = sum_k x[m, k] * W[n, k] for M = 1..8 rows of x, x: bf16 [M, K] (dense rows, 16-byte
 // aligned), W: bf16 [N, K] contiguous, K % 8 == 0; fp32 products and sums, one rounding of each
-// output to bf16 (out: [M, N] contiguous). With SWIGLU, x's rows are [gate | up] of width 2K and
-// x[m, k] = swiglu(gate, up) (common.cu, rounded as silu_mul writes it): a dense MLP's down
-// projection reads its gate-up output directly, one launch and one intermediate fewer per layer,
-// with the very bits of silu_mul then the GEMV.
+// output to bf16 (out: [M, N] contiguous). Two more input forms fold the elementwise op before a
+// projection into its x loads (one launch and one intermediate fewer per layer):
+// - BF16_GEMV_SWIGLU: x's rows are [gate | up] of width 2K and x[m, k] = swiglu(gate, up)
+//   (common.cu, rounded as silu_mul writes it): a dense MLP's down projection reads its gate-up
+//   output directly, with the very bits of silu_mul then the GEMV.
+// - BF16_GEMV_SIGMOID_GATE: x[m, k] = o[m, k] * sigmoid(g[m, h, d]) with k = h * head_dim + d, both
+//   rounded to bf16 as torch's `o * torch.sigmoid(g)` rounds (sigmoid to bf16, then the
+//   product): the gated attention's output gate before o_proj, g a strided per-head view (rows
+//   `gate_stride`, heads `gate_head_stride` elements apart).
 //
 // Why. At batch 1 the op streams N * K * 2 bytes of weights that no other block reads. cuBLAS
 // tiles such a GEMV over the output rows only, so with N = 2048 (the 35B model's out_proj and
@@ -36,6 +41,18 @@
 // would take it back to the memory bound, as fp8_tc_gemv does for fp8 weights).
 
 constexpr int BF16_GEMV_WARPS = 8;
+constexpr int BF16_GEMV_PLAIN = 0;
+constexpr int BF16_GEMV_SWIGLU = 1;
+constexpr int BF16_GEMV_SIGMOID_GATE = 2;
+
+// o * sigmoid(g) on the two bf16 packed in each of an o word and a g word, rounded as torch's
+// bf16 `o * torch.sigmoid(g)`: the sigmoid to bf16, then the product to bf16.
+__device__ __forceinline__ unsigned int sigmoid_gate_bf16x2(unsigned int o, unsigned int g) {
+  const unsigned int s = pack_pair<false>(1.0f / (1.0f + __expf(-__uint_as_float(g << 16))),
+                                          1.0f / (1.0f + __expf(-__uint_as_float(g & 0xffff0000u))));
+  return pack_pair<false>(__uint_as_float(o << 16) * __uint_as_float(s << 16),
+                          __uint_as_float(o & 0xffff0000u) * __uint_as_float(s & 0xffff0000u));
+}
 
 __device__ __forceinline__ uint4 bf16_gemv_zero16() { return make_uint4(0u, 0u, 0u, 0u); }
 
@@ -53,10 +70,13 @@ __host__ __device__ constexpr int bf16_gemv_pow2(int v) {
 // register budget per thread: 64 (4 blocks per SM) for 1-2 rows of x, 80 (3) for 3-4 and 128 (2)
 // above, where the M * R accumulators need the room; with the launcher's U (2 up to 4 rows of x,
 // else 1) no instance spills (nvcc -Xptxas -v, sm_90).
-template <int M, int R, int U, bool SWIGLU = false>
+// INPUT: BF16_GEMV_PLAIN, _SWIGLU or _SIGMOID_GATE (gate, gate_stride, gate_head_stride and
+// head_dim are read only by the last).
+template <int M, int R, int U, int INPUT = BF16_GEMV_PLAIN>
 __global__ void __launch_bounds__(256, M <= 2 ? 4 : M <= 4 ? 3 : 2) bf16_gemv(
     bf16* __restrict__ out, const bf16* __restrict__ x, long long x_stride,
-    const bf16* __restrict__ w, int n, int k, int ks_log2) {
+    const bf16* __restrict__ w, int n, int k, int ks_log2, const bf16* __restrict__ gate,
+    long long gate_stride, long long gate_head_stride, int head_dim) {
   constexpr int V = M * R;  // sums per lane, index m * R + r
   constexpr int P = bf16_gemv_pow2(V);
   static_assert(V <= 32, "M * R sums must fit one per lane of a warp");
@@ -101,12 +121,21 @@ __global__ void __launch_bounds__(256, M <= 2 ? 4 : M <= 4 ? 3 : 2) bf16_gemv(
         for (int m = 0; m < M; ++m) {
           xv[m] = c < chunks ? __ldg(reinterpret_cast<const uint4*>(x + m * x_stride) + c)
                              : bf16_gemv_zero16();
-          if constexpr (SWIGLU) {  // xv holds the gate; the up half starts K further on
+          if constexpr (INPUT == BF16_GEMV_SWIGLU) {  // xv: the gate; up starts K further on
             const uint4 up = c < chunks
                                  ? __ldg(reinterpret_cast<const uint4*>(x + m * x_stride + k) + c)
                                  : bf16_gemv_zero16();
             xv[m] = make_uint4(swiglu_bf16x2(xv[m].x, up.x), swiglu_bf16x2(xv[m].y, up.y),
                                swiglu_bf16x2(xv[m].z, up.z), swiglu_bf16x2(xv[m].w, up.w));
+          } else if constexpr (INPUT == BF16_GEMV_SIGMOID_GATE) {  // a chunk never spans heads
+            const int e = 8 * c;
+            const int h = e / head_dim;
+            const uint4 g = c < chunks ? __ldg(reinterpret_cast<const uint4*>(
+                                             gate + m * gate_stride + h * gate_head_stride +
+                                             (e - h * head_dim)))
+                                       : bf16_gemv_zero16();
+            xv[m] = make_uint4(sigmoid_gate_bf16x2(xv[m].x, g.x), sigmoid_gate_bf16x2(xv[m].y, g.y),
+                               sigmoid_gate_bf16x2(xv[m].z, g.z), sigmoid_gate_bf16x2(xv[m].w, g.w));
           }
         }
 #pragma unroll

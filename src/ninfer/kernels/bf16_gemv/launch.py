@@ -23,6 +23,7 @@ THREADS = 256  # 8 warps per block (the .cu's BF16_GEMV_WARPS)
 WARPS = THREADS // 32
 MAX_ROWS = 8  # x rows per launch (one template instance per count)
 CHUNK = 8  # bf16 weights per 16-byte load
+INPUT_SWIGLU, INPUT_SIGMOID_GATE = 1, 2  # the .cu's BF16_GEMV_SWIGLU, BF16_GEMV_SIGMOID_GATE
 MAX_ROWS_PER_GROUP = 4  # R: M * R accumulators must fit one per lane (M * R <= 32)
 MIN_BLOCKS_PER_SM = 2  # R is halved (down to 1) until the grid has this many blocks per SM
 # U, 16-byte load steps per lane issued together, by x row count: the .cu's launch bounds give
@@ -122,9 +123,31 @@ def _problem(x: torch.Tensor, weight: torch.Tensor, swiglu_input: bool = False) 
     return None
 
 
-def supports(x: torch.Tensor, weight: torch.Tensor, *, swiglu_input: bool = False) -> bool:
+def _gate_problem(x: torch.Tensor, gate: torch.Tensor) -> str | None:
+    """Why a sigmoid gate [M, H, D] cannot go with x [M, H * D], or None when it can."""
+    if gate.dim() != 3 or gate.dtype != torch.bfloat16 or gate.device != x.device:
+        return f"gate must be a bf16 [M, H, D] on x's device, got {gate.dtype} {tuple(gate.shape)}"
+    num_rows, heads, head_dim = gate.shape
+    if num_rows != x.shape[0] or heads * head_dim != x.shape[1]:
+        return f"gate {tuple(gate.shape)} does not match x {tuple(x.shape)}"
+    if head_dim % CHUNK or gate.stride(2) != 1:
+        return f"gate heads must be dense runs of a multiple of {CHUNK} elements"
+    if gate.data_ptr() % 16 or (gate.stride(0) * 2) % 16 or (gate.stride(1) * 2) % 16:
+        return "gate rows and heads must be 16-byte aligned"
+    return None
+
+
+def supports(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    swiglu_input: bool = False,
+    gate: torch.Tensor | None = None,
+) -> bool:
     """Whether the kernel takes these operands (otherwise the twin runs)."""
-    return _problem(x, weight, swiglu_input) is None
+    if _problem(x, weight, swiglu_input) is not None:
+        return False
+    return gate is None or (not swiglu_input and _gate_problem(x, gate) is None)
 
 
 @functools.cache
@@ -133,11 +156,18 @@ def _num_sms(device_index: int) -> int:
 
 
 def bf16_linear(
-    x: torch.Tensor, weight: torch.Tensor, *, swiglu_input: bool = False
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    swiglu_input: bool = False,
+    gate: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """See `reference.bf16_linear` (`reference.swiglu_linear` with `swiglu_input`): [M, N] bf16."""
+    """See `reference.bf16_linear`, or `reference.swiglu_linear` with `swiglu_input`, or
+    `reference.sigmoid_gate_linear` with a `gate` [M, H, D] (x then being [M, H * D]): [M, N]."""
     device = rt.check_cuda(x, weight)
     problem = _problem(x, weight, swiglu_input)
+    if problem is None and gate is not None:
+        problem = "one input form at a time" if swiglu_input else _gate_problem(x, gate)
     if problem is not None:
         raise rt.KernelInputError(f"bf16 GEMV: {problem}")
     num_rows = x.shape[0]
@@ -145,8 +175,9 @@ def bf16_linear(
     out = torch.empty((num_rows, n), dtype=x.dtype, device=device)
     index = device.index if device.index is not None else torch.cuda.current_device()
     p = plan(num_rows, n, k, _num_sms(index))
-    swiglu = ", true" if swiglu_input else ""
-    instance = f"bf16_gemv<{num_rows}, {p.rows_per_group}, {p.unroll}{swiglu}>"
+    form = INPUT_SWIGLU if swiglu_input else INPUT_SIGMOID_GATE if gate is not None else None
+    suffix = f", {form}" if form is not None else ""
+    instance = f"bf16_gemv<{num_rows}, {p.rows_per_group}, {p.unroll}{suffix}>"
     kernel = rt.get_kernel(OP, instance, device)
     args = (
         rt.ptr(out),
@@ -156,6 +187,10 @@ def bf16_linear(
         rt.i32(n),
         rt.i32(k),
         rt.i32(p.ks_log2),
+        rt.ptr(gate),
+        rt.i64(gate.stride(0) if gate is not None else 0),
+        rt.i64(gate.stride(1) if gate is not None else 0),
+        rt.i32(gate.shape[2] if gate is not None else 0),
     )
     rt.launch(kernel, (p.blocks,), (THREADS,), args, device)
     return out

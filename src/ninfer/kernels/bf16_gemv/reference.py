@@ -33,3 +33,14 @@ def swiglu_linear(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         [M, N] in gate_up's dtype.
     """
     return F.linear(silu_mul(gate_up), weight)
+
+
+def sigmoid_gate_linear(o: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """(o * sigmoid(gate)) @ weight.T: the gated attention's output gate, then o_proj.
+
+    Args:
+        o: [M, H, D]; gate: [M, H, D] (any strides); weight: [N, H * D].
+    Returns:
+        [M, N] in o's dtype.
+    """
+    return F.linear((o * torch.sigmoid(gate)).reshape(o.shape[0], -1), weight)

@@ -194,8 +194,8 @@ def gated_attention(
         out = paged_rows_attention(q, k_pages, v_pages, meta, scale=scale)
     else:
         out = paged_attention(q, k_pages, v_pages, meta, scale=scale)  # [T, Hq, D]
-    out = out * torch.sigmoid(gate)
-    return dispatch.linear(out.reshape(num_tokens, -1), w.o_proj)
+    # out * sigmoid(gate), then o_proj (at decode sizes the gate is applied inside the GEMV)
+    return dispatch.sigmoid_gate_linear(out, gate, w.o_proj)
 
 
 def _rows_as_queries(meta: AttentionMetadata) -> bool:
