@@ -10,10 +10,12 @@ runs the DeltaNet prefill sweep (token-serial kernel, chunk kernel, fla-core) on
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import itertools
 import json
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -378,8 +380,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--moe-batches",
         default="",
-        help="Instead: one 35B-A3B MoE layer's expert paths at these decode batch sizes, then its "
-        "routed + shared expert work with the shared expert separate or in the gathered kernels.",
+        help="Instead: one 35B-A3B MoE layer's expert paths at these decode batch sizes (the "
+        "grouped GEMV on tensor cores and on CUDA cores), its two grouped GEMVs alone per kernel, "
+        "then its routed + shared expert work with the shared expert separate or in the gathered "
+        "kernels.",
     )
     parser.add_argument(
         "--attention-contexts",
@@ -421,6 +425,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if opts.moe_batches:
         batches = [int(x) for x in opts.moe_batches.split(",") if x.strip()]
         print(moe_path_sweep(batches, torch.device("cuda", opts.device)))
+        print()
+        print(moe_group_gemv_sweep(batches, torch.device("cuda", opts.device)))
         print()
         print(moe_shared_sweep(batches, torch.device("cuda", opts.device)))
         return
@@ -576,42 +582,110 @@ def delta_decode_sweep(batches: Sequence[int], device: torch.device) -> str:
     return "\n".join(lines)
 
 
+@contextlib.contextmanager
+def _switched_off(name: str | None) -> Iterator[None]:
+    """NINFER_KERNELS_OFF with `name` added for the duration (dispatch reads it per call, so a
+    graph captured inside keeps the variant); nothing when `name` is None."""
+    old = os.environ.get("NINFER_KERNELS_OFF")
+    if name is not None:
+        os.environ["NINFER_KERNELS_OFF"] = f"{old},{name}" if old else name
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("NINFER_KERNELS_OFF", None)
+        else:
+            os.environ["NINFER_KERNELS_OFF"] = old
+
+
 def moe_path_sweep(batches: Sequence[int], device: torch.device) -> str:
     """µs per call of one 35B-A3B MoE layer's routed experts by each sync-free path (graphs).
 
     Hidden 2048, 256 experts of 2 x 512 rows, top-8; the touched experts' bytes over the time
-    give each path's effective weight bandwidth.
+    give each path's effective weight bandwidth. The grouped GEMV twice: on tensor cores (what
+    dispatch runs for bf16) and on CUDA cores (`expert_group_mma` switched off, "fma").
     """
     experts, hidden, inter, top_k = 256, 2048, 512, 8
     gate_up = torch.randn(experts, 2 * inter, hidden, device=device, dtype=torch.bfloat16) * 0.02
     down = torch.randn(experts, hidden, inter, device=device, dtype=torch.bfloat16) * 0.04
-    paths = (moe.ExpertPath.GATHERED, moe.ExpertPath.GROUPED_GEMV, moe.ExpertPath.GROUPED_MM)
+    grouped = moe.ExpertPath.GROUPED_GEMV
+    variants = (  # (column, path, NINFER_KERNELS_OFF entry)
+        (moe.ExpertPath.GATHERED.value, moe.ExpertPath.GATHERED, None),
+        (f"{grouped.value} mma", grouped, None),
+        (f"{grouped.value} fma", grouped, "expert_group_mma"),
+        (moe.ExpertPath.GROUPED_MM.value, moe.ExpertPath.GROUPED_MM, None),
+    )
     lines = [
         "| batch | experts touched | "
-        + " | ".join(f"{p.value} µs" for p in paths)
+        + " | ".join(f"{name} µs" for name, _, _ in variants)
         + " | best TB/s |"
     ]
-    lines.append("| ---: | ---: |" + " ---: |" * (len(paths) + 1))
+    lines.append("| ---: | ---: |" + " ---: |" * (len(variants) + 1))
     for b in batches:
         x = torch.randn(b, hidden, device=device, dtype=torch.bfloat16)
         logits = torch.randn(b, experts, device=device)
         weights, ids = torch.topk(logits.softmax(-1), top_k)
         touched = int(torch.unique(ids).numel())
-        us = [
-            _graph_us(
-                lambda p=p, a=(x, weights, ids): moe.moe_experts(
-                    a[0], gate_up, down, a[1], a[2], path=p
-                ),
-                replays=5,
-            )
-            for p in paths
-        ]
+        us = []
+        for _, path, off in variants:
+            with _switched_off(off):
+                us.append(
+                    _graph_us(
+                        lambda p=path, a=(x, weights, ids): moe.moe_experts(
+                            a[0], gate_up, down, a[1], a[2], path=p
+                        ),
+                        replays=5,
+                    )
+                )
         moved = touched * 3 * inter * hidden * 2
         lines.append(
             f"| {b} | {touched} | "
             + " | ".join(f"{u:.1f}" for u in us)
             + f" | {moved / min(us) / 1e6:.2f} |"
         )
+    return "\n".join(lines)
+
+
+def moe_group_gemv_sweep(batches: Sequence[int], device: torch.device) -> str:
+    """µs per call (graphs) and touched-expert TB/s of the two grouped expert GEMVs of one
+    35B-A3B MoE layer (gate-up: [256, 1024, 2048], 8 rows per input; down: [256, 2048, 512] of
+    SwiGLU'd gate-up rows), CUDA-core kernel ("fma") against the tensor-core one per load depth
+    ("mma dD"), and the tensor-core results' error against the twin (both GEMVs, relative)."""
+    experts, hidden, inter, top_k = 256, 2048, 512, 8
+    bf16 = torch.bfloat16
+    gate_up = torch.randn(experts, 2 * inter, hidden, device=device, dtype=bf16) * 0.02
+    down = torch.randn(experts, hidden, inter, device=device, dtype=bf16) * 0.04
+    variants = [("fma", {"tensor_cores": False})] + [
+        (f"mma d{d}", {"depth": d}) for d in expert_cuda.GROUP_MMA_DEPTHS
+    ]
+    cells = [f"{which} {name}" for which in ("gate-up", "down") for name, _ in variants]
+    lines = ["| batch | experts touched | " + " | ".join(f"{c} µs (TB/s)" for c in cells)]
+    lines[0] += " | mma vs twin |"
+    lines.append("| ---: | ---: |" + " ---: |" * (len(cells) + 1))
+    for b in batches:
+        x = torch.randn(b, hidden, device=device, dtype=bf16)
+        logits = torch.randn(b, experts, device=device)
+        flat = torch.topk(logits, top_k).indices.reshape(-1)
+        groups = expert_ref.expert_groups(flat, experts)
+        touched = int(torch.unique(flat).numel())
+        rows = torch.randn(b * top_k, 2 * inter, device=device, dtype=bf16)  # gate-up outputs
+        calls = {
+            "gate-up": (x, gate_up, {"rows_per_input": top_k}),
+            "down": (rows, down, {"rows_per_input": 1, "swiglu_input": True}),
+        }
+        row = []
+        errors = []
+        for inp, weight, kw in calls.values():
+            moved = touched * weight.shape[1] * weight.shape[2] * 2
+            for _, extra in variants:
+                call = functools.partial(
+                    expert_cuda.expert_group_gemv, inp, weight, flat, groups=groups, **kw, **extra
+                )
+                us = _graph_us(call, replays=5)
+                row.append(f"{us:.1f} ({moved / us / 1e6:.2f})")
+            got = expert_cuda.expert_group_gemv(inp, weight, flat, groups=groups, **kw)
+            errors.append(_rel(got, expert_ref.expert_group_gemv(inp, weight, flat, **kw)))
+        lines.append(f"| {b} | {touched} | " + " | ".join(row) + f" | {max(errors):.1e} |")
     return "\n".join(lines)
 
 

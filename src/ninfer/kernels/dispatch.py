@@ -321,14 +321,17 @@ def expert_group_gemv(
     swiglu_input: bool = False,
     groups: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """MoE experts read once per group of their assignments; see expert_gemv/reference.py."""
+    """MoE experts read once per group of their assignments; see expert_gemv/reference.py.
+    On CUDA bf16 models run the tensor-core kernel (`uses_group_mma`); `expert_group_mma` in
+    NINFER_KERNELS_OFF keeps the CUDA-core one."""
     if use_cuda_kernels(x, "expert_group_gemv") and _expert_gemv_cuda.supports_group(
         x, weight, swiglu_input=swiglu_input
     ):
-        fn = _expert_gemv_cuda.expert_group_gemv
-    else:
-        fn = _expert_gemv_ref.expert_group_gemv
-    return fn(
+        return _expert_gemv_cuda.expert_group_gemv(
+            x, weight, expert_ids, rows_per_input=rows_per_input, swiglu_input=swiglu_input,
+            groups=groups, tensor_cores=not switched_off("expert_group_mma"),
+        )  # fmt: skip
+    return _expert_gemv_ref.expert_group_gemv(
         x,
         weight,
         expert_ids,

@@ -7,7 +7,9 @@ shared `mlp` on the GPU.
 
 Tolerances as test_kernels_gpu.py: bf16 outputs within 1e-2 relative (norm of the difference over
 the norm of the reference), fp32 within 1e-4; routing ids equal and weights within 1e-6. Where
-only the load schedule differs (expert_gemv's UNROLL) the results are compared for equal bits.
+only the load schedule differs (expert_gemv's UNROLL, expert_group_mma's depth) the results are
+compared for equal bits. The tensor-core grouped GEMV is checked against the twin and against the
+CUDA-core kernel, with hot experts chosen by more rows than one pass takes.
 """
 
 from __future__ import annotations
@@ -353,8 +355,10 @@ def test_expert_path_choice_on_cuda() -> None:
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("swiglu", [False, True], ids=["plain", "swiglu-input"])
 @pytest.mark.parametrize("skew", [False, True], ids=["spread", "one-hot-expert"])
-def test_expert_group_gemv_matches_twin(dtype, swiglu: bool, skew: bool, gen) -> None:
-    """Empty experts, groups of 1..MAXM and (skewed) groups longer than one staged pass."""
+@pytest.mark.parametrize("tensor_cores", [True, False], ids=["mma", "fma"])
+def test_expert_group_gemv_matches_twin(dtype, swiglu: bool, skew: bool, tensor_cores, gen) -> None:
+    """Empty experts, groups of 1..MAXM and (skewed) groups longer than one staged pass; bf16
+    runs the tensor-core kernel unless `tensor_cores` is off (fp32 always the CUDA-core one)."""
     experts, n, k, tokens, top_k = 16, 96, 256, 24, 3
     width = 2 * k if swiglu else k
     rows_per_input = 1 if swiglu else top_k
@@ -365,14 +369,85 @@ def test_expert_group_gemv_matches_twin(dtype, swiglu: bool, skew: bool, gen) ->
     if skew:
         ids[: 2 * expert_cuda.GROUP_MAX_INPUTS + 1] = 3  # one expert over three passes
     assert expert_cuda.supports_group(x, w, swiglu_input=swiglu)
+    assert expert_cuda.uses_group_mma(x, w) == (dtype == torch.bfloat16)
     got = expert_cuda.expert_group_gemv(
-        x, w, ids, rows_per_input=rows_per_input, swiglu_input=swiglu
+        x, w, ids, rows_per_input=rows_per_input, swiglu_input=swiglu, tensor_cores=tensor_cores
     )
     want = expert_ref.expert_group_gemv(
         x, w, ids, rows_per_input=rows_per_input, swiglu_input=swiglu
     )
     assert got.shape == want.shape == (tokens * top_k, n) and got.dtype == dtype
     assert rel(got, want) < TOL[dtype]
+
+
+def skewed_ids(gen: torch.Generator, tokens: int) -> tuple[torch.Tensor, dict[int, int]]:
+    """[tokens, TOP_K] distinct experts per token (tokens >= 17), random except three hot
+    experts: 5 chosen by the first min(20, tokens) (> 16: two passes even with two n-tiles), 7 by
+    the last 12 (> 8: two n-tiles, or two passes with one) and 9 by the first 9. Returns the ids
+    and {expert: rows choosing it}."""
+    hot = {5: (0, min(20, tokens)), 7: (tokens - 12, tokens), 9: (0, 9)}
+    scores = torch.rand(tokens, EXPERTS, device="cuda", generator=gen)
+    for expert, (lo, hi) in hot.items():
+        scores[lo:hi, expert] += 2.0  # above every random score: always in the top k
+    ids = scores.topk(TOP_K, dim=-1).indices
+    counts = {e: int((ids == e).sum()) for e in hot}
+    assert counts[5] > 16 and counts[7] >= 12 and counts[9] >= 9
+    return ids, counts
+
+
+@pytest.mark.parametrize("tokens", [17, 64, 96])
+@pytest.mark.parametrize("swiglu", [False, True], ids=["gate-up", "down-swiglu"])
+def test_expert_group_mma_at_35b_shapes(tokens: int, swiglu: bool, big_moe, gen) -> None:
+    """The tensor-core grouped GEMV against the twin and the CUDA-core kernel (bf16 outputs:
+    within 1e-2 relative), the hot experts' rows also on their own (a relative error over all rows
+    could hide them); both load depths give equal bits (same step order)."""
+    ids, _ = skewed_ids(gen, tokens)
+    flat = ids.reshape(-1)
+    if swiglu:  # the down projection of SwiGLU'd gate-up rows, one input per assignment
+        w = big_moe.experts_down
+        x = torch.randn(tokens * TOP_K, 2 * INTER, device="cuda", generator=gen).to(torch.bfloat16)
+        per_input = 1
+    else:
+        w = big_moe.experts_gate_up
+        x = torch.randn(tokens, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16)
+        per_input = TOP_K
+    assert expert_cuda.uses_group_mma(x, w)
+    kw = {"rows_per_input": per_input, "swiglu_input": swiglu}
+    groups = expert_ref.expert_groups(flat, EXPERTS)
+    got = {
+        d: expert_cuda.expert_group_gemv(x, w, flat, groups=groups, depth=d, **kw)
+        for d in expert_cuda.GROUP_MMA_DEPTHS
+    }
+    mma = got[expert_cuda.GROUP_MMA_DEPTH]
+    fma = expert_cuda.expert_group_gemv(x, w, flat, groups=groups, tensor_cores=False, **kw)
+    want = expert_ref.expert_group_gemv(x, w, flat, **kw)
+    assert mma.shape == want.shape == (tokens * TOP_K, w.shape[1])
+    assert rel(mma, want) < TOL[torch.bfloat16]
+    assert rel(mma, fma) < TOL[torch.bfloat16]
+    for expert in (5, 7, 9):
+        rows = flat == expert
+        assert rel(mma[rows], want[rows]) < TOL[torch.bfloat16], expert
+    first, *others = got.values()
+    assert all(torch.equal(first, other) for other in others)
+
+
+def test_expert_group_mma_switch_and_odd_shapes(gen, monkeypatch) -> None:
+    """dispatch runs the mma kernel, and the CUDA-core one with `expert_group_mma` in
+    NINFER_KERNELS_OFF (equal bits to the launcher's two choices); N off the 16-row tiles and K
+    off the 32-wide steps (K % 8 == 0 only) against the twin."""
+    for experts, n, k, tokens in ((5, 40, 72, 9), (3, 24, 8, 6), (4, 200, 1000, 11)):
+        x = torch.randn(tokens, k, device="cuda", generator=gen).to(torch.bfloat16)
+        w = (torch.randn(experts, n, k, device="cuda", generator=gen) / k**0.5).to(torch.bfloat16)
+        ids = torch.randint(0, experts, (tokens * 2,), device="cuda", generator=gen)
+        ids[:17] = 1  # one expert over two passes (17 > 16: both n-tiles, then one input)
+        want = expert_ref.expert_group_gemv(x, w, ids, rows_per_input=2)
+        mma = expert_cuda.expert_group_gemv(x, w, ids, rows_per_input=2)
+        fma = expert_cuda.expert_group_gemv(x, w, ids, rows_per_input=2, tensor_cores=False)
+        assert rel(mma, want) < TOL[torch.bfloat16], (n, k)
+        monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
+        assert torch.equal(dispatch.expert_group_gemv(x, w, ids, rows_per_input=2), mma)
+        monkeypatch.setenv("NINFER_KERNELS_OFF", "expert_group_mma")
+        assert torch.equal(dispatch.expert_group_gemv(x, w, ids, rows_per_input=2), fma)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -392,10 +467,20 @@ def test_moe_combine_matches_twin(dtype, with_shared: bool, gen) -> None:
 
 
 @pytest.mark.parametrize("tokens", [17, 64, 96])
-def test_grouped_gemv_decode_matches_the_loop_and_never_syncs(tokens: int, big_moe, gen) -> None:
-    """The 35B-A3B decode MoE at 17..96 rows (136..768 assignments), against the expert loop."""
+@pytest.mark.parametrize("kernel", ["mma", "fma"])
+@pytest.mark.parametrize("skew", [False, True], ids=["routed", "skewed"])
+def test_grouped_gemv_decode_matches_the_loop_and_never_syncs(
+    tokens: int, kernel: str, skew: bool, big_moe, gen, monkeypatch
+) -> None:
+    """The 35B-A3B decode MoE at 17..96 rows (136..768 assignments), against the expert loop,
+    with the tensor-core grouped GEMV or (`expert_group_mma` switched off) the CUDA-core one;
+    `skewed`: hot experts chosen by 9..20 rows (see skewed_ids)."""
+    if kernel == "fma":
+        monkeypatch.setenv("NINFER_KERNELS_OFF", "expert_group_mma")
     x = torch.randn(tokens, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16)
     weights, ids = dispatch.route_topk(F.linear(x, big_moe.router), TOP_K, normalize=True)
+    if skew:
+        ids, _ = skewed_ids(gen, tokens)
     gate_up, down = big_moe.experts_gate_up, big_moe.experts_down
     assert moe.expert_path(x, gate_up, down, ids.numel()) is ExpertPath.GROUPED_GEMV
     got = moe.moe_experts(x, gate_up, down, weights, ids, path=ExpertPath.GROUPED_GEMV)

@@ -22,6 +22,19 @@ __device__ __forceinline__ T swiglu_rounded(T gate, T up) {
   return from_float<T>(act * to_float(up));
 }
 
+// SwiGLU of 16 bytes of gate and the matching 16 bytes of up, element by element (swiglu_rounded).
+template <typename T>
+__device__ __forceinline__ uint4 swiglu16(const uint4& gq, const uint4& uq) {
+  constexpr int V = 16 / sizeof(T);
+  const T* ge = reinterpret_cast<const T*>(&gq);
+  const T* ue = reinterpret_cast<const T*>(&uq);
+  uint4 val;
+  T* he = reinterpret_cast<T*>(&val);
+#pragma unroll
+  for (int j = 0; j < V; ++j) he[j] = swiglu_rounded(ge[j], ue[j]);
+  return val;
+}
+
 // The shared-expert combine, op by op in T (the twin's `routed + torch.sigmoid(gate) * shared`):
 // routed is the routed sum already rounded to T, shared the shared expert's output (a T value),
 // z its gate logit.
@@ -254,11 +267,7 @@ __global__ void __launch_bounds__(256) expert_group_gemv(
       if (SWIGLU) {
         const uint4 gq = *reinterpret_cast<const uint4*>(xr + c * V);
         const uint4 uq = *reinterpret_cast<const uint4*>(xr + k + c * V);
-        const T* ge = reinterpret_cast<const T*>(&gq);
-        const T* ue = reinterpret_cast<const T*>(&uq);
-        T* he = reinterpret_cast<T*>(&val);
-#pragma unroll
-        for (int j = 0; j < V; ++j) he[j] = swiglu_rounded(ge[j], ue[j]);
+        val = swiglu16<T>(gq, uq);
       } else {
         val = *reinterpret_cast<const uint4*>(xr + c * V);
       }
@@ -300,6 +309,210 @@ __global__ void __launch_bounds__(256) expert_group_gemv(
             const float total = warp_sum(acc[r][m]);
             if (lane == 0 && row0 + r < n) out[a * n + row0 + r] = from_float<T>(total);
           }
+        }
+      }
+    }
+  }
+}
+
+// ================================================================================================
+// expert_group_mma: expert_group_gemv's products on tensor cores (bf16 models, sm_80+; fp32 models
+// keep the kernel above, whose products are exact in fp32).
+//
+// Why. At 64 decode rows the kernel above streams the touched experts at ~2.8 TB/s where the
+// device copies at ~4.2: every weight costs a conversion and MAXM fp32 FMAs, and every (row,
+// input) pair a warp reduction, so the SM issue rate binds, not the loads. Here the products run
+// on mma.m16n8k16 (bf16 in, fp32 accumulate) and a lane's only per-weight work is its share of
+// the loads, so the kernel should be load-bound (compile-checked; not yet measured).
+//
+// Layout. Grid (row tiles of 128, experts), 8 warps; an expert with no assignment returns at
+// once. The block takes the expert's assignments (sorted, as above) in passes of up to 8 NT and
+// stages their inputs in shared memory as bf16 (SWIGLU: silu(gate) * up rounded like silu_mul),
+// rows k + kPad apart. Warp w owns weight rows [row0, row0 + 16), row0 = 128 tile + 16 w, as the
+// mma's A (M = 16 rows) and the pass's inputs as B: input m is column m of n-tile 0 (m < 8) or
+// column m - 8 of n-tile 1 (NT = 2, passes of more than 8 inputs only). Columns >= count read a
+// duplicate of the last staged row instead of zeros (no stores needed): mma columns are
+// independent, and those columns are never stored.
+//
+// Fragment mapping (lane = 4 g + t; PTX's m16n8k16 layout: a0 = A[g][2t, 2t+1], a1 = A[g+8][2t,
+// 2t+1], a2 = A[g][2t+8, 2t+9], a3 = A[g+8][2t+8, 2t+9]; b0 = B[2t, 2t+1][g], b1 = B[2t+8,
+// 2t+9][g]; c0, c1 = C[g][2t, 2t+1], c2, c3 = C[g+8][2t, 2t+1]). Inside one mma the k order is
+// free as long as A and B agree, so the warp covers k in steps of 32 and in step s (k0 = 32 s)
+// lane (g, t) reads 16 contiguous bytes, elements k0 + 8t .. k0 + 8t + 7, of
+//   weight row row0 + g        -> words w0..w3 (global, ld_stream16: read once, not kept in L1)
+//   weight row row0 + g + 8    -> words v0..v3
+//   staged input g (+ 8 nt)    -> words x0..x3 (shared memory)
+// (word i = elements 2i (low half) and 2i + 1) and runs two mma, h = 0, 1:
+//   a0 = w[2h], a1 = v[2h], a2 = w[2h + 1], a3 = v[2h + 1], b0 = x[2h], b1 = x[2h + 1].
+// So in mma h, k slot 2t + e stands for k0 + 8t + 4h + e and slot 2t + 8 + e for k0 + 8t + 4h +
+// 2 + e (e = 0, 1), for A and B alike (the slot's meaning depends on t and h only): the two mma
+// together take each of the step's 32 k exactly once. A lane's chunk is in range iff k0 + 8t < k
+// (K % 8 == 0: all 8 elements or none); out of range A and B are zero, so K needs only to be a
+// multiple of 8. tests/unit/kernels/test_expert_group_mma.py emulates this mapping on the CPU.
+//
+// Loads. A lane streams its two rows 16 bytes per step each (a row's 4 lanes read 64 contiguous
+// bytes per step) through a ring of D + 1 steps: step s + D is issued before step s is
+// multiplied, so 2 D loads per lane stay in flight. The first D steps of a pass go out before
+// the inputs are staged, so the staging and its barriers hide under the weight latency; the
+// staging itself issues kStageLoads 16-byte input loads per thread before it converts and stores
+// any (one L2 round trip, not several).
+// Shared memory: staged rows are k + kPad = k + 32 bf16 apart, 64 bytes mod 128, so the two rows
+// a quarter-warp's 16-byte loads touch (g = 2i, 2i + 1, 64 bytes each) fall on distinct banks.
+// fp32 accumulation in the mma for the whole row, one rounding to bf16; results go to each
+// assignment's own output row (assignment order, as above). Summation order differs from the
+// CUDA-core kernel (and the tensor core's internal adds are not IEEE round-to-nearest), so the two
+// agree to bf16 rounding, not bit for bit.
+// ================================================================================================
+
+namespace egmma {
+constexpr int kWarps = 8;        // 256 threads: 8 warps x 16 rows = 128 rows per block
+constexpr int kPad = 32;         // bf16 past k per staged row (64 bytes: no bank conflicts)
+constexpr int kStageLoads = 4;   // staging: 16-byte input loads per thread issued together
+
+// Step s of the lane's two rows (`lo` and `hi` already at the lane's byte offset 16 t): 16 bytes
+// each, zeros where the lane's chunk is past k (`left` = k - 8 t; in range iff 32 s < left).
+__device__ __forceinline__ void load_step(uint4 (&a)[2], const unsigned char* lo,
+                                          const unsigned char* hi, int s, int left) {
+  const bool ok = 32 * s < left;
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+  a[0] = ok ? ld_stream16(lo + 64 * s) : zero;
+  a[1] = ok ? ld_stream16(hi + 64 * s) : zero;
+}
+
+// Two mma for one step: A from the lane's row g (w) and row g + 8 (v) words, B from the staged
+// input's words (the mapping in the header).
+__device__ __forceinline__ void mma_step(float (&acc)[4], const uint4& w, const uint4& v,
+                                         const uint4& xq) {
+  mma_16816<false>(acc, w.x, v.x, w.y, v.y, xq.x, xq.y);
+  mma_16816<false>(acc, w.z, v.z, w.w, v.w, xq.z, xq.w);
+}
+
+// Step s's products: n-tile 0, and n-tile 1 when `two` (warp-uniform: the pass has more than 8
+// inputs); `x_lo` / `x_hi` are the lane's staged inputs of the two n-tiles at element 8 t.
+template <int NT>
+__device__ __forceinline__ void mma_inputs(float (&acc)[NT][4], const uint4 (&a)[2],
+                                           const bf16* x_lo, const bf16* x_hi, bool two, int s,
+                                           int left) {
+  const bool ok = 32 * s < left;  // else A is zero and B must be too (no NaN * 0)
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+  const uint4 xq = ok ? *reinterpret_cast<const uint4*>(x_lo + 32 * s) : zero;
+  mma_step(acc[0], a[0], a[1], xq);
+  if (NT == 2 && two) {
+    const uint4 xq1 = ok ? *reinterpret_cast<const uint4*>(x_hi + 32 * s) : zero;
+    mma_step(acc[NT - 1], a[0], a[1], xq1);
+  }
+}
+
+// Stage `count` inputs in shared memory, row m at xs + m * stride: x row order[m] / x_div, or
+// with SWIGLU the SwiGLU of its gate and up halves. kStageLoads 16-byte loads per thread (S
+// chunks, two loads each with SWIGLU) are issued before any is converted or stored; S is halved
+// with SWIGLU so that the gate and up values fit beside the weight batch already in flight.
+template <bool SWIGLU>
+__device__ __forceinline__ void stage_inputs(bf16* xs, int stride, const bf16* x,
+                                             long long x_stride, const long long* order,
+                                             int count, int x_div, int k) {
+  constexpr int V = 8;  // bf16 per 16-byte load
+  constexpr int S = SWIGLU ? kStageLoads / 2 : kStageLoads;
+  const int chunks = k / V;
+  const int total = count * chunks;
+  for (int i0 = threadIdx.x; i0 < total; i0 += S * blockDim.x) {
+    uint4 gq[S], uq[S];
+#pragma unroll
+    for (int u = 0; u < S; ++u) {
+      const int i = i0 + u * blockDim.x;
+      if (i < total) {
+        const int m = i / chunks;
+        const bf16* xr = x + (order[m] / x_div) * x_stride + (i - m * chunks) * V;
+        gq[u] = *reinterpret_cast<const uint4*>(xr);
+        if (SWIGLU) uq[u] = *reinterpret_cast<const uint4*>(xr + k);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < S; ++u) {
+      const int i = i0 + u * blockDim.x;
+      if (i < total) {
+        const int m = i / chunks;
+        const uint4 val = SWIGLU ? swiglu16<bf16>(gq[u], uq[u]) : gq[u];
+        *reinterpret_cast<uint4*>(xs + m * stride + (i - m * chunks) * V) = val;
+      }
+    }
+  }
+}
+}  // namespace egmma
+
+// D: 32-wide k steps in flight per lane (2 D loads of 16 bytes); NT: n-tiles (8 inputs each) per
+// pass; SWIGLU as above. Dynamic shared memory: 8 NT (k + kPad) bf16. Launch bounds: D = 2 fits
+// 80 registers (3 blocks per SM); deeper rings spill there, so they get 128 (2 blocks per SM).
+// nvcc sm_90: D = 4 108 (NT = 1) / 116 (NT = 2) registers, D = 2 76-78, no spills.
+template <int D, int NT, bool SWIGLU>
+__global__ void __launch_bounds__(256, D <= 2 ? 3 : 2) expert_group_mma(
+    bf16* __restrict__ out, const bf16* __restrict__ x, long long x_stride,
+    const bf16* __restrict__ w, const long long* __restrict__ order, const int* __restrict__ ends,
+    int x_div, int n, int k) {
+  using namespace egmma;
+  static_assert(NT == 1 || NT == 2, "one or two n-tiles of 8 inputs");
+  constexpr int R = D + 1;  // ring slots: step s + D is loaded while step s is multiplied
+  extern __shared__ __align__(16) unsigned char group_smem[];
+  bf16* xs = reinterpret_cast<bf16*>(group_smem);  // [8 NT][k + kPad]
+  constexpr int MAXM = 8 * NT;
+  const int e = blockIdx.y;
+  const int start = e == 0 ? 0 : ends[e - 1];
+  const int end = ends[e];
+  if (start >= end) return;  // the whole block leaves together
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int row0 = (blockIdx.x * kWarps + warp) * 16;
+  const bool has_rows = row0 < n;
+  const int stride = k + kPad;
+  const int left = k - 8 * t;
+  const int steps = (k + 31) / 32;
+  // rows past n re-read row n - 1 (computed, never stored)
+  const bf16* we = w + static_cast<long long>(e) * n * k + 8 * t;
+  const unsigned char* w_lo =
+      reinterpret_cast<const unsigned char*>(we + static_cast<long long>(min(row0 + g, n - 1)) * k);
+  const unsigned char* w_hi = reinterpret_cast<const unsigned char*>(
+      we + static_cast<long long>(min(row0 + g + 8, n - 1)) * k);
+  for (int base = start; base < end; base += MAXM) {
+    const int count = min(MAXM, end - base);
+    uint4 a[R][2];
+    if (has_rows) {
+#pragma unroll
+      for (int p = 0; p < D; ++p)
+        if (p < steps) load_step(a[p], w_lo, w_hi, p, left);
+    }
+    __syncthreads();  // the previous pass's inputs are no longer read
+    stage_inputs<SWIGLU>(xs, stride, x, x_stride, order + base, count, x_div, k);
+    __syncthreads();
+    if (!has_rows) continue;  // still takes part in the next pass's barriers
+    float acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[nt][i] = 0.0f;
+    const bf16* x_lo = xs + min(g, count - 1) * stride + 8 * t;
+    const bf16* x_hi = xs + min(8 + g, count - 1) * stride + 8 * t;
+    const bool two = NT == 2 && count > 8;
+    for (int s0 = 0; s0 < steps; s0 += R) {
+#pragma unroll
+      for (int u = 0; u < R; ++u) {
+        const int s = s0 + u;
+        if (s >= steps) break;  // warp-uniform
+        if (s + D < steps) load_step(a[(u + D) % R], w_lo, w_hi, s + D, left);
+        mma_inputs<NT>(acc, a[u], x_lo, x_hi, two, s, left);
+      }
+    }
+    // c0, c1: row g, inputs 8 nt + 2t, 2t + 1; c2, c3: row g + 8
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int m = 8 * nt + 2 * t + c;
+        if (m < count) {
+          bf16* o = out + order[base + m] * n + row0 + g;
+          if (row0 + g < n) o[0] = from_float<bf16>(acc[nt][c]);
+          if (row0 + g + 8 < n) o[8] = from_float<bf16>(acc[nt][2 + c]);
         }
       }
     }

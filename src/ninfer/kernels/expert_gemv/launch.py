@@ -6,10 +6,14 @@ load, rows 16-byte aligned); dispatch runs the twin otherwise. Short rows (K <= 
 down projection's 512) get 8 rows per warp so each lane keeps 8 loads in flight; `expert_gemv`
 also unrolls its chunk loop (`GEMV_UNROLL`) so longer rows keep as many in flight. With the MoE
 shared expert's matrices given (`shared_weight`, `shared_down`) the two kernels run it as one more
-assignment per token, so a decode step's shared expert costs no launches of its own.
+assignment per token, so a decode step's shared expert costs no launches of its own. The grouped
+GEMV runs on tensor cores (`expert_group_mma`) for bf16 models on sm_80+ where `uses_group_mma`
+says so, else (fp32 models, `tensor_cores=False`) on CUDA cores (`expert_group_gemv`).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -278,6 +282,54 @@ def supports_group(x: torch.Tensor, weight: torch.Tensor, *, swiglu_input: bool 
     )
 
 
+# expert_group_mma (the tensor-core grouped GEMV, bf16 only): 8 warps x 16 weight rows per block,
+# each pass takes up to 8 inputs per n-tile, staged bf16 rows of K + GROUP_MMA_PAD.
+GROUP_MMA_ROWS = 16 * WARPS
+GROUP_MMA_PAD = 32  # egmma::kPad: staged rows 64 bytes apart mod 128 (no shared bank conflicts)
+# 32-wide k steps in flight per lane (the kernel's D; 2 D 16-byte loads). 4: <= 128 registers, 2
+# blocks per SM; 2: <= 80 registers, 3 blocks per SM (nvcc sm_90, no spills); kernel_bench
+# --moe-batches times both.
+GROUP_MMA_DEPTH = 4
+GROUP_MMA_DEPTHS = (2, 4)  # the instances the launcher may request
+
+
+def group_mma_smem(k: int, tiles: int) -> int:
+    """Dynamic shared memory of expert_group_mma: 8 inputs per n-tile, bf16 rows of K + pad."""
+    return 8 * tiles * (k + GROUP_MMA_PAD) * 2
+
+
+def group_mma_tiles(k: int) -> int:
+    """n-tiles per pass of expert_group_mma: two (16 inputs, so an expert chosen by up to 16 rows
+    is read once) where their staging fits GROUP_SMEM (the 35B down projection, K = 512: 17 KiB),
+    else one (its gate-up, K = 2,048: 16 rows would need 65 KiB; 8 take 33 KiB)."""
+    return 2 if group_mma_smem(k, 2) <= GROUP_SMEM else 1
+
+
+@functools.cache
+def _mma_capable_index(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) >= (8, 0)
+
+
+def _mma_capable(device: torch.device) -> bool:
+    """mma.sync with bf16 operands needs sm_80+."""
+    if device.type != "cuda":
+        return False
+    return _mma_capable_index(device.index if device.index is not None else 0)
+
+
+def uses_group_mma(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `expert_group_gemv` runs the tensor-core kernel for operands `supports_group` takes:
+    a bf16 model (fp32 inputs keep the CUDA-core kernel, whose products are exact in fp32; the mma
+    would round them to bf16), one n-tile of staged inputs within GROUP_SMEM (K <= 3,040), and an
+    sm_80+ device. K only needs to be a multiple of 8, as `supports_group` already asks."""
+    return (
+        x.dtype == torch.bfloat16
+        and weight.dim() == 3
+        and group_mma_smem(weight.shape[2], 1) <= GROUP_SMEM
+        and _mma_capable(x.device)
+    )
+
+
 def supports_group_pair(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> bool:
     """Whether both grouped GEMVs of a MoE block (gate-up, then SwiGLU'd down) take the kernel."""
     k = down.shape[-1] if down.dim() == 3 else 0
@@ -297,8 +349,12 @@ def expert_group_gemv(
     rows_per_input: int,
     swiglu_input: bool = False,
     groups: tuple[torch.Tensor, torch.Tensor] | None = None,
+    tensor_cores: bool = True,
+    depth: int | None = None,
 ) -> torch.Tensor:
-    """See `reference.expert_group_gemv`."""
+    """See `reference.expert_group_gemv`. The tensor-core kernel where `tensor_cores` and
+    `uses_group_mma` say so (dispatch: `expert_group_mma` in NINFER_KERNELS_OFF turns it off), else
+    the CUDA-core one; `depth` overrides GROUP_MMA_DEPTH (kernel_bench compares)."""
     device = rt.check_cuda(x, weight, expert_ids)
     if not supports_group(x, weight, swiglu_input=swiglu_input):
         raise rt.KernelInputError(
@@ -321,11 +377,22 @@ def expert_group_gemv(
     ends = ends.to(torch.int32).contiguous()
     if order.numel() != num_assignments or ends.numel() != num_experts:
         raise rt.KernelInputError("groups do not match the expert ids and the experts")
-    rows = rows_per_warp(k)
-    instance = (
-        f"expert_group_gemv<{rt.cuda_type(x, 'x')}, {rows}, {GROUP_MAX_INPUTS}, "
-        f"{'true' if swiglu_input else 'false'}>"
-    )
+    depth = GROUP_MMA_DEPTH if depth is None else depth
+    if depth not in GROUP_MMA_DEPTHS:
+        raise rt.KernelInputError(f"depth {depth} is not one of {GROUP_MMA_DEPTHS}")
+    swiglu = "true" if swiglu_input else "false"
+    if tensor_cores and uses_group_mma(x, weight):
+        tiles = group_mma_tiles(k)
+        instance = f"expert_group_mma<{depth}, {tiles}, {swiglu}>"
+        grid = (-(-n // GROUP_MMA_ROWS), num_experts)
+        smem = group_mma_smem(k, tiles)
+    else:
+        rows = rows_per_warp(k)
+        instance = (
+            f"expert_group_gemv<{rt.cuda_type(x, 'x')}, {rows}, {GROUP_MAX_INPUTS}, {swiglu}>"
+        )
+        grid = (-(-n // (WARPS * rows)), num_experts)
+        smem = GROUP_MAX_INPUTS * k * x.element_size()
     kernel = rt.get_kernel(OP, instance, device)
     args = (
         rt.ptr(out),
@@ -338,8 +405,6 @@ def expert_group_gemv(
         rt.i32(n),
         rt.i32(k),
     )
-    grid = (-(-n // (WARPS * rows)), num_experts)
-    smem = GROUP_MAX_INPUTS * k * x.element_size()
     rt.launch(kernel, grid, (THREADS,), args, device, shared_mem=smem)
     return out
 
