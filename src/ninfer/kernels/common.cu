@@ -149,6 +149,17 @@ __device__ __forceinline__ unsigned int swiglu_bf16x2(unsigned int gate, unsigne
                           __uint_as_float(act & 0xffff0000u) * __uint_as_float(up & 0xffff0000u));
 }
 
+// o * sigmoid(g) on the two bf16 packed in each of an o word and a g word, rounded as torch's
+// bf16 `o * torch.sigmoid(g)`: the sigmoid to bf16, then the product to bf16 (the fast exp, as
+// every kernel here). The gated attention's output gate: sigmoid_gate and the bf16 GEMV's
+// sigmoid-gate input form share it.
+__device__ __forceinline__ unsigned int sigmoid_gate_bf16x2(unsigned int o, unsigned int g) {
+  const unsigned int s = pack_pair<false>(1.0f / (1.0f + __expf(-__uint_as_float(g << 16))),
+                                          1.0f / (1.0f + __expf(-__uint_as_float(g & 0xffff0000u))));
+  return pack_pair<false>(__uint_as_float(o << 16) * __uint_as_float(s << 16),
+                          __uint_as_float(o & 0xffff0000u) * __uint_as_float(s & 0xffff0000u));
+}
+
 // 16 bytes of a read-once weight stream: not allocated in L1, 256-byte L2 prefetch (sm_80+).
 __device__ __forceinline__ uint4 ld_stream16(const unsigned char* p) {
   uint4 v;

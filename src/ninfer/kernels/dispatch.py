@@ -54,6 +54,8 @@ from ninfer.kernels.sampling import launch as _sampling_cuda
 from ninfer.kernels.sampling import reference as _sampling_ref
 from ninfer.kernels.sampling import rng as _rng
 from ninfer.kernels.sampling.rng import RngPurpose
+from ninfer.kernels.sigmoid_gate import launch as _sigmoid_gate_cuda
+from ninfer.kernels.sigmoid_gate import reference as _sigmoid_gate_ref
 from ninfer.kernels.silu_mul import launch as _silu_mul_cuda
 from ninfer.kernels.silu_mul import reference as _silu_mul_ref
 
@@ -593,13 +595,20 @@ def sigmoid_gate_linear(
 
     o, gate: [T, H, D] (gate a strided view of the q projection). Where `linear` would run the
     bf16 GEMV on the gated rows, the GEMV applies the gate as it loads x (two elementwise launches
-    and an intermediate fewer, rounded as torch rounds the eager ops); everything else runs the
-    eager ops then `linear`.
+    and an intermediate fewer, rounded as torch rounds the eager ops); everything else runs
+    `sigmoid_gate` (one kernel on CUDA in bf16) then `linear`.
     """
     x = o.reshape(o.shape[0], -1)
     if not isinstance(weight, Fp8Weight) and bf16_gemv_routed(x, weight, gate=gate):
         return _bf16_gemv_cuda.bf16_linear(x, weight, gate=gate)
-    return linear((o * torch.sigmoid(gate)).reshape(o.shape[0], -1), weight)
+    return linear(sigmoid_gate(o, gate), weight)
+
+
+def sigmoid_gate(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """[T, H, D] o and gate -> [T, H * D] o * sigmoid(gate); see kernels/sigmoid_gate."""
+    if use_cuda_kernels(o, "sigmoid_gate") and _sigmoid_gate_cuda.supports(o, gate):
+        return _sigmoid_gate_cuda.sigmoid_gate(o, gate)
+    return _sigmoid_gate_ref.sigmoid_gate(o, gate)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torch.Tensor:

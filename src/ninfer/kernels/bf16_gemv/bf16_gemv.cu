@@ -45,15 +45,6 @@ constexpr int BF16_GEMV_PLAIN = 0;
 constexpr int BF16_GEMV_SWIGLU = 1;
 constexpr int BF16_GEMV_SIGMOID_GATE = 2;
 
-// o * sigmoid(g) on the two bf16 packed in each of an o word and a g word, rounded as torch's
-// bf16 `o * torch.sigmoid(g)`: the sigmoid to bf16, then the product to bf16.
-__device__ __forceinline__ unsigned int sigmoid_gate_bf16x2(unsigned int o, unsigned int g) {
-  const unsigned int s = pack_pair<false>(1.0f / (1.0f + __expf(-__uint_as_float(g << 16))),
-                                          1.0f / (1.0f + __expf(-__uint_as_float(g & 0xffff0000u))));
-  return pack_pair<false>(__uint_as_float(o << 16) * __uint_as_float(s << 16),
-                          __uint_as_float(o & 0xffff0000u) * __uint_as_float(s & 0xffff0000u));
-}
-
 __device__ __forceinline__ uint4 bf16_gemv_zero16() { return make_uint4(0u, 0u, 0u, 0u); }
 
 __device__ __forceinline__ unsigned int bf16_gemv_word(const uint4& u, int j) {
