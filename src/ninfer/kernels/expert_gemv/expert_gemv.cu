@@ -14,15 +14,8 @@ __device__ __forceinline__ void load_rows(uint4 (&u)[ROWS], const T* we, int row
   }
 }
 
-// SwiGLU of one gate and up element, rounded like silu_mul: silu(g) to T, then the product to T.
-template <typename T>
-__device__ __forceinline__ T swiglu_rounded(T gate, T up) {
-  const float g = to_float(gate);
-  const float act = to_float(from_float<T>(g / (1.0f + __expf(-g))));
-  return from_float<T>(act * to_float(up));
-}
-
-// SwiGLU of 16 bytes of gate and the matching 16 bytes of up, element by element (swiglu_rounded).
+// SwiGLU of 16 bytes of gate and the matching 16 bytes of up, element by element (common.cu's
+// swiglu, rounded like silu_mul).
 template <typename T>
 __device__ __forceinline__ uint4 swiglu16(const uint4& gq, const uint4& uq) {
   constexpr int V = 16 / sizeof(T);
@@ -31,7 +24,7 @@ __device__ __forceinline__ uint4 swiglu16(const uint4& gq, const uint4& uq) {
   uint4 val;
   T* he = reinterpret_cast<T*>(&val);
 #pragma unroll
-  for (int j = 0; j < V; ++j) he[j] = swiglu_rounded(ge[j], ue[j]);
+  for (int j = 0; j < V; ++j) he[j] = swiglu(ge[j], ue[j]);
   return val;
 }
 
@@ -197,7 +190,7 @@ __global__ void __launch_bounds__(512) expert_down_sum(
       const T* ue = reinterpret_cast<const T*>(&uq);
       float h[V];
 #pragma unroll
-      for (int i = 0; i < V; ++i) h[i] = to_float(swiglu_rounded(ge[i], ue[i]));
+      for (int i = 0; i < V; ++i) h[i] = to_float(swiglu(ge[i], ue[i]));
 #pragma unroll
       for (int r = 0; r < ROWS; ++r) {
         const T* e = reinterpret_cast<const T*>(&q[r]);
