@@ -134,6 +134,10 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], unsigned a0, unsigned a
 // fused GEMV sees the very bits silu_mul would have written.
 __device__ __forceinline__ float silu(float g) { return g / (1.0f + __expf(-g)); }
 
+// The logistic function with the fast exp, as every kernel here computes it (beta = sigmoid(b),
+// the attention and shared-expert gates).
+__device__ __forceinline__ float sigmoid(float v) { return 1.0f / (1.0f + __expf(-v)); }
+
 template <typename T>
 __device__ __forceinline__ T swiglu(T gate, T up) {
   const float g = to_float(gate);
@@ -154,8 +158,8 @@ __device__ __forceinline__ unsigned int swiglu_bf16x2(unsigned int gate, unsigne
 // every kernel here). The gated attention's output gate: sigmoid_gate and the bf16 GEMV's
 // sigmoid-gate input form share it.
 __device__ __forceinline__ unsigned int sigmoid_gate_bf16x2(unsigned int o, unsigned int g) {
-  const unsigned int s = pack_pair<false>(1.0f / (1.0f + __expf(-__uint_as_float(g << 16))),
-                                          1.0f / (1.0f + __expf(-__uint_as_float(g & 0xffff0000u))));
+  const unsigned int s = pack_pair<false>(sigmoid(__uint_as_float(g << 16)),
+                                          sigmoid(__uint_as_float(g & 0xffff0000u)));
   return pack_pair<false>(__uint_as_float(o << 16) * __uint_as_float(s << 16),
                           __uint_as_float(o & 0xffff0000u) * __uint_as_float(s & 0xffff0000u));
 }

@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(128) causal_conv1d_fwd(
 #pragma unroll
         for (int i = 0; i < K - 2; ++i) hist[i] = hist[i + 1];
         hist[K - 2] = xt[u];
-        out[(t + u) * channels + c] = from_float<TX>(y / (1.0f + __expf(-y)));
+        out[(t + u) * channels + c] = from_float<TX>(silu(y));
       }
     }
     t += n;

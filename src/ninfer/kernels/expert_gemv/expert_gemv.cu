@@ -33,7 +33,7 @@ __device__ __forceinline__ uint4 swiglu16(const uint4& gq, const uint4& uq) {
 // z its gate logit.
 template <typename T>
 __device__ __forceinline__ T combine_shared(float routed, float shared, float z) {
-  const float sig = to_float(from_float<T>(1.0f / (1.0f + __expf(-z))));
+  const float sig = to_float(from_float<T>(sigmoid(z)));
   return from_float<T>(routed + to_float(from_float<T>(sig * shared)));
 }
 

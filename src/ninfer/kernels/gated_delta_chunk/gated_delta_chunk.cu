@@ -212,7 +212,7 @@ __global__ void __launch_bounds__(GDC_PREP_THREADS) gdc_prepare(
           const float av = to_float(a[row * a_stride + hv]) + bias;
           const float softplus = av > 20.0f ? av : log1pf(__expf(av));
           gl[e] = neg_a * softplus;
-          bl[e] = 1.0f / (1.0f + __expf(-to_float(b_in[row * b_stride + hv])));
+          bl[e] = sigmoid(to_float(b_in[row * b_stride + hv]));
         }
       }
       const float pair = gl[0] + gl[1];

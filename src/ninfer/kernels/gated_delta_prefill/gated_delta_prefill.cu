@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(GDP_THREADS) gated_delta_prefill(
       const float softplus = av > 20.0f ? av : log1pf(__expf(av));
       decay_s[tid] = __expf(neg_a * softplus);
       const float bv = to_float(b_in[t * b_stride + h]);
-      beta_s[tid] = 1.0f / (1.0f + __expf(-bv));
+      beta_s[tid] = sigmoid(bv);
     }
     // v for the block's columns (zeros past Dv).
     for (int idx = tid; idx < n * GDP_COLS; idx += GDP_THREADS) {

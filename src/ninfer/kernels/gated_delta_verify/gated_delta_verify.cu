@@ -42,7 +42,7 @@ __global__ void gdn_verify_front(
       const float softplus = av > 20.0f ? av : log1pf(__expf(av));
       g_out[row * num_v_heads + h] = -__expf(a_log[h]) * softplus;
       const float bv = to_float(b_in[row * b_stride + h]);
-      beta_out[row * num_v_heads + h] = 1.0f / (1.0f + __expf(-bv));
+      beta_out[row * num_v_heads + h] = sigmoid(bv);
     }
     return;
   }
@@ -73,7 +73,7 @@ __global__ void gdn_verify_front(
       y += to_float(x_new) * to_float(wc[hist]);
       for (int j = 1; j < hist; ++j) window[j - 1] = window[j];
       window[hist - 1] = x_new;
-      y = to_float(from_float<TX>(y / (1.0f + __expf(-y))));  // silu, rounded as the model does
+      y = to_float(from_float<TX>(silu(y)));  // rounded as the model does
     }
     if (group < key_groups) {
       const float inv = rsqrtf(block_sum(active ? y * y : 0.0f) + eps);

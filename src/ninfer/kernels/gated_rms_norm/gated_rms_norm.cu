@@ -47,9 +47,7 @@ __global__ void __launch_bounds__(256)
   OC oc;
 #pragma unroll
   for (int j = 0; j < PER_LANE; ++j) {
-    const float g = to_float(gc.v[j]);
-    const float silu = g / (1.0f + __expf(-g));
-    oc.v[j] = from_float<TO>((xv[j] * inv) * to_float(wc.v[j]) * silu);
+    oc.v[j] = from_float<TO>((xv[j] * inv) * to_float(wc.v[j]) * silu(to_float(gc.v[j])));
   }
   *reinterpret_cast<OC*>(out + row * n + col) = oc;
 }
@@ -68,8 +66,7 @@ __global__ void gated_rms_norm(TO* __restrict__ out, const TX* __restrict__ x,
   }
   const float inv = rsqrtf(block_sum(sq) / static_cast<float>(n) + eps);
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const float g = to_float(gr[i]);
-    const float silu = g / (1.0f + __expf(-g));
-    out[row * n + i] = from_float<TO>((to_float(xr[i]) * inv) * to_float(weight[i]) * silu);
+    const float act = silu(to_float(gr[i]));
+    out[row * n + i] = from_float<TO>((to_float(xr[i]) * inv) * to_float(weight[i]) * act);
   }
 }
