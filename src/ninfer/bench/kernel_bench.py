@@ -25,6 +25,7 @@ from ninfer.bench.results import KernelTiming
 from ninfer.kernels.add_rms_norm import launch as add_norm_cuda
 from ninfer.kernels.add_rms_norm import reference as add_norm_ref
 from ninfer.kernels.bf16_gemv import launch as bf16_gemv_cuda
+from ninfer.kernels.bf16_mma_gemv import launch as bf16_mma_cuda
 from ninfer.kernels.causal_conv1d import launch as conv_cuda
 from ninfer.kernels.causal_conv1d import reference as conv_ref
 from ninfer.kernels.expert_gemv import launch as expert_cuda
@@ -400,11 +401,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         nargs="?",
         const=",".join(f"{n}x{k}" for n, k in GEMV_SHAPES),
         default="",
-        help="Instead: the bf16 GEMV vs F.linear at these NxK weight shapes (no value: the 35B "
-        "and 27B decode projections).",
+        help="Instead: the bf16 GEMV (1..8 rows) and the tensor-core skinny GEMM (1..64 rows, "
+        "each compiled variant) vs F.linear at these NxK weight shapes (no value: the 35B and "
+        "27B decode projections).",
     )
     parser.add_argument(
-        "--gemv-rows", default="1,4,8", help="x row counts of --gemv-shapes (1..8)."
+        "--gemv-rows",
+        default="1,4,8",
+        help="x row counts of --gemv-shapes (1..64; the bf16 GEMV runs up to 8).",
     )
     opts = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -908,21 +912,34 @@ def _parse_shape(text: str) -> tuple[int, int]:
 def bf16_gemv_sweep(
     shapes: Sequence[tuple[int, int]], row_counts: Sequence[int], device: torch.device
 ) -> str:
-    """µs per call (graphs) of the bf16 GEMV kernel and of `F.linear` (cuBLAS) for bf16 x of each
-    row count against each W [N, K], with the weight bytes each streams per µs, the speedup, what
-    `bf16_gemv_preferred` routes today and the kernel's error against an fp64 product.
+    """µs per call (graphs) of the bf16 GEMV kernel (1..8 rows), of the tensor-core skinny GEMM
+    `bf16_mma_gemv` in each compiled variant (1..64 rows) and of `F.linear` (cuBLAS) for bf16 x
+    of each row count against each W [N, K], with the weight bytes each streams per µs (GB/s),
+    cuBLAS's time over the best kernel's, what dispatch routes today and the kernels' worst error
+    against an fp64 product.
 
     Weights come from DRAM as in a decode step (where every other layer's weights pass through
     L2 between two calls of one projection): each captured call reads the next of enough random
     copies of W to span GEMV_ROTATE_BYTES, five times the H200's 50 MB L2, so no call finds its
-    weights there. The plan column is R rows per warp group / warps splitting K / blocks.
+    weights there. Plan columns: the GEMV's R rows per warp group / warps splitting K / blocks;
+    the mma kernel's (default variant) row tiles x K splits. Variant columns: `16r d4` = 16
+    weight rows per warp (MT = 1), ring depth 4.
     """
-    lines = ["bf16 GEMV vs F.linear (bf16 x, bf16 W [N, K], bf16 out), CUDA graphs, cold L2"]
+    variants = bf16_mma_cuda.VARIANTS
+    names = [f"mma {16 * mt}r d{d} µs" for mt, d in variants]
+    lines = [
+        "bf16 GEMV and bf16 mma GEMV vs F.linear (bf16 x, W [N, K], bf16 out), graphs, cold L2"
+    ]
     lines.append(
-        "| N x K | rows | plan | kernel µs | kernel GB/s | F.linear µs | F.linear GB/s | "
-        "speedup | routed | rel err |"
+        "| N x K | rows | gemv plan | gemv µs | mma plan | "
+        + " | ".join(names)
+        + " | best GB/s | F.linear µs | F.linear GB/s | speedup | routed | rel err |"
     )
-    lines.append("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
+    lines.append(
+        "| --- | ---: | --- | ---: | --- | "
+        + "---: | " * len(names)
+        + "---: | ---: | ---: | ---: | --- | ---: |"
+    )
     index = device.index if device.index is not None else torch.cuda.current_device()
     sms = torch.cuda.get_device_properties(index).multi_processor_count
     for n, k in shapes:
@@ -933,22 +950,56 @@ def bf16_gemv_sweep(
         calls = max(CALLS_PER_GRAPH, copies)
         for m in row_counts:
             x = torch.randn(m, k, device=device).to(torch.bfloat16)
-            got = bf16_gemv_cuda.bf16_linear(x, weights[0])
             exact = x.double() @ weights[0].double().T
-            err = ((got.double() - exact).norm() / exact.norm()).item()
-            kernel_us = _graph_us(
-                _rotating(lambda w, x=x: bf16_gemv_cuda.bf16_linear(x, w), weights), 5, calls
-            )
+
+            def err_of(got: torch.Tensor, exact: torch.Tensor = exact) -> float:
+                return ((got.double() - exact).norm() / exact.norm()).item()
+
+            errors = []
+            gemv_plan, gemv_us = "–", float("nan")
+            if m <= bf16_gemv_cuda.MAX_ROWS:
+                errors.append(err_of(bf16_gemv_cuda.bf16_linear(x, weights[0])))
+                gemv_us = _graph_us(
+                    _rotating(lambda w, x=x: bf16_gemv_cuda.bf16_linear(x, w), weights), 5, calls
+                )
+                p = bf16_gemv_cuda.plan(m, n, k, sms)
+                gemv_plan = f"{p.rows_per_group}/{1 << p.ks_log2}/{p.blocks}"
+            mma_us = []
+            if m <= bf16_mma_cuda.MAX_ROWS:
+                for mt, d in variants:
+                    kw = {"m_tiles": mt, "depth": d}
+                    errors.append(err_of(bf16_mma_cuda.bf16_linear(x, weights[0], **kw)))
+                    mma_us.append(
+                        _graph_us(
+                            _rotating(
+                                lambda w, x=x, kw=kw: bf16_mma_cuda.bf16_linear(x, w, **kw),
+                                weights,
+                            ),
+                            5,
+                            calls,
+                        )
+                    )
+                q = bf16_mma_cuda.plan(m, n, k, sms)
+                mma_plan = f"{q.tiles}x{q.splits}"
+            else:
+                mma_plan = "–"
+                mma_us = [float("nan")] * len(variants)
             linear_us = _graph_us(
                 _rotating(lambda w, x=x: torch.nn.functional.linear(x, w), weights), 5, calls
             )
-            p = bf16_gemv_cuda.plan(m, n, k, sms)
-            routed = "yes" if bf16_gemv_cuda.bf16_gemv_preferred(m, n, k) else "no"
+            best = min((u for u in [gemv_us, *mma_us] if u == u), default=float("nan"))
+            if bf16_gemv_cuda.bf16_gemv_preferred(m, n, k):
+                routed = "gemv"
+            elif bf16_mma_cuda.mma_preferred(m, n, k):
+                routed = "mma"
+            else:
+                routed = "cuBLAS"
+            cells = " | ".join("–" if u != u else f"{u:.1f}" for u in mma_us)
             lines.append(
-                f"| {n}x{k} | {m} | {p.rows_per_group}/{1 << p.ks_log2}/{p.blocks} | "
-                f"{kernel_us:.1f} | {moved / kernel_us / 1e3:.0f} | {linear_us:.1f} | "
-                f"{moved / linear_us / 1e3:.0f} | {linear_us / kernel_us:.2f} | {routed} | "
-                f"{err:.1e} |"
+                f"| {n}x{k} | {m} | {gemv_plan} | "
+                f"{'–' if gemv_us != gemv_us else f'{gemv_us:.1f}'} | {mma_plan} | {cells} | "
+                f"{moved / best / 1e3:.0f} | {linear_us:.1f} | {moved / linear_us / 1e3:.0f} | "
+                f"{linear_us / best:.2f} | {routed} | {max(errors, default=0.0):.1e} |"
             )
         del weights
         torch.cuda.empty_cache()

@@ -17,6 +17,7 @@ from ninfer.kernels import runtime
 from ninfer.kernels.add_rms_norm import launch as _add_rms_norm_cuda
 from ninfer.kernels.add_rms_norm import reference as _add_rms_norm_ref
 from ninfer.kernels.bf16_gemv import launch as _bf16_gemv_cuda
+from ninfer.kernels.bf16_mma_gemv import launch as _bf16_mma_cuda
 from ninfer.kernels.causal_conv1d import launch as _conv_cuda
 from ninfer.kernels.causal_conv1d import reference as _conv_ref
 from ninfer.kernels.expert_gemv import launch as _expert_gemv_cuda
@@ -576,6 +577,26 @@ def bf16_gemv_routed(
     )
 
 
+def bf16_mma_routed(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `linear` runs the tensor-core skinny GEMM (`bf16_mma_gemv`) for a plain weight.
+
+    Off by default: the kernel is compile-checked but not measured, and `bf16_mma_gemv.launch.
+    mma_preferred` routes nothing until its ROUTE_ROWS constant names a row range. Then: bf16
+    2-D x on CUDA of a routed row count and shape, operands `supports` takes, and not
+    `bf16_mma_gemv` in `NINFER_KERNELS_OFF`. The routing constant is read first, so with routing
+    off this costs one comparison per projection call.
+    """
+    return (
+        _bf16_mma_cuda.ROUTE_ROWS is not None
+        and x.dtype == torch.bfloat16
+        and x.dim() == 2
+        and weight.dim() == 2
+        and _bf16_mma_cuda.mma_preferred(x.shape[0], weight.shape[0], weight.shape[1])
+        and use_cuda_kernels(x, "bf16_mma_gemv")
+        and _bf16_mma_cuda.supports(x, weight)
+    )
+
+
 def swiglu_linear(gate_up: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torch.Tensor:
     """swiglu(gate_up) @ weight.T: a dense MLP's down projection over its gate-up output.
 
@@ -616,7 +637,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torch.Tensor:
 
     Plain weights: `F.linear`, except decode-sized bf16 x on CUDA in the shapes of
     `bf16_gemv_routed`, which run the bf16 GEMV (K split across warps, where cuBLAS leaves few-row
-    outputs well under the device bandwidth).
+    outputs well under the device bandwidth), and those of `bf16_mma_routed` (none until its
+    routing constant is set), which run the tensor-core skinny GEMM.
 
     fp8 on CUDA: decode-sized x (at most `fp8_gemv.launch.MAX_ROWS` rows) runs the GEMV kernel,
     which reads the e4m3 bytes once; larger x (prefill) runs `fp8_gemm.launch.fp8_linear`: x
@@ -626,6 +648,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torch.Tensor:
     if not isinstance(weight, Fp8Weight):
         if bf16_gemv_routed(x, weight):
             return _bf16_gemv_cuda.bf16_linear(x, weight)
+        if bf16_mma_routed(x, weight):
+            return _bf16_mma_cuda.bf16_linear(x, weight)
         return F.linear(x, weight)
     if use_cuda_kernels(x, "fp8_gemv") and x.dim() == 2 and x.shape[0] <= _fp8_gemv_cuda.MAX_ROWS:
         x = x.contiguous()
