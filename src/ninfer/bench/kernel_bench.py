@@ -394,7 +394,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--int4-rows",
         default="",
-        help="Instead: the int4 GEMV vs bf16 F.linear on the 27B shortlist at these row counts.",
+        help="Instead: the int4 kernels (CUDA cores up to 8 rows, tensor cores up to 64) vs bf16 "
+        "F.linear on the 27B shortlist at these row counts.",
     )
     parser.add_argument(
         "--gemv-shapes",
@@ -854,11 +855,13 @@ def attention_sweep(
 def int4_sweep(
     row_counts: Sequence[int], device: torch.device, shape: tuple[int, int] = (131072, 5120)
 ) -> str:
-    """µs per call (graphs) of the int4 GEMV and of F.linear over the dequantized bf16 rows, on
-    the 27B `--lm-head-draft` shortlist (131,072 x 5120), bf16 x of each row count (<= 8).
+    """µs per call (graphs) of the int4 kernels and of F.linear over the dequantized bf16 rows, on
+    the 27B `--lm-head-draft` shortlist (131,072 x 5120), bf16 x of each row count: the CUDA-core
+    GEMV (rows <= 8) and the tensor-core `int4_mma` (rows <= 64) beside each other; "-" where a
+    kernel does not take the row count.
 
     GB/s: the bytes each side must read (nibbles + fp32 scales, or the bf16 rows) over its time;
-    the kernel's logits are checked against the twin (fp32) before timing.
+    each kernel's logits are checked against the twin (fp32) before timing (rel err: the larger).
     """
     num_out, hidden = shape
     packed = torch.randint(0, 256, (num_out, hidden // 2), dtype=torch.uint8, device=device)
@@ -868,17 +871,33 @@ def int4_sweep(
     bf16_bytes = weight.numel() * 2
     lines = [f"int4 GEMV, shortlist {num_out} x {hidden} (bf16 x, fp32 logits)"]
     lines.append(
-        "| rows | int4 µs | int4 GB/s | bf16 F.linear µs | bf16 GB/s | speedup | rel err |"
+        "| rows | CUDA-core µs | mma µs | mma GB/s | bf16 F.linear µs | bf16 GB/s | "
+        "F.linear / best int4 | rel err |"
     )
-    lines.append("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    lines.append("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for m in row_counts:
         x = torch.randn(m, hidden, device=device).to(torch.bfloat16)
-        err = _rel(int4_cuda.int4_linear(x, packed, scale), int4_ref.int4_linear(x, packed, scale))
-        kernel_us = _graph_us(lambda x=x: int4_cuda.int4_linear(x, packed, scale), replays=5)
+        twin = int4_ref.int4_linear(x, packed, scale)
+        timed: dict[bool, float] = {}
+        err = 0.0
+        for tensor_cores in (False, True):
+            limit = int4_cuda.MMA_MAX_ROWS if tensor_cores else int4_cuda.MAX_ROWS
+            if m > limit:
+                continue
+
+            def call(x=x, tc=tensor_cores):
+                return int4_cuda.int4_linear(x, packed, scale, tensor_cores=tc)
+
+            err = max(err, _rel(call(), twin))
+            timed[tensor_cores] = _graph_us(call, replays=5)
         linear_us = _graph_us(lambda x=x: torch.nn.functional.linear(x, weight), replays=5)
+        core = f"{timed[False]:.1f}" if False in timed else "-"
+        mma = f"{timed[True]:.1f}" if True in timed else "-"
+        mma_gbs = f"{int4_bytes / timed[True] / 1e3:.0f}" if True in timed else "-"
+        best = min(timed.values()) if timed else float("nan")
         lines.append(
-            f"| {m} | {kernel_us:.1f} | {int4_bytes / kernel_us / 1e3:.0f} | {linear_us:.1f} | "
-            f"{bf16_bytes / linear_us / 1e3:.0f} | {linear_us / kernel_us:.2f} | {err:.1e} |"
+            f"| {m} | {core} | {mma} | {mma_gbs} | {linear_us:.1f} | "
+            f"{bf16_bytes / linear_us / 1e3:.0f} | {linear_us / best:.2f} | {err:.1e} |"
         )
     return "\n".join(lines)
 

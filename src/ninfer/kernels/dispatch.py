@@ -534,18 +534,42 @@ def sample_tokens(
 
 
 def int4_linear_available(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> bool:
-    """Whether `int4_linear` runs the CUDA kernel for these operands (x of at most
-    `int4_gemv.launch.MAX_ROWS` rows; larger x runs the twin)."""
-    return use_cuda_kernels(x, "int4_gemv") and _int4_cuda.supports(x, packed, scale)
+    """Whether `int4_linear` runs a CUDA kernel for these operands in one launch: bf16 x of at
+    most `int4_gemv.launch.MMA_MAX_ROWS` rows on tensor cores (unless `int4_mma` is in
+    NINFER_KERNELS_OFF), else at most `MAX_ROWS` rows on CUDA cores."""
+    return use_cuda_kernels(x, "int4_gemv") and _int4_cuda.supports(
+        x, packed, scale, tensor_cores=not switched_off("int4_mma")
+    )
+
+
+def int4_mma_available(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> bool:
+    """Whether `int4_linear` runs the tensor-core kernel for x's dtype at every row count (in
+    launches of up to MMA_MAX_ROWS rows): what lets the shortlist head drop its bf16 rows."""
+    tensor_cores = not switched_off("int4_mma")
+    return int4_linear_available(x, packed, scale) and _int4_cuda.uses_mma(x[:1], tensor_cores)
 
 
 def int4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """[M, R] fp32 logits of x against packed int4 rows with fp32 group scales; see
-    kernels/int4_gemv/reference.py. The kernel takes 1..MAX_ROWS rows (x made contiguous first);
+    kernels/int4_gemv/reference.py. bf16 x runs the tensor-core kernel in launches of up to
+    MMA_MAX_ROWS rows, other x of 1..MAX_ROWS rows the CUDA-core one (x made contiguous first);
     anything else, and every CPU call, runs the twin."""
     dense = x.contiguous()
+    tensor_cores = not switched_off("int4_mma")
+    step = _int4_cuda.MMA_MAX_ROWS
+    chunked = (
+        dense.dim() == 2
+        and dense.shape[0] > step
+        and _int4_cuda.uses_mma(dense[:1], tensor_cores)
+        and int4_linear_available(dense[:step], packed, scale)
+    )
+    if chunked:  # bf16 x past one launch: launches of up to MMA_MAX_ROWS rows
+        parts = [
+            int4_linear(dense[i : i + step], packed, scale) for i in range(0, len(dense), step)
+        ]
+        return torch.cat(parts)
     if int4_linear_available(dense, packed, scale):
-        return _int4_cuda.int4_linear(dense, packed, scale)
+        return _int4_cuda.int4_linear(dense, packed, scale, tensor_cores=tensor_cores)
     return _int4_ref.int4_linear(x, packed, scale)
 
 

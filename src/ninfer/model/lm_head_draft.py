@@ -18,8 +18,11 @@ proposals (a head pass over more sequences), and every proposal where the kernel
 take), read the dequantized rows, kept in the compute dtype, through F.linear. On the CPU the
 torch twin runs (exact fp32, no copy).
 NOTE: the threshold and the kept copy (1.34 GB for the 27B) are there because the kernel multiplies
-in fp32 on CUDA cores and is FMA-bound from a few rows up (measured in docs/perf.md, run S4); a
-tensor-core variant (bf16 x) would serve every row count and drop the copy.
+in fp32 on CUDA cores and is FMA-bound from a few rows up (measured in docs/perf.md, run S4). The
+tensor-core variant (`int4_mma`, bf16 x, 1..64 rows per launch) can serve every row count; it is
+compile-checked only, so MMA_SERVES_ALL_ROWS stays False until it is measured: set True, a GPU
+head whose hidden dtype the tensor-core kernel takes sends every proposal to the int4 kernel and
+keeps no dequantized copy.
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ GROUP = 64
 # bf16 rows through F.linear. Measured (H200, 131,072 x 5,120): the kernel is 2.4x faster at 1
 # row and 0.68x at 8 (fp32 CUDA-core multiplies, ~M per weight); the break-even is ~5 rows.
 FUSED_MAX_ROWS = 4
+# True: where the tensor-core int4 kernel takes the head's dtype (bf16), every proposal runs it
+# and no dequantized copy is kept. False until that kernel is measured on a GPU (docs/kernels.md).
+MMA_SERVES_ALL_ROWS = False
 
 
 def quantize_int4(weight: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,12 +82,16 @@ class ShortlistHead:
         self.packed, self.scale = quantize_int4(lm_head[:count])
         # hidden states arrive in the lm_head's dtype: a one-row probe of that dtype decides
         probe = torch.empty((1, lm_head.shape[1]), dtype=lm_head.dtype, device=lm_head.device)
-        self.fused = lm_head.is_cuda and dispatch.int4_linear_available(
-            probe, self.packed, self.scale
+        # (both availability checks are False for CPU tensors)
+        self.fused = dispatch.int4_linear_available(probe, self.packed, self.scale)
+        self.all_rows = (
+            self.fused
+            and MMA_SERVES_ALL_ROWS
+            and dispatch.int4_mma_available(probe, self.packed, self.scale)
         )
-        # a GPU keeps the dequantized rows for proposals the kernel does not serve faster
+        # a GPU keeps the dequantized rows for proposals the kernel does not serve (faster)
         self.weight: torch.Tensor | None = None
-        if lm_head.is_cuda:
+        if (lm_head.is_cuda or self.fused) and not self.all_rows:
             self.weight = dequantize_int4(self.packed, self.scale, lm_head.dtype)
 
     @property
@@ -90,7 +100,7 @@ class ShortlistHead:
 
     def propose(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, H] final-normed hidden states -> [N] proposed token ids."""
-        fused = self.fused and hidden.shape[0] <= FUSED_MAX_ROWS
+        fused = self.fused and (self.all_rows or hidden.shape[0] <= FUSED_MAX_ROWS)
         if self.weight is not None and not fused:  # a GPU: bf16 rows through F.linear
             logits = F.linear(hidden.to(self.weight.dtype), self.weight)
             return self.ids[logits.float().argmax(dim=-1)]

@@ -163,3 +163,40 @@ def test_shortlist_routes_proposals_by_row_count(monkeypatch) -> None:
         else:
             assert not calls
             assert torch.equal(ids, (hidden @ head.weight.T).argmax(-1))
+
+
+@pytest.mark.parametrize("serves_all", [False, True])
+def test_shortlist_with_the_tensor_core_kernel_serving_every_row_count(
+    serves_all: bool, monkeypatch
+) -> None:
+    """As on a GPU where the tensor-core int4 kernel takes the head's dtype: with
+    MMA_SERVES_ALL_ROWS the head sends every proposal to the int4 kernel and keeps no
+    dequantized copy; without it (the default until measured) routing is unchanged and the copy
+    is kept. Availability is faked (CPU tensors); the twin computes the recorded calls."""
+    import ninfer.model.lm_head_draft as draft
+
+    assert draft.MMA_SERVES_ALL_ROWS is False  # flipped only after a GPU measurement
+    monkeypatch.setattr(draft, "MMA_SERVES_ALL_ROWS", serves_all)
+    monkeypatch.setattr(dispatch, "int4_linear_available", lambda *a: True)
+    monkeypatch.setattr(dispatch, "int4_mma_available", lambda *a: True)
+    calls: list[int] = []
+
+    def recording(x, packed, scale):
+        calls.append(x.shape[0])
+        return int4_ref.int4_linear(x, packed, scale)
+
+    monkeypatch.setattr(dispatch, "int4_linear", recording)
+    g = torch.Generator().manual_seed(5)
+    lm_head = torch.randn(300, 128, generator=g).to(torch.bfloat16)
+    head = ShortlistHead(lm_head, num_sampleable=300, size=256)
+    assert head.fused and head.all_rows is serves_all
+    assert (head.weight is None) is serves_all
+    for rows in (1, FUSED_MAX_ROWS, FUSED_MAX_ROWS + 1, 9, 64, 100):
+        hidden = torch.randn(rows, 128, generator=g).to(torch.bfloat16)
+        ids = head.propose(hidden)
+        if serves_all or rows <= FUSED_MAX_ROWS:
+            assert calls.pop() == rows
+            twin = int4_ref.int4_linear(hidden, head.packed, head.scale)
+            assert torch.equal(ids, twin.argmax(-1))
+        else:
+            assert not calls

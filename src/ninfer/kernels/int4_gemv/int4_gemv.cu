@@ -148,3 +148,202 @@ __global__ void __launch_bounds__(128) int4_gemv(
     if (lane < ROWS && row0 + lane < rows) out[static_cast<long long>(m) * rows + row0 + lane] = mine;
   }
 }
+
+// ================================================================================================
+// int4_mma: the same product on tensor cores for bf16 x, 1..64 rows (compile-checked only; not
+// yet run on a GPU). out[m, r] as above, fp32 [M, R]; x bf16 [M, H] with dense 16-byte-aligned
+// rows. Grid: ceil(R / 128) blocks of 8 warps; warp w owns weight rows [16w, 16w + 16) of its
+// block and runs mma.m16n8k16 (bf16 in, fp32 accumulate) with those rows as A and NT n-tiles of
+// 8 x rows as B (NT = ceil(M / 8); B columns >= M are zeros in shared memory, never stored).
+//
+// Operands. q = n - 8 in -8..7 is exact in bf16, and so is bf16 x, so every product is exact; a
+// zeroed fragment takes the four mma of one 64-wide scale group, then acc += frag * scale in fp32
+// (the fixup, per group as the twin). Nibbles to bf16 without conversion instructions: or-ing a
+// nibble n into the mantissa of bf16 128 (0x4300) gives 128 + n exactly, and one bf16x2 fma
+// (* 1 - 136) gives n - 8 exactly. A word of 8 packed weights (nibble j = weight j) yields the
+// pairs (0, 4), (1, 5), (2, 6), (3, 7) as bf16x2 with one shift and one lop3 each (mask 0x000f000f).
+//
+// k permutation. Inside one mma the k order is free as long as A and B agree, and each mma must
+// stay inside one scale group, so lane (g, t) loads 8 contiguous bytes (16 weights: k = 16t ..
+// 16t + 15 of the group) of each of its rows g and g + 8 per group (4 lanes: one 32-byte sector
+// per row). mma i (0..3) of a group takes word u = i / 2 of those bytes and the pairs (p0, p1) =
+// (0, 1) for even i, (2, 3) for odd i: a0 / a1 = pair p0 of rows g / g + 8, a2 / a3 = pair p1.
+// So B register b0 of lane (n, t) must hold x[16t + 8u + p0], x[16t + 8u + p0 + 4] and b1 the same
+// for p1: x is staged per 8 values in the order 0 4 1 5 2 6 3 7 (two prmt per 8 values), and a
+// lane reads its 16 staged values of a group and n-tile with two 16-byte shared loads.
+//
+// Shared memory: x is staged in chunks of KC groups (KC * NT <= 32: 32 KiB at most, static), two
+// __syncthreads per chunk; a staged row is KC * 128 + 16 bytes so that the 8 lanes of one
+// 16-byte-load phase (g = 0, 1; t = 0..3) hit distinct banks. Weights stream through a register
+// ring of D + 1 groups (16 bytes + 2 scales per lane per group), D groups loaded ahead.
+//
+// Cost model (estimate, not measured), 131,072 x 5120: the stream is 377 MB as for int4_gemv;
+// per group and warp ~1.4 integer/bf16 ops per weight to decode once, then per n-tile 4 mma,
+// 4 FMA and 2 LDS.128. M <= 8 should run at the memory bound like int4_gemv at M = 1; M = 64
+// (NT = 8) is bounded by shared-memory loads and mma issue, ~100-170 us, against ~335 us for
+// F.linear over the 1.34 GB of bf16 rows. The fragment mapping, the nibble decode and the
+// staging order are emulated on the CPU in tests/unit/kernels/test_int4_mma_layout.py.
+// ================================================================================================
+
+namespace int4mma {
+constexpr int kThreads = 256;  // 8 warps x 16 rows
+
+// 8 bytes of a read-once stream (one sector per 4 lanes), no L1 allocation, 256-byte L2 prefetch.
+__device__ __forceinline__ uint2 ld_stream8(const unsigned char* p) {
+  uint2 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0, %1}, [%2];"
+      : "=r"(v.x), "=r"(v.y)
+      : "l"(p));
+  return v;
+}
+
+// Nibbles P and P + 4 of w (weights P, P + 4 of the word) as exact bf16x2 q = n - 8.
+template <int P>
+__device__ __forceinline__ unsigned int nibble_pair(unsigned int w) {
+  unsigned int v;
+  // (w >> 4P) & 0x000f000f | 0x43004300: bf16 128 + n in each half (lop3: (a & b) | c)
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(v) : "r"(w >> (4 * P)), "r"(0x000f000fu),
+      "r"(0x43004300u));
+  unsigned int q;  // (128 + n) * 1 - 136
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(q) : "r"(v), "r"(0x3f803f80u), "r"(0xc308c308u));
+  return q;
+}
+
+// One group's raw operands for lane (g, t): 8 bytes of rows g and g + 8, and their two scales.
+struct Group {
+  uint2 wg, wg8;
+  float sg, sg8;
+};
+
+__device__ __forceinline__ void load_group(Group& b, const unsigned char* w_g,
+                                           const unsigned char* w_g8, const float* s_g,
+                                           const float* s_g8, int kg, int t) {
+  b.wg = ld_stream8(w_g + 32 * kg + 8 * t);
+  b.wg8 = ld_stream8(w_g8 + 32 * kg + 8 * t);
+  b.sg = int4_ld_scale(s_g + kg);
+  b.sg8 = int4_ld_scale(s_g8 + kg);
+}
+
+// Stage x[:, groups kg0 .. kg0 + num) as bf16, each 8 values as 0 4 1 5 2 6 3 7; rows M .. 8 NT
+// as zeros. One thread per 8 values (a 16-byte __ldg, two prmt pairs, a 16-byte shared store).
+template <int NT, int KC>
+__device__ __forceinline__ void stage_x(unsigned short* xs, const bf16* x, long long x_stride,
+                                        int num_x, int kg0, int num) {
+  constexpr int kRow = KC * 64 + 8;  // bf16 per staged row
+  const int per_row = num * 8;       // 8-value pieces per row of the chunk
+  for (int i = threadIdx.x; i < 8 * NT * per_row; i += kThreads) {
+    const int m = i / per_row;
+    const int piece = i - m * per_row;
+    uint4 o = make_uint4(0, 0, 0, 0);
+    if (m < num_x) {
+      const uint4 u = __ldg(reinterpret_cast<const uint4*>(x + m * x_stride + kg0 * 64) + piece);
+      asm("prmt.b32 %0, %1, %2, 0x5410;" : "=r"(o.x) : "r"(u.x), "r"(u.z));  // x0 x4
+      asm("prmt.b32 %0, %1, %2, 0x7632;" : "=r"(o.y) : "r"(u.x), "r"(u.z));  // x1 x5
+      asm("prmt.b32 %0, %1, %2, 0x5410;" : "=r"(o.z) : "r"(u.y), "r"(u.w));  // x2 x6
+      asm("prmt.b32 %0, %1, %2, 0x7632;" : "=r"(o.w) : "r"(u.y), "r"(u.w));  // x3 x7
+    }
+    *reinterpret_cast<uint4*>(xs + m * kRow + 8 * piece) = o;
+  }
+}
+
+// One group of the warp's 16 rows against NT n-tiles: decode once, 4 mma per n-tile into a zeroed
+// fragment, then the fixup with the rows' scales.
+template <int NT, int KC>
+__device__ __forceinline__ void compute_group(float (&acc)[NT][4], const Group& b,
+                                              const unsigned short* x_lane) {
+  constexpr int kRow = KC * 64 + 8;
+  unsigned int a[4][4];
+  const unsigned int wg[2] = {b.wg.x, b.wg.y};
+  const unsigned int wg8[2] = {b.wg8.x, b.wg8.y};
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    a[2 * u][0] = nibble_pair<0>(wg[u]);
+    a[2 * u][1] = nibble_pair<0>(wg8[u]);
+    a[2 * u][2] = nibble_pair<1>(wg[u]);
+    a[2 * u][3] = nibble_pair<1>(wg8[u]);
+    a[2 * u + 1][0] = nibble_pair<2>(wg[u]);
+    a[2 * u + 1][1] = nibble_pair<2>(wg8[u]);
+    a[2 * u + 1][2] = nibble_pair<3>(wg[u]);
+    a[2 * u + 1][3] = nibble_pair<3>(wg8[u]);
+  }
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const uint4 x0 = *reinterpret_cast<const uint4*>(x_lane + nt * 8 * kRow);      // mma 0, 1
+    const uint4 x1 = *reinterpret_cast<const uint4*>(x_lane + nt * 8 * kRow + 8);  // mma 2, 3
+    const unsigned int xb[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+    float frag[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      mma_16816<false>(frag, a[i][0], a[i][1], a[i][2], a[i][3], xb[2 * i], xb[2 * i + 1]);
+    acc[nt][0] = fmaf(frag[0], b.sg, acc[nt][0]);
+    acc[nt][1] = fmaf(frag[1], b.sg, acc[nt][1]);
+    acc[nt][2] = fmaf(frag[2], b.sg8, acc[nt][2]);
+    acc[nt][3] = fmaf(frag[3], b.sg8, acc[nt][3]);
+  }
+}
+}  // namespace int4mma
+
+// NT = ceil(num_x / 8) n-tiles (1..8), D groups loaded ahead. Grid: ceil(R / 128) blocks of 256.
+template <int NT, int D>
+__global__ void __launch_bounds__(int4mma::kThreads) int4_mma(
+    float* __restrict__ out, const bf16* __restrict__ x, long long x_stride, int num_x,
+    const unsigned char* __restrict__ packed, const float* __restrict__ scale, int rows,
+    int hidden) {
+  using namespace int4mma;
+  constexpr int KC = 32 / NT;  // groups of x staged per chunk
+  constexpr int kRow = KC * 64 + 8;
+  __shared__ __align__(16) unsigned short xs[8 * NT * kRow];
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int groups = hidden >> 6;
+  const int row_g = blockIdx.x * 128 + warp * 16 + g;
+  const int rg = row_g < rows ? row_g : rows - 1;  // past R: computed, never stored
+  const int rg8 = row_g + 8 < rows ? row_g + 8 : rows - 1;
+  const unsigned char* w_g = packed + static_cast<long long>(rg) * (hidden >> 1);
+  const unsigned char* w_g8 = packed + static_cast<long long>(rg8) * (hidden >> 1);
+  const float* s_g = scale + static_cast<long long>(rg) * groups;
+  const float* s_g8 = scale + static_cast<long long>(rg8) * groups;
+  // B column g of n-tile nt is x row 8 nt + g; lane t's 16 staged values of a group at 16t
+  const unsigned short* x_lane = xs + g * kRow + 16 * t;
+
+  float acc[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[nt][i] = 0.0f;
+
+  Group buf[D + 1];
+#pragma unroll
+  for (int p = 0; p < D; ++p)
+    if (p < groups) load_group(buf[p], w_g, w_g8, s_g, s_g8, p, t);
+  for (int kg = 0; kg < groups; kg += D + 1) {
+#pragma unroll
+    for (int u = 0; u <= D; ++u) {
+      const int kc = kg + u;
+      if (kc >= groups) break;
+      if (kc + D < groups) load_group(buf[(u + D) % (D + 1)], w_g, w_g8, s_g, s_g8, kc + D, t);
+      const int kl = kc % KC;
+      if (kl == 0) {  // block-uniform: a new chunk of x
+        __syncthreads();  // every warp is done with the previous chunk
+        stage_x<NT, KC>(xs, x, x_stride, num_x, kc, min(KC, groups - kc));
+        __syncthreads();
+      }
+      compute_group<NT, KC>(acc, buf[u], x_lane + kl * 64);
+    }
+  }
+
+  // c0 / c1: row g, x rows 8 nt + 2t, + 1; c2 / c3: row g + 8
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int m0 = 8 * nt + 2 * t;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      if (m0 + e >= num_x) continue;
+      float* o = out + static_cast<long long>(m0 + e) * rows;
+      if (row_g < rows) o[row_g] = acc[nt][e];
+      if (row_g + 8 < rows) o[row_g + 8] = acc[nt][2 + e];
+    }
+  }
+}

@@ -1,10 +1,14 @@
-"""CUDA launcher of the int4 GEMV (grid: row tiles of 4 warps x ROWS rows; every x row at once).
+"""CUDA launchers of the int4 GEMV: `int4_gemv` on CUDA cores (fp32 or bf16 x, 1..MAX_ROWS rows;
+grid: row tiles of 4 warps x ROWS rows) and `int4_mma` on tensor cores (bf16 x, 1..MMA_MAX_ROWS
+rows; grid: 128-row blocks of 8 warps, ceil(M / 8) n-tiles). See int4_gemv.cu for both.
 
 Imports torch and kernels.runtime. Same signature and results (to fp32 rounding) as
-`reference.int4_linear` where `supports` says yes: 1..MAX_ROWS x rows (fp32 or bf16, dense
-16-byte-aligned rows), H a multiple of 64, contiguous 16-byte-aligned packed rows [R, H / 2] and
-contiguous fp32 scales [R, H / 64], on an sm_80+ GPU (the L2 prefetch-size load qualifier).
-Proposals of more rows read the shortlist's dequantized rows instead (model/lm_head_draft.py).
+`reference.int4_linear` where `supports` says yes: x rows fp32 or bf16, dense and 16-byte
+aligned, H a multiple of 64, contiguous 16-byte-aligned packed rows [R, H / 2] and contiguous
+fp32 scales [R, H / 64], on an sm_80+ GPU (the L2 prefetch-size load qualifier, bf16 mma). bf16 x
+of 1..MMA_MAX_ROWS rows runs the tensor-core kernel unless `tensor_cores=False` (dispatch passes
+that for `int4_mma` in NINFER_KERNELS_OFF); everything else of 1..MAX_ROWS rows the CUDA-core one.
+The tensor-core kernel is compile-checked only; not yet run on a GPU.
 """
 
 from __future__ import annotations
@@ -17,18 +21,40 @@ from ninfer.kernels.int4_gemv.reference import GROUP
 OP = "int4_gemv"
 ROWS = 4  # output rows per warp (16-byte loads in flight per lane per step)
 THREADS = 128  # 4 warps per block
-MAX_ROWS = 8  # x rows per launch
+MAX_ROWS = 8  # x rows per launch of the CUDA-core kernel
+MMA_OP = "int4_mma"
+MMA_THREADS = 256  # 8 warps x 16 weight rows per block
+MMA_MAX_ROWS = 64  # x rows per launch of the tensor-core kernel (8 n-tiles of 8)
+# weight groups loaded ahead per n-tile count (1..8): the deepest ring without spills under sm_90
+# ptxas (80..112 registers; nvcc -Xptxas -v, see docs/kernels.md)
+MMA_DEPTH = {1: 7, 2: 4, 3: 4, 4: 4, 5: 4, 6: 4, 7: 4, 8: 2}
 
 
-def _problem(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> str | None:
-    """Why the kernel cannot take these operands, or None when it can."""
+def uses_mma(x: torch.Tensor, tensor_cores: bool = True) -> bool:
+    """Whether x (once `supports` says yes) runs the tensor-core kernel: bf16, 1..64 rows."""
+    return (
+        tensor_cores
+        and x.dim() == 2
+        and x.dtype == torch.bfloat16
+        and 1 <= x.shape[0] <= MMA_MAX_ROWS
+    )
+
+
+def _problem(
+    x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, tensor_cores: bool = True
+) -> str | None:
+    """Why neither kernel can take these operands, or None when one can."""
     if x.dim() != 2:
         return f"x must be [M, H], got shape {tuple(x.shape)}"
     if x.dtype not in rt.CUDA_TYPES:
         return f"x has dtype {x.dtype}; the int4 GEMV takes float32 or bfloat16"
     num_rows, hidden = x.shape
-    if not 1 <= num_rows <= MAX_ROWS:
-        return f"x has {num_rows} rows; the int4 GEMV takes 1..{MAX_ROWS} (loop over chunks)"
+    if not uses_mma(x, tensor_cores) and not 1 <= num_rows <= MAX_ROWS:
+        limit = f"1..{MMA_MAX_ROWS} of bf16 (tensor cores), " if tensor_cores else ""
+        return (
+            f"x has {num_rows} rows of {x.dtype}; the int4 GEMV takes {limit}1..{MAX_ROWS} "
+            "(loop over chunks)"
+        )
     if hidden % GROUP:
         return f"hidden size {hidden} is not a multiple of the scale group {GROUP}"
     if packed.dtype != torch.uint8 or packed.dim() != 2 or 2 * packed.shape[1] != hidden:
@@ -57,20 +83,40 @@ def _problem(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> str 
     return None
 
 
-def supports(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> bool:
-    """Whether the kernel takes these operands (otherwise the twin runs)."""
-    return _problem(x, packed, scale) is None
+def supports(
+    x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, tensor_cores: bool = True
+) -> bool:
+    """Whether a kernel takes these operands (otherwise the twin runs)."""
+    return _problem(x, packed, scale, tensor_cores) is None
 
 
-def int4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """See `reference.int4_linear`: [M, R] float32."""
+def int4_linear(
+    x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, tensor_cores: bool = True
+) -> torch.Tensor:
+    """See `reference.int4_linear`: [M, R] float32. bf16 x of 1..64 rows runs `int4_mma` unless
+    `tensor_cores` is False."""
     device = rt.check_cuda(x, packed, scale)
-    problem = _problem(x, packed, scale)
+    problem = _problem(x, packed, scale, tensor_cores)
     if problem is not None:
         raise rt.KernelInputError(f"int4 GEMV: {problem}")
     num_rows, hidden = x.shape
     rows = packed.shape[0]
     out = torch.empty((num_rows, rows), dtype=torch.float32, device=device)
+    if uses_mma(x, tensor_cores):
+        n_tiles = -(-num_rows // 8)
+        kernel = rt.get_kernel(OP, f"int4_mma<{n_tiles}, {MMA_DEPTH[n_tiles]}>", device)
+        args = (
+            rt.ptr(out),
+            rt.ptr(x),
+            rt.i64(x.stride(0)),
+            rt.i32(num_rows),
+            rt.ptr(packed),
+            rt.ptr(scale),
+            rt.i32(rows),
+            rt.i32(hidden),
+        )
+        rt.launch(kernel, (-(-rows // 128),), (MMA_THREADS,), args, device)
+        return out
     instance = f"int4_gemv<{rt.cuda_type(x, 'x')}, {num_rows}, {ROWS}>"
     kernel = rt.get_kernel(OP, instance, device)
     rows_per_block = (THREADS // 32) * ROWS
