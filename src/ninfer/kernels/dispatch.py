@@ -533,29 +533,36 @@ def sample_tokens(
     return fn(logits, rows, num_sampleable=num_sampleable, counts=counts, count_rows=count_rows)
 
 
+def _int4_tensor_cores() -> bool:
+    """Whether dispatch may run the tensor-core int4 kernel: `int4_gemv.launch.MMA_ROUTED` (off
+    until the kernel is measured on a GPU) and not `int4_mma` in NINFER_KERNELS_OFF."""
+    return _int4_cuda.MMA_ROUTED and not switched_off("int4_mma")
+
+
 def int4_linear_available(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> bool:
     """Whether `int4_linear` runs a CUDA kernel for these operands in one launch: bf16 x of at
-    most `int4_gemv.launch.MMA_MAX_ROWS` rows on tensor cores (unless `int4_mma` is in
-    NINFER_KERNELS_OFF), else at most `MAX_ROWS` rows on CUDA cores."""
+    most `int4_gemv.launch.MMA_MAX_ROWS` rows on tensor cores (where `_int4_tensor_cores`), else
+    at most `MAX_ROWS` rows on CUDA cores."""
     return use_cuda_kernels(x, "int4_gemv") and _int4_cuda.supports(
-        x, packed, scale, tensor_cores=not switched_off("int4_mma")
+        x, packed, scale, tensor_cores=_int4_tensor_cores()
     )
 
 
 def int4_mma_available(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> bool:
     """Whether `int4_linear` runs the tensor-core kernel for x's dtype at every row count (in
     launches of up to MMA_MAX_ROWS rows): what lets the shortlist head drop its bf16 rows."""
-    tensor_cores = not switched_off("int4_mma")
-    return int4_linear_available(x, packed, scale) and _int4_cuda.uses_mma(x[:1], tensor_cores)
+    return int4_linear_available(x, packed, scale) and _int4_cuda.uses_mma(
+        x[:1], _int4_tensor_cores()
+    )
 
 
 def int4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """[M, R] fp32 logits of x against packed int4 rows with fp32 group scales; see
-    kernels/int4_gemv/reference.py. bf16 x runs the tensor-core kernel in launches of up to
-    MMA_MAX_ROWS rows, other x of 1..MAX_ROWS rows the CUDA-core one (x made contiguous first);
-    anything else, and every CPU call, runs the twin."""
+    kernels/int4_gemv/reference.py. Where `_int4_tensor_cores`, bf16 x runs the tensor-core
+    kernel in launches of up to MMA_MAX_ROWS rows; x of 1..MAX_ROWS rows the CUDA-core one (x
+    made contiguous first); anything else, and every CPU call, runs the twin."""
     dense = x.contiguous()
-    tensor_cores = not switched_off("int4_mma")
+    tensor_cores = _int4_tensor_cores()
     step = _int4_cuda.MMA_MAX_ROWS
     chunked = (
         dense.dim() == 2

@@ -200,3 +200,26 @@ def test_shortlist_with_the_tensor_core_kernel_serving_every_row_count(
             assert torch.equal(ids, twin.argmax(-1))
         else:
             assert not calls
+
+
+@pytest.mark.parametrize("routed", [False, True])
+def test_dispatch_asks_for_tensor_cores_only_once_routed(routed: bool, monkeypatch) -> None:
+    """dispatch passes tensor_cores=True to the launcher only with MMA_ROUTED (off until the
+    kernel is measured) and without `int4_mma` in NINFER_KERNELS_OFF."""
+    monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
+    monkeypatch.setattr(int4_cuda, "MMA_ROUTED", routed)
+    monkeypatch.setattr(dispatch, "use_cuda_kernels", lambda t, op=None: op == "int4_gemv")
+    seen: list[bool] = []
+    monkeypatch.setattr(int4_cuda, "supports", lambda x, p, s, tensor_cores=True: True)
+    monkeypatch.setattr(
+        int4_cuda,
+        "int4_linear",
+        lambda x, p, s, tensor_cores=True: seen.append(tensor_cores) or torch.zeros(1),
+    )
+    packed = torch.zeros(4, 64, dtype=torch.uint8)
+    scale = torch.ones(4, 2)
+    x = torch.zeros(2, 128, dtype=torch.bfloat16)
+    dispatch.int4_linear(x, packed, scale)
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "int4_mma")
+    dispatch.int4_linear(x, packed, scale)
+    assert seen == [routed, False]

@@ -61,7 +61,8 @@ def test_int4_mma_matches_twin(m: int, hidden: int, num_out: int, gen) -> None:
         assert rel(got, core) < TOL
 
 
-def test_int4_mma_strided_rows_and_dispatch_chunks(gen) -> None:
+def test_int4_mma_strided_rows_and_dispatch_chunks(gen, monkeypatch) -> None:
+    monkeypatch.setattr(int4_cuda, "MMA_ROUTED", True)  # as once measured: dispatch takes it
     packed, scale = _operands(777, 2048, gen)
     wide = _x(3, 2048 + 64, gen)
     x = wide[:, 64:]  # row stride 2112 elements (16-byte multiple), not contiguous as a whole
@@ -96,6 +97,20 @@ def test_switch_off_runs_the_cuda_core_kernel(gen, monkeypatch) -> None:
     assert calls == [False]
 
 
+def test_dispatch_keeps_the_cuda_core_kernel_until_routed(gen, monkeypatch) -> None:
+    """MMA_ROUTED False (the default until measured): dispatch runs the CUDA-core kernel for
+    1..8 rows and the twin above, exactly as before the tensor-core kernel existed."""
+    monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
+    monkeypatch.setattr(int4_cuda, "MMA_ROUTED", False)
+    packed, scale = _operands(500, 2048, gen)
+    x8, x9 = _x(8, 2048, gen), _x(9, 2048, gen)
+    assert dispatch.int4_linear_available(x8, packed, scale)
+    assert not dispatch.int4_linear_available(x9, packed, scale)
+    assert not dispatch.int4_mma_available(x8, packed, scale)
+    want = int4_cuda.int4_linear(x8, packed, scale, tensor_cores=False)
+    assert torch.equal(dispatch.int4_linear(x8, packed, scale), want)
+
+
 def test_int4_mma_is_recorded_by_a_cuda_graph(gen) -> None:
     packed, scale = _operands(1000, 2048, gen)
     x = _x(16, 2048, gen)
@@ -109,6 +124,7 @@ def test_int4_mma_is_recorded_by_a_cuda_graph(gen) -> None:
 def test_shortlist_head_serving_every_row_count(gen, monkeypatch) -> None:
     """MMA_SERVES_ALL_ROWS as the integrator would set it: no bf16 copy, the kernel for all."""
     monkeypatch.setattr(lm_head_draft, "MMA_SERVES_ALL_ROWS", True)
+    monkeypatch.setattr(int4_cuda, "MMA_ROUTED", True)
     lm_head = (torch.randn(3000, 1024, device="cuda", generator=gen) * 0.05).to(torch.bfloat16)
     head = ShortlistHead(lm_head, num_sampleable=2900, size=2048)
     assert head.fused and head.all_rows and head.weight is None
