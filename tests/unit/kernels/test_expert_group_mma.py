@@ -23,54 +23,10 @@ from ninfer.kernels import dispatch
 from ninfer.kernels import runtime as rt
 from ninfer.kernels.expert_gemv import launch as expert_launch
 from ninfer.kernels.expert_gemv import reference as expert_ref
+from support.mma_fragments import G, T, bits, ptx_accumulator, ptx_tiles, words
 
 PAD = expert_launch.GROUP_MMA_PAD
 NAN_BITS = 0x7FC0
-
-
-def bits(t: torch.Tensor) -> np.ndarray:
-    """bf16 tensor -> uint16 bit patterns."""
-    return t.contiguous().view(torch.int16).numpy().view(np.uint16)
-
-
-def words(halves: np.ndarray) -> np.ndarray:
-    """[..., 8] uint16 -> [..., 4] uint32 words, element 2i in the low half (little endian)."""
-    h = halves.astype(np.uint32)
-    return h[..., 0::2] | (h[..., 1::2] << np.uint32(16))
-
-
-def word_values(w: np.ndarray) -> np.ndarray:
-    """[...] uint32 bf16x2 words -> [..., 2] float64 (low half first)."""
-    lo = ((w & np.uint32(0xFFFF)) << np.uint32(16)).view(np.float32)
-    hi = (w & np.uint32(0xFFFF0000)).view(np.float32)
-    return np.stack([lo, hi], axis=-1).astype(np.float64)
-
-
-def ptx_tiles(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A [16, 16] and B [16, 8] from the 32 lanes' registers a [32, 4], b [32, 2] (uint32 bf16x2)
-    in PTX's m16n8k16 .bf16 fragment layout."""
-    av, bv = word_values(a), word_values(b)  # [32, 4, 2], [32, 2, 2]
-    tile_a, tile_b = np.full((16, 16), np.nan), np.full((16, 8), np.nan)
-    for lane in range(32):
-        g, t = lane >> 2, lane & 3
-        for e in range(2):
-            tile_a[g, 2 * t + e] = av[lane, 0, e]
-            tile_a[g + 8, 2 * t + e] = av[lane, 1, e]
-            tile_a[g, 2 * t + 8 + e] = av[lane, 2, e]
-            tile_a[g + 8, 2 * t + 8 + e] = av[lane, 3, e]
-            tile_b[2 * t + e, g] = bv[lane, 0, e]
-            tile_b[2 * t + 8 + e, g] = bv[lane, 1, e]
-    assert not np.isnan(tile_a).any() and not np.isnan(tile_b).any()  # every slot written once
-    return tile_a, tile_b
-
-
-def ptx_accumulator(d: np.ndarray) -> np.ndarray:
-    """The [32, 4] accumulator registers (c0..c3 per lane) of the 16 x 8 result d."""
-    c = np.zeros((32, 4))
-    for lane in range(32):
-        g, t = lane >> 2, lane & 3
-        c[lane] = d[g, 2 * t], d[g, 2 * t + 1], d[g + 8, 2 * t], d[g + 8, 2 * t + 1]
-    return c
 
 
 def staged_inputs(x: torch.Tensor, rows: list[int], swiglu: bool) -> torch.Tensor:
@@ -80,10 +36,6 @@ def staged_inputs(x: torch.Tensor, rows: list[int], swiglu: bool) -> torch.Tenso
         gate, up = picked.chunk(2, dim=-1)
         picked = torch.nn.functional.silu(gate) * up
     return picked
-
-
-LANES = np.arange(32)
-G, T = LANES >> 2, LANES & 3  # lane = 4 g + t
 
 
 def step_registers(
