@@ -49,7 +49,6 @@ def ptx_tiles(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     tile_a[rows + 8, cols + 8] = av[:, 3]
     tile_b[cols, rows] = bv[:, 0]
     tile_b[cols + 8, rows] = bv[:, 1]
-    assert not np.isnan(tile_a).any() and not np.isnan(tile_b).any()  # every slot written
     return tile_a, tile_b
 
 
