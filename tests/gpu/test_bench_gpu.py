@@ -39,3 +39,18 @@ def test_model_bench_matrix_on_a_tiny_model(dense_artifact: Path) -> None:
     assert all(d.tok_per_s == pytest.approx(d.batch / (d.step_ms / 1000)) for d in decodes)
     assert bench.graphs.num_captured == 3  # (1, 64-ctx width), (4, same width), (1, wider)
     assert messages[0] == "prefill warm-up"
+
+
+def test_gpu_state_of_the_device_in_use() -> None:
+    """Where nvidia-smi answers, the probe reads the GPU torch uses (by UUID): a running SM
+    clock no higher than its maximum, a power draw under its limit plus slack."""
+    import shutil
+
+    from ninfer.bench import gpu_state
+
+    if shutil.which("nvidia-smi") is None:
+        pytest.skip("no nvidia-smi on this machine")
+    uuid = str(torch.cuda.get_device_properties(0).uuid)
+    state = gpu_state.query(uuid)
+    assert state is not None
+    assert 0 < state.sm_mhz <= state.max_sm_mhz and state.power_w < 1.2 * state.power_limit_w

@@ -36,6 +36,9 @@ def print_report(report: BenchReport, console: Console) -> None:
         f"torch {report.torch_version}; {report.date}; weights drawn in "
         f"{report.load_s:.1f} s; peak GPU memory {report.peak_memory_gib:.1f} GiB"
     )
+    for when, state in (("before", report.gpu_start), ("after", report.gpu_end)):
+        if state is not None:
+            console.print(f"GPU {when} the matrix: {state.describe()}")
     if report.ceilings is not None:
         c = report.ceilings
         console.print(

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ninfer.bench.gpu_state import GpuState
+
 
 @dataclass(frozen=True)
 class PrefillResult:
@@ -172,6 +174,8 @@ class BenchReport:
     prefill_profile: StepProfile | None = None
     batch_profile: StepProfile | None = None  # the largest decode batch, when it is not 1
     peak_memory_gib: float = 0.0
+    gpu_start: GpuState | None = None  # clocks, power, temperature before the matrix
+    gpu_end: GpuState | None = None  # and after it (bench/gpu_state.py)
     notes: list[str] = field(default_factory=list)
     hf: HfComparison | None = None
     e2e: list[E2eResult] = field(default_factory=list)  # `--e2e`: through the public Engine

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from ninfer.bench import gpu_state
 from ninfer.bench.ceilings import measure_ceilings
 from ninfer.bench.context_cache import run_context_cache
 from ninfer.bench.e2e import run_e2e
@@ -98,6 +99,9 @@ def run_bench(opts: BenchOptions, on_progress: Callable[[str], None]) -> BenchRe
         weights=opts.weights,
         kv_dtype=opts.kv_dtype,
     )
+    uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
+    uuid = str(uuid) if uuid is not None else None
+    report.gpu_start = gpu_state.query(uuid)
     if opts.ceilings:
         on_progress("ceilings: device copy and bf16 GEMM")
         report.ceilings = measure_ceilings(device)
@@ -166,6 +170,7 @@ def run_bench(opts: BenchOptions, on_progress: Callable[[str], None]) -> BenchRe
             except Exception as e:  # NOTE: diagnostics only, as above
                 report.notes.append(f"prefill profile failed: {type(e).__name__}: {e}")
     report.peak_memory_gib = torch.cuda.max_memory_allocated(device) / 2**30
+    report.gpu_end = gpu_state.query(uuid)
     if opts.e2e:
         del bench  # its cache and graphs; the engines below size their own
         gc.collect()
