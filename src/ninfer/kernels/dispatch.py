@@ -361,7 +361,15 @@ def moe_combine(
 
 
 def expert_groups(expert_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Assignments sorted by expert on the device; see expert_gemv/reference.py."""
+    """Assignments sorted by expert on the device; see expert_gemv/reference.py. One
+    `expert_sort` launch where `moe_routing.launch.SORT_ROUTED` (off until measured) and it
+    takes the ids (`expert_sort` in NINFER_KERNELS_OFF turns it off), else torch's sort."""
+    if (
+        _routing_cuda.SORT_ROUTED
+        and use_cuda_kernels(expert_ids, "expert_sort")
+        and _routing_cuda.supports_sort(expert_ids, num_experts)
+    ):
+        return _routing_cuda.expert_sort(expert_ids, num_experts)
     return _expert_gemv_ref.expert_groups(expert_ids, num_experts)
 
 

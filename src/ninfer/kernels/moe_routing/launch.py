@@ -15,6 +15,11 @@ OP = "moe_routing"
 ROWS_PER_BLOCK = 4  # one warp per row
 MAX_EXPERTS = 1024  # 32 lanes x 32 logits in registers
 MAX_TOP_K = 32  # lane r keeps the r-th choice
+SORT_MAX_ASSIGNMENTS = 2048  # expert_sort's O(A^2 / 1024) rank count stays a few µs below this
+SORT_THREADS = 1024
+# Whether dispatch.expert_groups runs `expert_sort`: compile-checked, not yet run on a GPU, so off
+# until its GPU test and `kernel_bench --moe-batches` have run; direct calls take it regardless.
+SORT_ROUTED = False
 
 
 def values_per_lane(num_experts: int) -> int:
@@ -70,3 +75,34 @@ def route_topk(
     grid = (-(-num_rows // ROWS_PER_BLOCK),)
     rt.launch(kernel, grid, (32 * ROWS_PER_BLOCK,), args, device)
     return weights, ids
+
+
+def supports_sort(expert_ids: torch.Tensor, num_experts: int) -> bool:
+    """Whether `expert_sort` takes these ids: int64 on CUDA, 1..SORT_MAX_ASSIGNMENTS of them,
+    1..MAX_EXPERTS experts."""
+    return (
+        expert_ids.is_cuda
+        and expert_ids.dtype == torch.int64
+        and 1 <= expert_ids.numel() <= SORT_MAX_ASSIGNMENTS
+        and 1 <= num_experts <= MAX_EXPERTS
+    )
+
+
+def expert_sort(expert_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """See `expert_gemv.reference.expert_groups`: (order [A] int64, ends [E] int32), the order
+    within each expert's run the assignment order (a stable sort), in one launch."""
+    device = rt.check_cuda(expert_ids)
+    if not supports_sort(expert_ids, num_experts):
+        raise rt.KernelInputError(
+            f"expert sort needs 1..{SORT_MAX_ASSIGNMENTS} int64 ids on CUDA and 1..{MAX_EXPERTS} "
+            f"experts; got {expert_ids.numel()} {expert_ids.dtype} ids, {num_experts} experts"
+        )
+    flat = expert_ids.reshape(-1).contiguous()
+    count = flat.numel()
+    order = torch.empty(count, dtype=torch.int64, device=device)
+    ends = torch.empty(num_experts, dtype=torch.int32, device=device)
+    threads = min(SORT_THREADS, -(-max(count, num_experts) // 32) * 32)
+    args = (rt.ptr(order), rt.ptr(ends), rt.ptr(flat), rt.i32(count), rt.i32(num_experts))
+    kernel = rt.get_kernel(OP, "expert_sort", device)
+    rt.launch(kernel, (1,), (threads,), args, device, shared_mem=4 * (count + num_experts))
+    return order, ends

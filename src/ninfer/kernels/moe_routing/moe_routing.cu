@@ -81,3 +81,49 @@ __global__ void __launch_bounds__(128) moe_routing(
     ids[row * top_k + lane] = static_cast<long long>(chosen_id);
   }
 }
+
+// expert_sort: the grouped MoE path's sort of A assignments by expert in one launch, where torch
+// spends a radix sort (several kernels) and a searchsorted: ~27 µs per 35B layer at 512
+// assignments (run K's profile: 1.08 ms per batch-64 step). One block, a stable counting sort:
+// - the ids go to shared memory, a shared histogram counts each expert, one thread turns it into
+//   the inclusive prefix `ends` (E <= 1024 adds);
+// - assignment i lands at (start of its expert) + (how many j < i chose the same expert): a
+//   count over the ids in shared memory, every thread reading the same j at once (a broadcast),
+//   so the order within an expert is the assignment order, as `torch.sort(stable=True)` gives.
+// O(A^2 / blockDim) comparisons: the launcher keeps A <= SORT_MAX_ASSIGNMENTS. ids outside [0, E)
+// are skipped (the router never makes them): they are counted in no run and written nowhere, and
+// the consumers read `order` only inside the runs.
+__global__ void __launch_bounds__(1024) expert_sort(long long* __restrict__ order,
+                                                    int* __restrict__ ends,
+                                                    const long long* __restrict__ ids, int count,
+                                                    int num_experts) {
+  extern __shared__ int sort_smem[];
+  int* sid = sort_smem;            // [count]
+  int* run_end = sort_smem + count;  // [num_experts]: counts, then inclusive ends
+  for (int i = threadIdx.x; i < count; i += blockDim.x) {
+    const long long e = ids[i];
+    sid[i] = e >= 0 && e < num_experts ? static_cast<int>(e) : -1;
+  }
+  for (int e = threadIdx.x; e < num_experts; e += blockDim.x) run_end[e] = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < count; i += blockDim.x) {
+    if (sid[i] >= 0) atomicAdd(&run_end[sid[i]], 1);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int total = 0;
+    for (int e = 0; e < num_experts; ++e) {
+      total += run_end[e];
+      run_end[e] = total;
+    }
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < num_experts; e += blockDim.x) ends[e] = run_end[e];
+  for (int i = threadIdx.x; i < count; i += blockDim.x) {
+    const int e = sid[i];
+    if (e < 0) continue;
+    int rank = 0;
+    for (int j = 0; j < i; ++j) rank += sid[j] == e;
+    order[(e == 0 ? 0 : run_end[e - 1]) + rank] = i;
+  }
+}
