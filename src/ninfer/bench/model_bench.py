@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ninfer.bench.profile import profile_steps, summarize
+from ninfer.bench.profile import ShapeRow, profile_steps, summarize
 from ninfer.bench.results import DecodeResult, PrefillResult, StepProfile
 from ninfer.engine.graphs import DecodeInput, DecodeStep, GraphError, unsupported_reason
 from ninfer.kernels import dispatch
@@ -161,8 +161,9 @@ class ModelBench:
         def step() -> object:
             return self._eager_step(ids, positions, page_tables, slots)
 
-        events = profile_steps(step, steps, self.device.type)
-        return summarize(events, steps, batch=batch, context=context)
+        shapes: list[ShapeRow] = []
+        events = profile_steps(step, steps, self.device.type, shapes=shapes)
+        return summarize(events, steps, batch=batch, context=context, shapes=shapes)
 
     def profile_prefill(self, num_tokens: int) -> StepProfile:
         """Kernel time of one eager prefill of `num_tokens` fresh tokens (one forward)."""
@@ -180,8 +181,9 @@ class ModelBench:
             )
             return self.model.forward(batch, self.cache)
 
-        events = profile_steps(step, 1, self.device.type)
-        return summarize(events, 1, batch=1, context=num_tokens, kind="prefill")
+        shapes: list[ShapeRow] = []
+        events = profile_steps(step, 1, self.device.type, shapes=shapes)
+        return summarize(events, 1, batch=1, context=num_tokens, kind="prefill", shapes=shapes)
 
     def _graph_step(
         self,

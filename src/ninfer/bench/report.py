@@ -112,6 +112,15 @@ def _print_profile(p: StepProfile, console: Console) -> None:
     for k in p.top:
         table.add_row(k.name, f"{k.calls_per_step:.0f}", f"{k.us_per_step:,.0f}", f"{k.share:.0%}")
     console.print(table)
+    if p.matmuls:
+        shapes = Table(title="torch matmuls by shape (cuBLAS; the CuPy GEMVs are not torch ops)")
+        for col in ("op", "shape", "calls", "us / step", "TFLOP/s"):
+            shapes.add_column(col, justify="right" if col not in ("op", "shape") else "left")
+        for m in p.matmuls:
+            shapes.add_row(
+                m.op, m.shape, f"{m.calls_per_step:.0f}", f"{m.us_per_step:,.0f}", f"{m.tflops:.0f}"
+            )
+        console.print(shapes)
 
 
 def _print_e2e(report: BenchReport, console: Console) -> None:

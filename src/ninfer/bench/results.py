@@ -40,6 +40,18 @@ class KernelTiming:
 
 
 @dataclass(frozen=True)
+class MatmulShape:
+    """One matmul shape's device time in a profiled step (the op's kernels, whatever cuBLAS
+    named them), so a slow GEMM can be told from a slow layer."""
+
+    op: str  # aten::mm, aten::addmm, ...
+    shape: str  # "M x K @ K x N"
+    calls_per_step: float
+    us_per_step: float
+    tflops: float  # 2 M N K per call over its time
+
+
+@dataclass(frozen=True)
 class KernelShare:
     name: str
     calls_per_step: float
@@ -58,6 +70,7 @@ class StepProfile:
     num_kernels: float  # launches per step
     top: list[KernelShare] = field(default_factory=list)
     kind: str = "decode"  # or "prefill": one eager forward of `context` tokens
+    matmuls: list[MatmulShape] = field(default_factory=list)  # torch matmul ops by input shape
 
 
 @dataclass(frozen=True)
