@@ -601,8 +601,8 @@ def bf16_gemv_routed(
     bf16 x of 1..`bf16_gemv.launch.MAX_ROWS` rows on CUDA, a shape where the kernel is measured to
     beat cuBLAS (`bf16_gemv_preferred`, a rule in launch.py) and operands it takes (`supports`);
     `bf16_gemv` in `NINFER_KERNELS_OFF` turns it off, `swiglu_gemv` and `sigmoid_gate_gemv` only
-    the fused input forms. The cheap checks come first: this runs for every projection call, on
-    the CPU too.
+    the fused input forms, which serve one x row only. The cheap checks come first: this runs
+    for every projection call, on the CPU too.
     """
     return (
         x.dtype == torch.bfloat16
@@ -611,6 +611,9 @@ def bf16_gemv_routed(
         and use_cuda_kernels(x, "bf16_gemv")
         and not (swiglu_input and switched_off("swiglu_gemv"))
         and not (gate is not None and switched_off("sigmoid_gate_gemv"))
+        # the fused forms recompute their SiLU / sigmoid per x row in every block: measured
+        # neutral at one row (docs/perf.md run U3), more work than the saved launch from two
+        and ((not swiglu_input and gate is None) or x.shape[0] == 1)
         and _bf16_gemv_cuda.bf16_gemv_preferred(x.shape[0], weight.shape[0], weight.shape[1])
         and _bf16_gemv_cuda.supports(x, weight, swiglu_input=swiglu_input, gate=gate)
     )

@@ -189,6 +189,14 @@ def test_sigmoid_gate_routing_decision(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(calls) == 1 and calls[0] is gate
     four = torch.zeros(4, 24, 256, dtype=bf16)  # a verify step's rows: cuBLAS for this shape
     assert not dispatch.bf16_gemv_routed(four.reshape(4, -1), o_proj, gate=four)
+    # the 35B's o_proj takes the plain GEMV at 2 rows, but the gate form serves one row only
+    small = torch.zeros(2048, 4096, dtype=bf16)
+    two = torch.zeros(2, 16, 256, dtype=bf16)
+    assert dispatch.bf16_gemv_routed(two.reshape(2, -1), small)
+    assert not dispatch.bf16_gemv_routed(two.reshape(2, -1), small, gate=two)
+    assert dispatch.bf16_gemv_routed(two[:1].reshape(1, -1), small, gate=two[:1])
+    assert not dispatch.bf16_gemv_routed(torch.zeros(2, 1024, dtype=bf16), torch.zeros(
+        2048, 512, dtype=bf16), swiglu_input=True)  # fmt: skip
     monkeypatch.setenv("NINFER_KERNELS_OFF", "sigmoid_gate_gemv")
     assert not dispatch.bf16_gemv_routed(o.reshape(1, -1), o_proj, gate=gate)
     assert dispatch.bf16_gemv_routed(o.reshape(1, -1), o_proj)
