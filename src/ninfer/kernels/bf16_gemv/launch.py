@@ -92,19 +92,25 @@ def bf16_gemv_preferred(num_rows: int, out_features: int, in_features: int) -> b
     return out_features <= limit
 
 
-def _problem(x: torch.Tensor, weight: torch.Tensor, swiglu_input: bool = False) -> str | None:
-    """Why the kernel cannot take these operands, or None when it can.
-
-    With `swiglu_input`, x is [M, 2K] (gate then up) against a weight [N, K].
-    """
+def operand_problem(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    max_rows: int,
+    kernel: str,
+    swiglu_input: bool = False,
+) -> str | None:
+    """Why a bf16 GEMV kernel (this one, or `bf16_mma_gemv` with its own row limit) cannot take
+    x [M, K] against a weight [N, K], or None when it can; with `swiglu_input` x is [M, 2K] (gate
+    then up). The device checks come last, so the operand messages show on the CPU."""
     if x.dim() != 2 or weight.dim() != 2:
         return f"x and weight must be 2-D, got {tuple(x.shape)} and {tuple(weight.shape)}"
     if x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16:
         return f"x and weight must be bfloat16, got {x.dtype} and {weight.dtype}"
     num_rows, width = x.shape
     n, k = weight.shape
-    if not 1 <= num_rows <= MAX_ROWS:
-        return f"x has {num_rows} rows; the bf16 GEMV takes 1..{MAX_ROWS}"
+    if not 1 <= num_rows <= max_rows:
+        return f"x has {num_rows} rows; the {kernel} takes 1..{max_rows}"
     if width != (2 * k if swiglu_input else k):
         what = "a [gate | up] x" if swiglu_input else "x"
         return f"{what} {tuple(x.shape)} does not match weight {tuple(weight.shape)}"
@@ -119,8 +125,15 @@ def _problem(x: torch.Tensor, weight: torch.Tensor, swiglu_input: bool = False) 
     if x.device != weight.device or x.device.type != "cuda":
         return f"operands must share one CUDA device, got {x.device} and {weight.device}"
     if torch.cuda.get_device_capability(x.device) < (8, 0):
-        return "the bf16 GEMV needs an sm_80+ GPU"
+        return f"the {kernel} needs an sm_80+ GPU"
     return None
+
+
+def _problem(x: torch.Tensor, weight: torch.Tensor, swiglu_input: bool = False) -> str | None:
+    """Why this kernel cannot take these operands (`operand_problem`), or None when it can."""
+    return operand_problem(
+        x, weight, max_rows=MAX_ROWS, kernel="bf16 GEMV", swiglu_input=swiglu_input
+    )
 
 
 def _gate_problem(x: torch.Tensor, gate: torch.Tensor) -> str | None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from ninfer.kernels import runtime as rt
+from ninfer.kernels.bf16_gemv.launch import operand_problem
 
 OP = "bf16_mma_gemv"
 THREADS = 256  # 8 warps (the .cu's bmg::kWarps)
@@ -110,31 +111,9 @@ def mma_preferred(num_rows: int, out_features: int, in_features: int) -> bool:
 
 
 def _problem(x: torch.Tensor, weight: torch.Tensor) -> str | None:
-    """Why the kernel cannot take these operands, or None when it can (the device checks last,
-    so the operand messages show on the CPU)."""
-    if x.dim() != 2 or weight.dim() != 2:
-        return f"x and weight must be 2-D, got {tuple(x.shape)} and {tuple(weight.shape)}"
-    if x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16:
-        return f"x and weight must be bfloat16, got {x.dtype} and {weight.dtype}"
-    num_rows, width = x.shape
-    n, k = weight.shape
-    if not 1 <= num_rows <= MAX_ROWS:
-        return f"x has {num_rows} rows; the bf16 mma GEMV takes 1..{MAX_ROWS}"
-    if width != k:
-        return f"x {tuple(x.shape)} does not match weight {tuple(weight.shape)}"
-    if n < 1 or k < 8 or k % 8:
-        return f"weight {tuple(weight.shape)}: needs N >= 1 and K a positive multiple of 8"
-    if x.stride(1) != 1 or x.data_ptr() % 16:
-        return "x rows must be dense and 16-byte aligned"
-    if num_rows > 1 and (x.stride(0) * x.element_size()) % 16:
-        return f"x row stride {x.stride(0)} is not a multiple of 16 bytes"
-    if not weight.is_contiguous() or weight.data_ptr() % 16:
-        return "weight must be contiguous and 16-byte aligned"
-    if x.device != weight.device or x.device.type != "cuda":
-        return f"operands must share one CUDA device, got {x.device} and {weight.device}"
-    if torch.cuda.get_device_capability(x.device) < (8, 0):
-        return "the bf16 mma GEMV needs an sm_80+ GPU"
-    return None
+    """Why the kernel cannot take these operands, or None when it can: the bf16 GEMV's operand
+    rules with this kernel's row limit."""
+    return operand_problem(x, weight, max_rows=MAX_ROWS, kernel="bf16 mma GEMV")
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
