@@ -1,4 +1,5 @@
-"""Shared helpers of the kernel tests: the relative-error metric and CUDA-graph capture.
+"""Shared helpers of the kernel tests: the relative-error metric, CUDA-graph capture, and the
+bf16 GEMV kernels' operands and product bounds.
 
 The metric is the one docs/kernels.md states tolerances in: ||a - b|| / ||b|| over the whole
 tensor, in float64 on the CPU (so a GPU result compares with a CPU twin directly), after checking
@@ -33,3 +34,34 @@ def capture_graph(fn: Callable[[], Any]) -> tuple[torch.cuda.CUDAGraph, Any]:
     with torch.cuda.graph(graph):
         result = fn()
     return graph, result
+
+
+# The bf16 GEMV kernels' product checks (test_bf16_gemv_gpu.py, test_bf16_mma_gemv_gpu.py): each
+# output is fp32 sums of exact bf16 products rounded once, so against the fp64 product every
+# element obeys |got - exact| <= 2^-8 |exact| + 2e-5 sum |x| |w| (half a bf16 ulp, plus the fp32
+# summation slack), and the norm-relative error is held to 1e-2.
+BF16_TOL = 1e-2
+BF16_ULP_BOUND = 2.0**-8
+BF16_SUM_SLACK = 2e-5
+
+
+def bf16_operands(
+    rows: int, n: int, k: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random bf16 x [rows, k] and W [n, k] on CUDA, W's rows of different magnitude."""
+    x = torch.randn(rows, k, device="cuda", generator=gen).to(torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", generator=gen) * k**-0.5
+    w *= torch.rand(n, 1, device="cuda", generator=gen) * 4
+    return x, w.to(torch.bfloat16)
+
+
+def check_bf16_product(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
+    """Shape, dtype, the element bound and the norm bound of x @ w.T against fp64."""
+    assert got.shape == (x.shape[0], w.shape[0]) and got.dtype == torch.bfloat16
+    exact = x.double() @ w.double().T
+    scale = x.double().abs() @ w.double().abs().T
+    err = (got.double() - exact).abs()
+    bound = BF16_ULP_BOUND * exact.abs() + BF16_SUM_SLACK * scale
+    worst = (err - bound).max().item()
+    assert worst <= 0, f"element bound exceeded by {worst:.3e}"
+    assert rel(got, exact) < BF16_TOL

@@ -17,12 +17,10 @@ import torch.nn.functional as F
 
 from ninfer.kernels import dispatch
 from ninfer.kernels.bf16_gemv import launch as bf16_cuda
-from support.gpu_checks import capture_graph, rel
+from support.gpu_checks import bf16_operands, capture_graph, check_bf16_product, rel
 
 pytestmark = pytest.mark.gpu
 TOL = 1e-2
-ULP_BOUND = 2.0**-8  # half a bf16 ulp, relative to the value
-SUM_SLACK = 2e-5  # fp32 summation error, relative to sum |x| |w|
 
 SHAPES = [
     pytest.param(2048, 4096, id="35b-out-proj"),
@@ -36,32 +34,13 @@ SHAPES = [
 ]
 
 
-def _operands(rows: int, n: int, k: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    x = torch.randn(rows, k, device="cuda", generator=gen).to(torch.bfloat16)
-    w = torch.randn(n, k, device="cuda", generator=gen) * k**-0.5
-    w *= torch.rand(n, 1, device="cuda", generator=gen) * 4  # rows of different magnitude
-    return x, w.to(torch.bfloat16)
-
-
-def _check(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
-    """Shape, dtype, the element bound and the norm bound against fp64 (see the module doc)."""
-    assert got.shape == (x.shape[0], w.shape[0]) and got.dtype == torch.bfloat16
-    exact = x.double() @ w.double().T
-    scale = x.double().abs() @ w.double().abs().T
-    err = (got.double() - exact).abs()
-    bound = ULP_BOUND * exact.abs() + SUM_SLACK * scale
-    worst = (err - bound).max().item()
-    assert worst <= 0, f"element bound exceeded by {worst:.3e}"
-    assert rel(got, exact) < TOL
-
-
 @pytest.mark.parametrize("rows", range(1, bf16_cuda.MAX_ROWS + 1))
 @pytest.mark.parametrize("n,k", SHAPES)
 def test_bf16_gemv_matches_fp64(rows: int, n: int, k: int, gen) -> None:
-    x, w = _operands(rows, n, k, gen)
+    x, w = bf16_operands(rows, n, k, gen)
     assert bf16_cuda.supports(x, w)
     got = bf16_cuda.bf16_linear(x, w)
-    _check(got, x, w)
+    check_bf16_product(got, x, w)
     assert rel(got, F.linear(x, w)) < TOL
     assert torch.equal(bf16_cuda.bf16_linear(x, w), got)  # fixed reduction order
 
@@ -69,41 +48,41 @@ def test_bf16_gemv_matches_fp64(rows: int, n: int, k: int, gen) -> None:
 @pytest.mark.parametrize("rows", [1, 8])
 @pytest.mark.parametrize("n,k", [(34816, 5120), (5120, 17408)], ids=["27b-gate-up", "27b-down"])
 def test_bf16_gemv_wide_shapes(rows: int, n: int, k: int, gen) -> None:
-    x, w = _operands(rows, n, k, gen)
-    _check(bf16_cuda.bf16_linear(x, w), x, w)
+    x, w = bf16_operands(rows, n, k, gen)
+    check_bf16_product(bf16_cuda.bf16_linear(x, w), x, w)
 
 
 def test_bf16_gemv_row_views_and_strided_x(gen) -> None:
     """A weight that is a row slice of a merged matrix (as the fused projections bind) and x
     rows with a 16-byte-multiple stride (a column slice of a wider tensor)."""
-    x_wide, _ = _operands(5, 1, 1024 + 64, gen)
-    _, merged = _operands(1, 3000, 1024, gen)
+    x_wide, _ = bf16_operands(5, 1, 1024 + 64, gen)
+    _, merged = bf16_operands(1, 3000, 1024, gen)
     w = merged[1000:2500]  # contiguous rows at an offset into the merged storage
     x = x_wide[:, 64:]  # rows of 1088 values: a 2176-byte stride
     assert w.storage_offset() > 0 and x.stride(0) == 1024 + 64 and bf16_cuda.supports(x, w)
-    _check(bf16_cuda.bf16_linear(x, w), x, w)
+    check_bf16_product(bf16_cuda.bf16_linear(x, w), x, w)
 
 
 def test_bf16_gemv_is_recorded_by_a_cuda_graph(gen) -> None:
-    x, w = _operands(4, 2048, 4096, gen)
+    x, w = bf16_operands(4, 2048, 4096, gen)
     graph, out = capture_graph(lambda: bf16_cuda.bf16_linear(x, w))
     x.copy_(torch.randn(4, 4096, device="cuda", generator=gen))
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, bf16_cuda.bf16_linear(x, w))
-    _check(out, x, w)
+    check_bf16_product(out, x, w)
 
 
 def test_dispatch_routes_decode_rows_to_the_kernel(gen, monkeypatch) -> None:
     monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
     monkeypatch.delenv("NINFER_KERNELS", raising=False)
-    x, w = _operands(3, 2048, 4096, gen)
+    x, w = bf16_operands(3, 2048, 4096, gen)
     assert dispatch.bf16_gemv_routed(x, w)
     assert torch.equal(dispatch.linear(x, w), bf16_cuda.bf16_linear(x, w))
     # more rows than a decode batch, fp32 x, out_features past the table, strided x rows:
     # F.linear, bit for bit
     prefill = torch.randn(9, 4096, device="cuda", generator=gen).to(torch.bfloat16)
-    wide_n = _operands(1, bf16_cuda.ONE_ROW_MAX_OUT + 64, 4096, gen)  # K > SHORT_K
+    wide_n = bf16_operands(1, bf16_cuda.ONE_ROW_MAX_OUT + 64, 4096, gen)  # K > SHORT_K
     odd_stride = torch.randn(3, 4100, device="cuda", generator=gen).to(torch.bfloat16)[:, :4096]
     for xx, ww in ((prefill, w), (x.float(), w.float()), wide_n, (odd_stride, w)):
         assert not dispatch.bf16_gemv_routed(xx, ww)
@@ -127,11 +106,11 @@ def test_swiglu_input_is_silu_mul_then_the_gemv_bit_for_bit(rows: int, n: int, k
     exactly the bits of the silu_mul kernel followed by the plain GEMV, strided rows included."""
     wide = torch.randn(rows, 2 * k + 16, device="cuda", generator=gen).to(torch.bfloat16) * 3
     gate_up = wide[:, : 2 * k]  # a row stride past 2K, as a slice of a wider output
-    _, w = _operands(rows, n, k, gen)
+    _, w = bf16_operands(rows, n, k, gen)
     want = bf16_cuda.bf16_linear(dispatch.silu_mul(gate_up).contiguous(), w)
     got = bf16_cuda.bf16_linear(gate_up, w, swiglu_input=True)
     assert torch.equal(got, want)
-    _check(got, dispatch.silu_mul(gate_up), w)
+    check_bf16_product(got, dispatch.silu_mul(gate_up), w)
 
 
 def test_swiglu_linear_routes_and_switches(gen, monkeypatch) -> None:
@@ -140,7 +119,7 @@ def test_swiglu_linear_routes_and_switches(gen, monkeypatch) -> None:
     monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
     monkeypatch.delenv("NINFER_KERNELS", raising=False)
     gate_up = torch.randn(1, 2 * 17408, device="cuda", generator=gen).to(torch.bfloat16)
-    _, w = _operands(1, 5120, 17408, gen)
+    _, w = bf16_operands(1, 5120, 17408, gen)
     assert dispatch.bf16_gemv_routed(gate_up, w, swiglu_input=True)
     fused = dispatch.swiglu_linear(gate_up, w)
     assert torch.equal(fused, dispatch.linear(dispatch.silu_mul(gate_up), w))
@@ -178,11 +157,11 @@ def test_sigmoid_gate_form_matches_the_eager_ops(
     o = torch.randn(rows, heads, head_dim, device="cuda", generator=gen).to(torch.bfloat16)
     qg = torch.randn(rows, heads, 2, head_dim, device="cuda", generator=gen) * 3
     gate = qg.to(torch.bfloat16)[:, :, 1]
-    _, w = _operands(rows, n, heads * head_dim, gen)
+    _, w = bf16_operands(rows, n, heads * head_dim, gen)
     x = o.reshape(rows, -1)
     gated = (o * torch.sigmoid(gate)).reshape(rows, -1)
     got = bf16_cuda.bf16_linear(x, w, gate=gate)
-    _check(got, gated, w)
+    check_bf16_product(got, gated, w)
     want = bf16_cuda.bf16_linear(gated.contiguous(), w)
     assert rel(got, want) < 1e-3
     # the gated inputs themselves, through a one-hot weight (row j of W picks input j)
@@ -200,7 +179,7 @@ def test_sigmoid_gate_linear_routes_and_switches(gen, monkeypatch) -> None:
     monkeypatch.delenv("NINFER_KERNELS", raising=False)
     o = torch.randn(1, 24, 256, device="cuda", generator=gen).to(torch.bfloat16)
     gate = torch.randn(1, 24, 2, 256, device="cuda", generator=gen).to(torch.bfloat16)[:, :, 1]
-    _, w = _operands(1, 5120, 6144, gen)
+    _, w = bf16_operands(1, 5120, 6144, gen)
     assert dispatch.bf16_gemv_routed(o.reshape(1, -1), w, gate=gate)
     fused = dispatch.sigmoid_gate_linear(o, gate, w)
     graph, out = capture_graph(lambda: dispatch.sigmoid_gate_linear(o, gate, w))

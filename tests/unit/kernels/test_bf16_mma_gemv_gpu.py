@@ -16,12 +16,10 @@ import torch.nn.functional as F
 
 from ninfer.kernels import dispatch
 from ninfer.kernels.bf16_mma_gemv import launch as mma
-from support.gpu_checks import capture_graph, rel
+from support.gpu_checks import bf16_operands, capture_graph, check_bf16_product, rel
 
 pytestmark = pytest.mark.gpu
 TOL = 1e-2
-ULP_BOUND = 2.0**-8  # half a bf16 ulp, relative to the value
-SUM_SLACK = 2e-5  # fp32 summation error, relative to sum |x| |w|
 
 SHAPES = [
     pytest.param(34816, 5120, id="27b-gate-up"),
@@ -38,32 +36,13 @@ SHAPES = [
 ROWS = [9, 16, 24, 33, 64]
 
 
-def _operands(rows: int, n: int, k: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    x = torch.randn(rows, k, device="cuda", generator=gen).to(torch.bfloat16)
-    w = torch.randn(n, k, device="cuda", generator=gen) * k**-0.5
-    w *= torch.rand(n, 1, device="cuda", generator=gen) * 4  # rows of different magnitude
-    return x, w.to(torch.bfloat16)
-
-
-def _check(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
-    """Shape, dtype, the element bound and the norm bound against fp64 (see the module doc)."""
-    assert got.shape == (x.shape[0], w.shape[0]) and got.dtype == torch.bfloat16
-    exact = x.double() @ w.double().T
-    scale = x.double().abs() @ w.double().abs().T
-    err = (got.double() - exact).abs()
-    bound = ULP_BOUND * exact.abs() + SUM_SLACK * scale
-    worst = (err - bound).max().item()
-    assert worst <= 0, f"element bound exceeded by {worst:.3e}"
-    assert rel(got, exact) < TOL
-
-
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("n,k", SHAPES)
 def test_mma_gemv_matches_fp64(rows: int, n: int, k: int, gen) -> None:
-    x, w = _operands(rows, n, k, gen)
+    x, w = bf16_operands(rows, n, k, gen)
     assert mma.supports(x, w)
     got = mma.bf16_linear(x, w)
-    _check(got, x, w)
+    check_bf16_product(got, x, w)
     assert rel(got, F.linear(x, w)) < TOL
     assert torch.equal(mma.bf16_linear(x, w), got)  # split sums in a fixed order
 
@@ -72,44 +51,44 @@ def test_mma_gemv_matches_fp64(rows: int, n: int, k: int, gen) -> None:
 @pytest.mark.parametrize("rows", [1, 8, 13, 40, 64])
 @pytest.mark.parametrize("n,k", [(5120, 6144), (12352, 2048), (1003, 520)])
 def test_every_variant(variant, rows: int, n: int, k: int, gen) -> None:
-    x, w = _operands(rows, n, k, gen)
-    _check(mma.bf16_linear(x, w, m_tiles=variant[0], depth=variant[1]), x, w)
+    x, w = bf16_operands(rows, n, k, gen)
+    check_bf16_product(mma.bf16_linear(x, w, m_tiles=variant[0], depth=variant[1]), x, w)
 
 
 def test_lm_head_width(gen) -> None:
     """248,320 rows (1,940 row tiles, more than the counters' minimum would need if split)."""
-    x, w = _operands(16, 248320, 5120, gen)
-    _check(mma.bf16_linear(x, w), x, w)
+    x, w = bf16_operands(16, 248320, 5120, gen)
+    check_bf16_product(mma.bf16_linear(x, w), x, w)
 
 
 def test_row_views_and_strided_x(gen) -> None:
     """A weight that is a row slice of a merged matrix and x rows with a 16-byte-multiple stride."""
-    x_wide, _ = _operands(24, 1, 2048 + 64, gen)
-    _, merged = _operands(1, 9000, 2048, gen)
+    x_wide, _ = bf16_operands(24, 1, 2048 + 64, gen)
+    _, merged = bf16_operands(1, 9000, 2048, gen)
     w = merged[1000:7000]
     x = x_wide[:, 64:]
     assert w.storage_offset() > 0 and x.stride(0) == 2048 + 64 and mma.supports(x, w)
-    _check(mma.bf16_linear(x, w), x, w)
+    check_bf16_product(mma.bf16_linear(x, w), x, w)
 
 
 @pytest.mark.parametrize("n,k", [(5120, 17408), (34816, 5120)], ids=["split", "unsplit"])
 def test_is_recorded_by_a_cuda_graph(n: int, k: int, gen) -> None:
     """Replays give the eager bits (the split counters are back at zero after every launch)."""
-    x, w = _operands(64, n, k, gen)
+    x, w = bf16_operands(64, n, k, gen)
     graph, out = capture_graph(lambda: mma.bf16_linear(x, w))
     for _ in range(3):
         x.copy_(torch.randn(64, k, device="cuda", generator=gen))
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, mma.bf16_linear(x, w))
-        _check(out, x, w)
+        check_bf16_product(out, x, w)
     assert not mma.tile_counters(x.device, 1).any()
 
 
 def test_dispatch_routes_only_with_the_constant_on(gen, monkeypatch) -> None:
     monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
     monkeypatch.delenv("NINFER_KERNELS", raising=False)
-    x, w = _operands(32, 5120, 6144, gen)
+    x, w = bf16_operands(32, 5120, 6144, gen)
     assert mma.ROUTE_ROWS is None
     assert not dispatch.bf16_mma_routed(x, w)
     assert torch.equal(dispatch.linear(x, w), F.linear(x, w))
