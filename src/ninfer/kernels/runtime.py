@@ -88,6 +88,21 @@ def _external_stream(ptr: int, device_index: int) -> Any:
         return cupy.cuda.ExternalStream(ptr, device_index)
 
 
+def device_index(device: torch.device) -> int:
+    """The CUDA ordinal of `device` ("cuda" without one: the current device)."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of `device` (cached per ordinal): what split plans fill."""
+    return _sm_count(device_index(device))
+
+
 def launch(
     kernel: Any,
     grid: tuple[int, ...],
@@ -102,7 +117,7 @@ def launch(
     `shared_mem`: bytes of dynamic shared memory (`extern __shared__`), at most 48 KiB.
     """
     cupy = _cupy()
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = device_index(device)
     stream = _external_stream(torch.cuda.current_stream(device).cuda_stream, index)
     with cupy.cuda.Device(index), stream:
         kernel(grid, block, tuple(args), shared_mem=shared_mem)

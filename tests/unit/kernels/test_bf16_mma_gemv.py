@@ -351,7 +351,7 @@ class Launches:
         monkeypatch.setattr(rt, "get_kernel", lambda op, instance, device: instance)
         monkeypatch.setattr(rt, "launch", self.launch)
         monkeypatch.setattr(mma, "_problem", lambda x, w: None)
-        monkeypatch.setattr(mma, "_num_sms", lambda index: num_sms)
+        monkeypatch.setattr(rt, "num_sms", lambda device: num_sms)
         monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
         monkeypatch.setattr(mma, "_counters", {})
 

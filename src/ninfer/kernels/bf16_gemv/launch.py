@@ -11,7 +11,6 @@ both).
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -163,11 +162,6 @@ def supports(
     return gate is None or (not swiglu_input and _gate_problem(x, gate) is None)
 
 
-@functools.cache
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def bf16_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -186,8 +180,7 @@ def bf16_linear(
     num_rows = x.shape[0]
     n, k = weight.shape
     out = torch.empty((num_rows, n), dtype=x.dtype, device=device)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    p = plan(num_rows, n, k, _num_sms(index))
+    p = plan(num_rows, n, k, rt.num_sms(device))
     form = INPUT_SWIGLU if swiglu_input else INPUT_SIGMOID_GATE if gate is not None else None
     suffix = f", {form}" if form is not None else ""
     instance = f"bf16_gemv<{num_rows}, {p.rows_per_group}, {p.unroll}{suffix}>"

@@ -15,7 +15,6 @@ the last block of each row tile adds them in split order and rounds once.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -121,11 +120,6 @@ def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return _problem(x, weight) is None
 
 
-@functools.cache
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 COUNTERS_MIN = 4096  # row-tile counters allocated at least (lm_head, 248,320 rows: 1,940 tiles)
 _counters: dict[torch.device, torch.Tensor] = {}
 
@@ -157,8 +151,7 @@ def bf16_linear(
         raise rt.KernelInputError(f"bf16 mma GEMV: {problem}")
     num_rows = x.shape[0]
     n, k = weight.shape
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    p = plan(num_rows, n, k, _num_sms(index), m_tiles=m_tiles, depth=depth)
+    p = plan(num_rows, n, k, rt.num_sms(device), m_tiles=m_tiles, depth=depth)
     out = torch.empty((num_rows, n), dtype=x.dtype, device=device)
     partial = counters = None
     if p.splits > 1:

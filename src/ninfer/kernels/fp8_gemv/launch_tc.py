@@ -12,8 +12,6 @@ its tail.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from ninfer.kernels import runtime as rt
@@ -28,11 +26,6 @@ SPLITS = (1, 2, 4, 8)  # k splits per row block = cluster sizes compiled (portab
 
 class Fp8TcError(rt.KernelInputError):
     """Operands the tensor-core fp8 GEMV does not take (check `supports` first)."""
-
-
-@functools.cache
-def _num_sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def supports(x: torch.Tensor, weight: Fp8Weight) -> bool:
@@ -90,8 +83,7 @@ def fp8_linear(x: torch.Tensor, weight: Fp8Weight, *, splits: int | None = None)
     num_rows = x.shape[0]
     num_row_blocks, num_k_blocks = weight.scale_inv.shape
     if splits is None:
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        splits = choose_splits(num_row_blocks, num_k_blocks, _num_sms(index))
+        splits = choose_splits(num_row_blocks, num_k_blocks, rt.num_sms(device))
     elif splits not in SPLITS:
         raise Fp8TcError(f"k splits must be one of {SPLITS}, got {splits}")
     out = torch.empty((num_rows, n), dtype=x.dtype, device=device)

@@ -8,8 +8,6 @@ bandwidth; the split lists of 20 are merged by the one-warp draw kernel.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from ninfer.kernels import runtime as rt
@@ -21,11 +19,6 @@ MAX_SPLITS = 32  # SAMPLING_MAX_SPLITS in sampling.cu (the draw kernel's shared 
 MIN_SPLIT_COLUMNS = 4096  # below this a block is mostly merge overhead
 BLOCKS_PER_SM = 2
 MAX_COLUMNS = (1 << 31) - 4096  # ids and column indices are int32 (2**31 - 1: no candidate)
-
-
-@functools.cache
-def _num_sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def supports(logits: torch.Tensor, counts: torch.Tensor | None) -> bool:
@@ -88,8 +81,7 @@ def sample_tokens(
     if num_rows == 0:
         return out
 
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    num_splits = num_splits_for(num_rows, num_sampleable, _num_sms(index))
+    num_splits = num_splits_for(num_rows, num_sampleable, rt.num_sms(device))
     chunk = -(-num_sampleable // num_splits)
     num_splits = -(-num_sampleable // chunk)  # no empty trailing split
     cand_z = torch.empty((num_rows, num_splits, TOP_K_CAP), dtype=torch.float32, device=device)
