@@ -1,5 +1,5 @@
 """Shared helpers of the kernel tests: the relative-error metric, CUDA-graph capture, and the
-bf16 GEMV kernels' operands and product bounds.
+bf16 GEMV kernels' operands and product bounds, the int4 kernels' operands.
 
 The metric is the one docs/kernels.md states tolerances in: ||a - b|| / ||b|| over the whole
 tensor, in float64 on the CPU (so a GPU result compares with a CPU twin directly), after checking
@@ -65,3 +65,15 @@ def check_bf16_product(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> N
     worst = (err - bound).max().item()
     assert worst <= 0, f"element bound exceeded by {worst:.3e}"
     assert rel(got, exact) < BF16_TOL
+
+
+def int4_operands(
+    rows: int, hidden: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random packed int4 rows [rows, hidden / 2] and fp32 group scales [rows, hidden / 64] on
+    CUDA: scales of different magnitude per row and group, never zero."""
+    packed = torch.randint(
+        0, 256, (rows, hidden // 2), dtype=torch.uint8, device="cuda", generator=gen
+    )
+    scale = torch.rand(rows, hidden // 64, device="cuda", generator=gen) * 0.05 + 1e-3
+    return packed, scale

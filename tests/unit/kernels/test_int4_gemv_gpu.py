@@ -18,7 +18,7 @@ from ninfer.kernels import dispatch, runtime
 from ninfer.kernels.int4_gemv import launch as int4_cuda
 from ninfer.kernels.int4_gemv import reference as int4_ref
 from ninfer.model.lm_head_draft import FUSED_MAX_ROWS, ShortlistHead
-from support.gpu_checks import capture_graph, rel
+from support.gpu_checks import capture_graph, int4_operands, rel
 
 pytestmark = pytest.mark.gpu
 TOL = 1e-5
@@ -33,20 +33,11 @@ def _no_tf32():
     torch.backends.cuda.matmul.allow_tf32 = saved
 
 
-def _operands(rows: int, hidden: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    packed = torch.randint(
-        0, 256, (rows, hidden // 2), dtype=torch.uint8, device="cuda", generator=gen
-    )
-    # scales of different magnitude per row and group, never zero
-    scale = torch.rand(rows, hidden // 64, device="cuda", generator=gen) * 0.05 + 1e-3
-    return packed, scale
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows", [1, 3, 8])
 @pytest.mark.parametrize("hidden", [64, 2048, 5120])
 def test_int4_gemv_matches_twin(dtype, rows: int, hidden: int, gen) -> None:
-    packed, scale = _operands(1000, hidden, gen)
+    packed, scale = int4_operands(1000, hidden, gen)
     x = torch.randn(rows, hidden, device="cuda", generator=gen).to(dtype)
     assert int4_cuda.supports(x, packed, scale)
     got = int4_cuda.int4_linear(x, packed, scale)
@@ -61,7 +52,7 @@ def test_int4_gemv_matches_twin(dtype, rows: int, hidden: int, gen) -> None:
 )
 def test_int4_gemv_shortlist_shape(dtype, rows: int, gen) -> None:
     """The 27B shortlist: 131,072 rows of H = 5120."""
-    packed, scale = _operands(131072, 5120, gen)
+    packed, scale = int4_operands(131072, 5120, gen)
     x = torch.randn(rows, 5120, device="cuda", generator=gen).to(dtype)
     got = int4_cuda.int4_linear(x, packed, scale)
     assert rel(got, int4_ref.int4_linear(x, packed, scale)) < TOL
@@ -69,14 +60,14 @@ def test_int4_gemv_shortlist_shape(dtype, rows: int, gen) -> None:
 
 def test_int4_gemv_rows_off_the_warp_tile(gen) -> None:
     """R not a multiple of the 16 rows a block covers: the tail rows are written, nothing past."""
-    packed, scale = _operands(37, 128, gen)
+    packed, scale = int4_operands(37, 128, gen)
     x = torch.randn(2, 128, device="cuda", generator=gen)
     got = int4_cuda.int4_linear(x, packed, scale)
     assert rel(got, int4_ref.int4_linear(x, packed, scale)) < TOL
 
 
 def test_launcher_refusals(gen) -> None:
-    packed, scale = _operands(64, 128, gen)
+    packed, scale = int4_operands(64, 128, gen)
     odd = torch.zeros(64, 48, dtype=torch.uint8, device="cuda")  # H = 96
     with pytest.raises(runtime.KernelInputError, match="multiple of the scale group"):
         int4_cuda.int4_linear(torch.randn(1, 96, device="cuda"), odd, scale[:, :1])
@@ -96,7 +87,7 @@ def test_launcher_refusals(gen) -> None:
 
 
 def test_int4_gemv_is_recorded_by_a_cuda_graph(gen) -> None:
-    packed, scale = _operands(500, 256, gen)
+    packed, scale = int4_operands(500, 256, gen)
     x = torch.randn(4, 256, device="cuda", generator=gen).to(torch.bfloat16)
     graph, out = capture_graph(lambda: int4_cuda.int4_linear(x, packed, scale))
     x.copy_(torch.randn(4, 256, device="cuda", generator=gen))

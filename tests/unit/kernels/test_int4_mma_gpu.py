@@ -17,7 +17,7 @@ from ninfer.kernels.int4_gemv import launch as int4_cuda
 from ninfer.kernels.int4_gemv import reference as int4_ref
 from ninfer.model import lm_head_draft
 from ninfer.model.lm_head_draft import ShortlistHead
-from support.gpu_checks import capture_graph, rel
+from support.gpu_checks import capture_graph, int4_operands, rel
 
 pytestmark = pytest.mark.gpu
 TOL = 1e-5
@@ -32,14 +32,6 @@ def _no_tf32():
     torch.backends.cuda.matmul.allow_tf32 = saved
 
 
-def _operands(rows: int, hidden: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    packed = torch.randint(
-        0, 256, (rows, hidden // 2), dtype=torch.uint8, device="cuda", generator=gen
-    )
-    scale = torch.rand(rows, hidden // 64, device="cuda", generator=gen) * 0.05 + 1e-3
-    return packed, scale
-
-
 def _x(m: int, hidden: int, gen: torch.Generator) -> torch.Tensor:
     return torch.randn(m, hidden, device="cuda", generator=gen).to(torch.bfloat16)
 
@@ -50,7 +42,7 @@ def _x(m: int, hidden: int, gen: torch.Generator) -> torch.Tensor:
 )
 def test_int4_mma_matches_twin(m: int, hidden: int, num_out: int, gen) -> None:
     """27B (H 5120) and 35B (H 2048) shortlists, and small odd R (not a multiple of 16 or 128)."""
-    packed, scale = _operands(num_out, hidden, gen)
+    packed, scale = int4_operands(num_out, hidden, gen)
     x = _x(m, hidden, gen)
     assert int4_cuda.uses_mma(x) and int4_cuda.supports(x, packed, scale)
     got = int4_cuda.int4_linear(x, packed, scale)
@@ -63,7 +55,7 @@ def test_int4_mma_matches_twin(m: int, hidden: int, num_out: int, gen) -> None:
 
 def test_int4_mma_strided_rows_and_dispatch_chunks(gen, monkeypatch) -> None:
     monkeypatch.setattr(int4_cuda, "MMA_ROUTED", True)  # as once measured: dispatch takes it
-    packed, scale = _operands(777, 2048, gen)
+    packed, scale = int4_operands(777, 2048, gen)
     wide = _x(3, 2048 + 64, gen)
     x = wide[:, 64:]  # row stride 2112 elements (16-byte multiple), not contiguous as a whole
     assert (
@@ -77,7 +69,7 @@ def test_int4_mma_strided_rows_and_dispatch_chunks(gen, monkeypatch) -> None:
 
 
 def test_switch_off_runs_the_cuda_core_kernel(gen, monkeypatch) -> None:
-    packed, scale = _operands(500, 2048, gen)
+    packed, scale = int4_operands(500, 2048, gen)
     monkeypatch.setenv("NINFER_KERNELS_OFF", "int4_mma")
     x8, x9 = _x(8, 2048, gen), _x(9, 2048, gen)
     assert dispatch.int4_linear_available(x8, packed, scale)
@@ -102,7 +94,7 @@ def test_dispatch_keeps_the_cuda_core_kernel_until_routed(gen, monkeypatch) -> N
     1..8 rows and the twin above, exactly as before the tensor-core kernel existed."""
     monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
     monkeypatch.setattr(int4_cuda, "MMA_ROUTED", False)
-    packed, scale = _operands(500, 2048, gen)
+    packed, scale = int4_operands(500, 2048, gen)
     x8, x9 = _x(8, 2048, gen), _x(9, 2048, gen)
     assert dispatch.int4_linear_available(x8, packed, scale)
     assert not dispatch.int4_linear_available(x9, packed, scale)
@@ -112,7 +104,7 @@ def test_dispatch_keeps_the_cuda_core_kernel_until_routed(gen, monkeypatch) -> N
 
 
 def test_int4_mma_is_recorded_by_a_cuda_graph(gen) -> None:
-    packed, scale = _operands(1000, 2048, gen)
+    packed, scale = int4_operands(1000, 2048, gen)
     x = _x(16, 2048, gen)
     graph, out = capture_graph(lambda: int4_cuda.int4_linear(x, packed, scale))
     x.copy_(_x(16, 2048, gen))
