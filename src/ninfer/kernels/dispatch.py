@@ -661,9 +661,11 @@ def sigmoid_gate_linear(
     and an intermediate fewer, rounded as torch rounds the eager ops); everything else runs
     `sigmoid_gate` (one kernel on CUDA in bf16) then `linear`.
     """
-    x = o.reshape(o.shape[0], -1)
-    if not isinstance(weight, Fp8Weight) and bf16_gemv_routed(x, weight, gate=gate):
-        return _bf16_gemv_cuda.bf16_linear(x, weight, gate=gate)
+    # a view only: a head-major prefill output would be copied just to be turned down here
+    if not isinstance(weight, Fp8Weight) and o.is_contiguous():
+        x = o.view(o.shape[0], -1)
+        if bf16_gemv_routed(x, weight, gate=gate):
+            return _bf16_gemv_cuda.bf16_linear(x, weight, gate=gate)
     return linear(sigmoid_gate(o, gate), weight)
 
 
