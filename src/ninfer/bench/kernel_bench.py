@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from ninfer.bench.prefill_attention_sweep import prefill_attention_sweep
 from ninfer.bench.results import KernelTiming
 from ninfer.kernels.add_rms_norm import launch as add_norm_cuda
 from ninfer.kernels.add_rms_norm import reference as add_norm_ref
@@ -412,9 +413,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         default="1,4,8",
         help="x row counts of --gemv-shapes (1..64; the bf16 GEMV runs up to 8).",
     )
+    parser.add_argument(
+        "--prefill-attention",
+        default="",
+        help="Instead: a continued prefill chunk's attention on the 27B heads at these QxL "
+        "shapes (queries x keys): one lower-right flash call vs the cuDNN split.",
+    )
     opts = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("needs a CUDA device")
+    if opts.prefill_attention:
+        shapes = [_parse_shape(s) for s in opts.prefill_attention.split(",") if s.strip()]
+        print(prefill_attention_sweep(shapes, torch.device("cuda", opts.device)))
+        return
     if opts.gemv_shapes:
         shapes = [_parse_shape(s) for s in opts.gemv_shapes.split(",") if s.strip()]
         rows = [int(x) for x in opts.gemv_rows.split(",") if x.strip()]

@@ -6,7 +6,8 @@ flat KV slot each token writes, which sequence it belongs to) is computed once p
 a padded [B, L] view and runs SDPA with a causal-and-length mask, so prefill chunks and decode
 batches share one code path. On CUDA, a prefill of one fresh sequence skips the gather and the
 mask (`fresh_causal_attention`), and a later chunk of one sequence gathers its pages and uses a
-lower-right causal bias (`continued_causal_attention`), so SDPA can use a fused backend; decode
+lower-right causal bias (`continued_causal_attention`; a long chunk as a cuDNN prefix part and
+a causal own part merged by log-sum-exp), so SDPA can use a fused backend; decode
 runs the split-KV paged kernel (kernels/paged_decode_attention), and so does a speculative verify
 step, one query per token (`paged_rows_attention`); the CPU keeps the reference.
 With a quantized KV dtype the pages are `QuantPages`: new rows are quantized as they are stored,
@@ -28,10 +29,15 @@ from ninfer.kernels import dispatch
 from ninfer.kernels.fp8_gemv.reference import Fp8Weight
 from ninfer.kernels.kv_quant.formats import KvPages, QuantPages
 from ninfer.model.batch import ForwardBatch
+from ninfer.model.layers.split_attention import split_prefix_attention
 
 # Static steps whose rows carry at most this many new tokens each (a speculative verify: k + 1
 # <= 6) attend through the split-KV decode kernel, one query per token, on CUDA.
 ROWS_AS_QUERIES = 8
+
+# A continued prefill chunk of at least this many queries attends as two cuDNN calls merged by
+# log-sum-exp (split_attention.py); shorter ones keep one flash call with the lower-right bias.
+SPLIT_MIN_QUERIES = 512
 
 
 class AttentionMetadata(NamedTuple):
@@ -283,7 +289,22 @@ def continued_causal_attention(
     # [n_pages, P, Hk, D] -> [L, Hk, D], dequantized into q's dtype for a quantized KV
     k = dispatch.gather_kv_pages(k_pages, pages, q.dtype).flatten(0, 1)[:kv_len]
     v = dispatch.gather_kv_pages(v_pages, pages, q.dtype).flatten(0, 1)[:kv_len]
+    if _splits_prefix(q, kv_len):
+        out = split_prefix_attention(q, k, v, scale=scale)
+        if out is not None:
+            return out
     return _sdpa_grouped(q, k, v, scale=scale, attn_mask=causal_lower_right(q.shape[0], kv_len))
+
+
+def _splits_prefix(q: torch.Tensor, kv_len: int) -> bool:
+    """A CUDA chunk of at least `SPLIT_MIN_QUERIES` queries after a prefix: its attention runs
+    as an unmasked prefix part and a causal own part in cuDNN, merged (model/layers/
+    split_attention.py); `split_prefix_attention` in NINFER_KERNELS_OFF keeps one flash call."""
+    return (
+        q.is_cuda
+        and kv_len > q.shape[0] >= SPLIT_MIN_QUERIES
+        and not dispatch.switched_off("split_prefix_attention")
+    )
 
 
 def fresh_causal_attention(
