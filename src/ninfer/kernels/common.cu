@@ -211,3 +211,15 @@ __device__ __forceinline__ unsigned int float_to_e4m3(float v) {
   u += 0x7ffffu + ((u >> 20) & 1u);  // round the 23-bit mantissa to 3 bits, ties to even
   return sign | ((u >> 20) - (120u << 3));
 }
+
+// Programmatic dependent launch (kernels/pdl.py): the first statement of every ninfer kernel.
+// Triggers the next PDL-launched kernel (its blocks may be scheduled once every block of this
+// grid has started), then waits until the previous grid in the stream has completed and its
+// writes are visible, so nothing below may read or overwrite data of an earlier kernel too soon.
+// Both instructions are no-ops for a launch without the attribute; absent below sm_90.
+__device__ __forceinline__ void pdl_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}

@@ -1,6 +1,6 @@
 """CuPy runtime for ninfer kernels: NVRTC compilation, torch-stream launches, argument packing.
 
-Imports torch, numpy and (lazily, on first use) cupy; nothing of ninfer. Sources are compiled once
+Imports torch, numpy, kernels.pdl and (lazily, on first use) cupy. Sources are compiled once
 per (op, template instance, GPU architecture) with NVRTC for the device's own `sm_XY` (so Hopper
 gets sm_90 machine code, not PTX jitted from an older target); CuPy also caches the binaries on
 disk. Every launch goes on torch's current stream, so kernels order with torch ops and are
@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from ninfer.kernels import pdl
 
 KERNEL_DIR = Path(__file__).resolve().parent
 
@@ -115,12 +117,18 @@ def launch(
     """Launch on torch's current stream of `device` (which a graph capture also records).
 
     `shared_mem`: bytes of dynamic shared memory (`extern __shared__`), at most 48 KiB.
+    On Hopper and later the launch allows programmatic dependent launch (`pdl.py`): every ninfer
+    kernel begins with `pdl_begin()`, so it may be scheduled while its predecessor drains.
     """
     cupy = _cupy()
     index = device_index(device)
-    stream = _external_stream(torch.cuda.current_stream(device).cuda_stream, index)
-    with cupy.cuda.Device(index), stream:
-        kernel(grid, block, tuple(args), shared_mem=shared_mem)
+    stream_ptr = torch.cuda.current_stream(device).cuda_stream
+    with cupy.cuda.Device(index):
+        if pdl.enabled(index):
+            pdl.launch(kernel, grid, block, args, stream_ptr, shared_mem)
+            return
+        with _external_stream(stream_ptr, index):
+            kernel(grid, block, tuple(args), shared_mem=shared_mem)
 
 
 def ptr(t: torch.Tensor | None) -> np.uint64:

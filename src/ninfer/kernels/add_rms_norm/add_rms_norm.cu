@@ -17,6 +17,7 @@ __global__ void __launch_bounds__(512)
     add_rms_norm_vec(T* __restrict__ out, T* __restrict__ summed_out, const T* __restrict__ x,
                      const T* __restrict__ residual, const T* __restrict__ weight, int n,
                      float eps) {
+  pdl_begin();
   constexpr int V = 16 / sizeof(T);  // elements per 16-byte vector
   const long long row_off = static_cast<long long>(blockIdx.x) * n;
   const int num_vecs = n / V;
@@ -76,6 +77,7 @@ template <typename T, bool HAS_RESIDUAL>
 __global__ void add_rms_norm_rows(T* __restrict__ out, T* __restrict__ summed_out,
                                   const T* __restrict__ x, const T* __restrict__ residual,
                                   const T* __restrict__ weight, int n, float eps) {
+  pdl_begin();
   const long long row = blockIdx.x;
   const T* xr = x + row * n;
   const T* rr = HAS_RESIDUAL ? residual + row * n : nullptr;

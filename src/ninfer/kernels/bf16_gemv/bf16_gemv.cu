@@ -68,6 +68,7 @@ __global__ void __launch_bounds__(256, M <= 2 ? 4 : M <= 4 ? 3 : 2) bf16_gemv(
     bf16* __restrict__ out, const bf16* __restrict__ x, long long x_stride,
     const bf16* __restrict__ w, int n, int k, int ks_log2, const bf16* __restrict__ gate,
     long long gate_stride, long long gate_head_stride, int head_dim) {
+  pdl_begin();
   constexpr int V = M * R;  // sums per lane, index m * R + r
   constexpr int P = bf16_gemv_pow2(V);
   static_assert(V <= 32, "M * R sums must fit one per lane of a warp");

@@ -116,6 +116,7 @@ __global__ void __launch_bounds__(256, MT == 1 ? 2 : 1) bf16_mma_gemv(
     bf16* __restrict__ out, float* __restrict__ partial, unsigned int* __restrict__ counters,
     const bf16* __restrict__ x, long long x_stride, const bf16* __restrict__ w, int m, int n,
     int k, int split_chunks) {
+  pdl_begin();
   using namespace bmg;
   static_assert(NT >= 1 && NT <= 8, "1..8 n-tiles of 8 x rows");
   static_assert(MT == 1 || MT == 2, "one or two m-tiles of 16 weight rows per warp");

@@ -28,6 +28,7 @@ __global__ void __launch_bounds__(128) causal_conv1d_fwd(
     const TS* __restrict__ conv_state, const TW* __restrict__ weight,
     const long long* __restrict__ slots, const long long* __restrict__ cu_seqlens, int num_seqs,
     long long num_tokens, int channels) {
+  pdl_begin();
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= channels) return;
   const long long t_begin = static_cast<long long>(blockIdx.y) * CONV_TOKENS;
@@ -95,6 +96,7 @@ template <typename TX, typename TS, int K>
 __global__ void __launch_bounds__(128) causal_conv1d_state(
     TS* __restrict__ conv_state, const TX* __restrict__ x, long long x_stride,
     const long long* __restrict__ slots, const long long* __restrict__ cu_seqlens, int channels) {
+  pdl_begin();
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= channels) return;
   const int b = blockIdx.y;

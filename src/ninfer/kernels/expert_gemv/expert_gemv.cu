@@ -80,6 +80,7 @@ __global__ void __launch_bounds__(256) expert_gemv(
     T* __restrict__ out, const T* __restrict__ x, long long x_stride, const T* __restrict__ w,
     const long long* __restrict__ ids, const T* __restrict__ shared_w, int per_input, int n,
     int k) {
+  pdl_begin();
   extern __shared__ __align__(16) float xs[];  // [k]
   constexpr int V = 16 / sizeof(T);  // elements per 16-byte load
   const int slots = per_input + (shared_w != nullptr ? 1 : 0);
@@ -161,6 +162,7 @@ __global__ void __launch_bounds__(512) expert_down_sum(
     const T* __restrict__ w, const long long* __restrict__ ids, const float* __restrict__ route_w,
     const T* __restrict__ shared, long long shared_stride, const T* __restrict__ shared_gate,
     long long gate_stride, const T* __restrict__ shared_w, int top_k, int groups, int n, int k) {
+  pdl_begin();
   __shared__ float part[32 * ROWS];  // [unit][ROWS], units = slots * groups <= 32
   constexpr int V = 16 / sizeof(T);  // elements per 16-byte load
   const int slots = top_k + (shared_w != nullptr ? 1 : 0);
@@ -237,6 +239,7 @@ template <typename T, int ROWS, int MAXM, bool SWIGLU>
 __global__ void __launch_bounds__(256) expert_group_gemv(
     T* __restrict__ out, const T* __restrict__ x, long long x_stride, const T* __restrict__ w,
     const long long* __restrict__ order, const int* __restrict__ ends, int x_div, int n, int k) {
+  pdl_begin();
   extern __shared__ __align__(16) unsigned char group_smem[];
   T* xs = reinterpret_cast<T*>(group_smem);  // [MAXM][k]
   constexpr int V = 16 / sizeof(T);           // elements per 16-byte load
@@ -442,6 +445,7 @@ __global__ void __launch_bounds__(256, D <= 2 ? 3 : 2) expert_group_mma(
     bf16* __restrict__ out, const bf16* __restrict__ x, long long x_stride,
     const bf16* __restrict__ w, const long long* __restrict__ order, const int* __restrict__ ends,
     int x_div, int n, int k) {
+  pdl_begin();
   using namespace egmma;
   static_assert(NT == 1 || NT == 2, "one or two n-tiles of 8 inputs");
   constexpr int R = D + 1;  // ring slots: step s + D is loaded while step s is multiplied
@@ -520,6 +524,7 @@ __global__ void __launch_bounds__(256) moe_combine(
     T* __restrict__ out, const T* __restrict__ y, const float* __restrict__ route_w,
     const T* __restrict__ shared, long long shared_stride, const T* __restrict__ shared_gate,
     long long gate_stride, int top_k, int n) {
+  pdl_begin();
   const int t = blockIdx.y;
   const int row = blockIdx.x * blockDim.x + threadIdx.x;
   if (row >= n) return;

@@ -34,6 +34,7 @@ template <typename T, bool VEC>
 __global__ void __launch_bounds__(256) quantize_1x128(
     unsigned char* __restrict__ q, float* __restrict__ scales, const T* __restrict__ x,
     long long x_stride, int num_rows, int padded_rows, int k, int k_groups) {
+  pdl_begin();
   const long long warp_id =
       static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
@@ -100,6 +101,7 @@ template <typename T, bool VEC>
 __global__ void __launch_bounds__(256) dequantize_128x128(
     T* __restrict__ out, const unsigned char* __restrict__ w, const float* __restrict__ scale,
     int n, int k, int k_blocks) {
+  pdl_begin();
   const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
   const long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (VEC) {

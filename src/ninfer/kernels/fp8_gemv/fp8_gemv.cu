@@ -39,6 +39,7 @@ __global__ void __launch_bounds__(128) fp8_gemv(
     T* __restrict__ out, const T* __restrict__ x, long long x_stride,
     const unsigned char* __restrict__ w, const float* __restrict__ scale, int n, int k,
     int k_blocks) {
+  pdl_begin();
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
   const int row0 = (blockIdx.x * (blockDim.x >> 5) + warp) * ROWS;
@@ -289,6 +290,7 @@ __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(fp8tc::kThreads, 3)
     fp8_tc_gemv(T* __restrict__ out, const T* __restrict__ x, long long x_stride,
                 const unsigned char* __restrict__ w, const float* __restrict__ scale, int n,
                 int k, int k_blocks) {
+  pdl_begin();
   using namespace fp8tc;
   constexpr int D = kDepth;
   __shared__ __align__(16) unsigned short xs[M * kRowHalves];

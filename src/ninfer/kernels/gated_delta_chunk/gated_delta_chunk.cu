@@ -107,6 +107,7 @@ __global__ void __launch_bounds__(GDC_PREP_THREADS) gdc_prepare(
     const float* __restrict__ a_log, const float* __restrict__ dt_bias,
     const long long* __restrict__ cu_seqlens, int num_k_heads, int num_v_heads, float scale,
     float eps) {
+  pdl_begin();
   static_assert(DK % 16 == 0 && DK >= 16, "key dim must be a multiple of 16");
   constexpr int PIECES = DK / 8;  // 16-byte pieces of a q/k row
   __shared__ __align__(16) GdcPrepSmem<DK> sm;
@@ -341,6 +342,7 @@ __global__ void __launch_bounds__(WARPS * 32) gdc_recur(
     long long v_stride, const bf16* __restrict__ attn, const bf16* __restrict__ tb,
     const float* __restrict__ scal, const long long* __restrict__ slots,
     const long long* __restrict__ cu_seqlens, int num_k_heads, int num_v_heads, int dv) {
+  pdl_begin();
   static_assert(DK % 16 == 0 && DK >= 16, "key dim must be a multiple of 16");
   constexpr int NV = 16 * WARPS;  // value columns per block
   constexpr int THREADS = 32 * WARPS;

@@ -13,6 +13,7 @@ __global__ void __launch_bounds__(128) gated_delta_decode(
     const float* __restrict__ beta, const long long* __restrict__ slots, int num_k_heads,
     int num_v_heads, int dv, long long q_stride, long long k_stride, long long v_stride,
     float scale) {
+  pdl_begin();
   constexpr int ROW_GROUPS = 4;
   constexpr int ROWS = DK / ROW_GROUPS;
   __shared__ float partial[ROW_GROUPS][32];
@@ -81,6 +82,7 @@ __global__ void __launch_bounds__(256) gated_delta_decode_wide(
     const float* __restrict__ beta, const long long* __restrict__ slots, int num_k_heads,
     int num_v_heads, int dv, long long q_stride, long long k_stride, long long v_stride,
     float scale) {
+  pdl_begin();
   constexpr int ROW_GROUPS = 8;
   constexpr int ROWS = DK / ROW_GROUPS;
   __shared__ float4 partial[ROW_GROUPS][32];

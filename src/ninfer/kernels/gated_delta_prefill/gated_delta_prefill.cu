@@ -48,6 +48,7 @@ __global__ void __launch_bounds__(GDP_THREADS) gated_delta_prefill(
     long long b_stride, const float* __restrict__ a_log, const float* __restrict__ dt_bias,
     const long long* __restrict__ slots, const long long* __restrict__ cu_seqlens,
     int num_k_heads, int num_v_heads, int dv, float scale, float eps) {
+  pdl_begin();
   static_assert(DK % GDP_LANES == 0 && DK >= 16, "key dim must be a multiple of 8, >= 16");
   constexpr int R = DK / GDP_LANES;         // state rows per thread
   constexpr int VEC = R >= 4 ? 4 : R;       // floats per shared-memory vector load

@@ -26,6 +26,7 @@ __global__ void gdn_verify_front(
     const float* __restrict__ a_log, const float* __restrict__ dt_bias,
     const long long* __restrict__ slots, int width, int num_k_heads, int dk, int num_v_heads,
     int dv, int taps, float eps) {
+  pdl_begin();
   const int group = blockIdx.x;
   const long long seq = blockIdx.y;
   const int t = threadIdx.x;
@@ -137,6 +138,7 @@ __global__ void __launch_bounds__(128) gated_delta_verify(
     const float* __restrict__ beta, const long long* __restrict__ slots, int width,
     int num_k_heads, int num_v_heads, int dv, long long q_stride, long long k_stride,
     long long v_stride, float scale) {
+  pdl_begin();
   constexpr int ROWS = DK / 4;
   __shared__ float partial[4][32];
   const int seq = blockIdx.z;
@@ -173,6 +175,7 @@ __global__ void __launch_bounds__(128) gated_delta_fold(
     const long long* __restrict__ beta_ptrs, const long long* __restrict__ slots,
     const long long* __restrict__ rows, const long long* __restrict__ ncols, int num,
     int width, int num_k_heads, int num_v_heads, int dv) {
+  pdl_begin();
   constexpr int ROWS = DK / 4;
   __shared__ float partial[4][32];
   const int i = blockIdx.z % num;
@@ -217,6 +220,7 @@ __global__ void conv_fold(const long long* __restrict__ conv_ptrs,
                           const long long* __restrict__ slots, const long long* __restrict__ rows,
                           const long long* __restrict__ ncols, int num, int width,
                           int num_channels, int taps) {
+  pdl_begin();
   const int i = blockIdx.y % num;
   const int layer = blockIdx.y / num;
   const int c = blockIdx.x * blockDim.x + threadIdx.x;

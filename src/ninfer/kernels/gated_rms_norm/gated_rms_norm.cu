@@ -23,6 +23,7 @@ __global__ void __launch_bounds__(256)
     gated_rms_norm_warp(TO* __restrict__ out, const TX* __restrict__ x,
                         const TG* __restrict__ gate, const TW* __restrict__ weight, int num_rows,
                         float eps, int gate_inner, long long gate_outer_stride) {
+  pdl_begin();
   constexpr int n = 32 * PER_LANE;
   using XC = Chunk<TX, PER_LANE>;
   using GC = Chunk<TG, PER_LANE>;
@@ -56,6 +57,7 @@ template <typename TX, typename TG, typename TW, typename TO>
 __global__ void gated_rms_norm(TO* __restrict__ out, const TX* __restrict__ x,
                                const TG* __restrict__ gate, const TW* __restrict__ weight, int n,
                                float eps, int gate_inner, long long gate_outer_stride) {
+  pdl_begin();
   const long long row = blockIdx.x;
   const TX* xr = x + row * n;
   const TG* gr = gate + (row / gate_inner) * gate_outer_stride + (row % gate_inner) * n;

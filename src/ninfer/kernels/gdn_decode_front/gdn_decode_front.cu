@@ -14,6 +14,7 @@ __global__ void gdn_decode_front(
     const float* __restrict__ a_log, const float* __restrict__ dt_bias,
     const long long* __restrict__ slots, int num_k_heads, int dk, int num_v_heads, int dv,
     int taps, float eps) {
+  pdl_begin();
   const int group = blockIdx.x;
   const long long row = blockIdx.y;
   const int t = threadIdx.x;

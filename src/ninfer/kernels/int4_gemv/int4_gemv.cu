@@ -83,6 +83,7 @@ __global__ void __launch_bounds__(128) int4_gemv(
     float* __restrict__ out, const T* __restrict__ x, long long x_stride,
     const unsigned char* __restrict__ packed, const float* __restrict__ scale, int rows,
     int hidden) {
+  pdl_begin();
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
   const int row0 = (blockIdx.x * (blockDim.x >> 5) + warp) * ROWS;
@@ -289,6 +290,7 @@ __global__ void __launch_bounds__(int4mma::kThreads) int4_mma(
     float* __restrict__ out, const bf16* __restrict__ x, long long x_stride, int num_x,
     const unsigned char* __restrict__ packed, const float* __restrict__ scale, int rows,
     int hidden) {
+  pdl_begin();
   using namespace int4mma;
   constexpr int KC = 32 / NT;  // groups of x staged per chunk
   constexpr int kRow = KC * 64 + 8;

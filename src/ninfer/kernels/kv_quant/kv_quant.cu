@@ -27,6 +27,7 @@ __global__ void __launch_bounds__(KVQ_WARPS * 32) kv_store(
     unsigned char* __restrict__ blocks, const T* __restrict__ x, long long x_tok_stride,
     long long x_head_stride, const long long* __restrict__ slot_mapping, int num_tokens,
     int num_heads) {
+  pdl_begin();
   constexpr int D = 32 * E;
   const int lane = threadIdx.x & 31;
   const long long r = static_cast<long long>(blockIdx.x) * KVQ_WARPS + (threadIdx.x >> 5);
@@ -96,6 +97,7 @@ __global__ void __launch_bounds__(KVQ_WARPS * 32) kv_gather(
     T* __restrict__ out, const unsigned char* __restrict__ values, const float* __restrict__ scales,
     const unsigned char* __restrict__ blocks, const long long* __restrict__ page_ids,
     long long num_rows, int rows_per_page) {
+  pdl_begin();
   constexpr int D = 32 * E;
   const int lane = threadIdx.x & 31;
   const long long r = static_cast<long long>(blockIdx.x) * KVQ_WARPS + (threadIdx.x >> 5);

@@ -23,6 +23,7 @@ template <typename T, int VALS>
 __global__ void __launch_bounds__(128) moe_routing(
     float* __restrict__ weights, long long* __restrict__ ids, const T* __restrict__ logits,
     long long row_stride, int num_rows, int num_experts, int top_k, int normalize) {
+  pdl_begin();
   const int lane = threadIdx.x & 31;
   const long long row = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (row >= num_rows) return;  // warp-uniform: the whole warp leaves together
@@ -97,6 +98,7 @@ __global__ void __launch_bounds__(1024) expert_sort(long long* __restrict__ orde
                                                     int* __restrict__ ends,
                                                     const long long* __restrict__ ids, int count,
                                                     int num_experts) {
+  pdl_begin();
   extern __shared__ int sort_smem[];
   int* sid = sort_smem;            // [count]
   int* run_end = sort_smem + count;  // [num_experts]: counts, then inclusive ends

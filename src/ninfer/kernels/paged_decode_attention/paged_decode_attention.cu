@@ -110,6 +110,7 @@ __global__ void __launch_bounds__(PDA_WARPS * 32, G * D <= 48 * 32 ? 4 : 3) page
     const long long* __restrict__ page_table, long long table_stride,
     const long long* __restrict__ kv_lens, int num_kv_heads, int page_size, int table_width,
     int num_splits, int tokens_per_split, float scale) {
+  pdl_begin();
   constexpr int E = D / 32;
   // tokens whose rows a warp loads together: 8, or 4 where a lane's part of a plain row is > 16
   // bytes or holds more than 8 quantized values (quantized rows wait in flight as raw bytes,
@@ -242,6 +243,7 @@ __global__ void __launch_bounds__(256) paged_decode_combine(
     T* __restrict__ out, const float* __restrict__ ws_acc, const float* __restrict__ ws_ml,
     const long long* __restrict__ kv_lens, int num_splits, int tokens_per_split, int table_width,
     int page_size, int d) {
+  pdl_begin();
   constexpr int GROUPS = 32;  // split groups; 8 threads x 4 dims each cover the block's 32 dims
   __shared__ float4 part[GROUPS][8];
   const long long row = static_cast<long long>(blockIdx.y) * gridDim.x + blockIdx.x;  // b*Hq + h
@@ -367,6 +369,7 @@ __global__ void __launch_bounds__(PDA_WARPS * 32, TILES == 1 ? 4 : 2) paged_deco
     const long long* __restrict__ page_table, long long table_stride,
     const long long* __restrict__ kv_lens, int num_kv_heads, int page_size, int table_width,
     int num_splits, int tokens_per_split, float scale) {
+  pdl_begin();
   static_assert(D % 64 == 0 && G >= 1 && G <= 8, "D a multiple of 64, at most 8 heads per KV head");
   constexpr bool F16 = FMT != KV_PLAIN;
   constexpr int EB = F16 ? 1 : 2;  // stored bytes per element

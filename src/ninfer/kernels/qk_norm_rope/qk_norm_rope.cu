@@ -10,6 +10,7 @@ __global__ void qk_norm_rope(T* __restrict__ q_out, T* __restrict__ k_out,
                              const T* __restrict__ q_w, const T* __restrict__ k_w,
                              const float* __restrict__ cos_t, const float* __restrict__ sin_t,
                              int num_q_heads, int num_k_heads, int d, int rotary, float eps) {
+  pdl_begin();
   __shared__ float row[1024];
   const long long t = blockIdx.y;
   const bool is_q = blockIdx.x < num_q_heads;
@@ -48,6 +49,7 @@ __global__ void __launch_bounds__(256) qk_norm_rope_warp(
     long long k_head_stride, const T* __restrict__ q_w, const T* __restrict__ k_w,
     const float* __restrict__ cos_t, const float* __restrict__ sin_t, int num_q_heads,
     int num_k_heads, int rotary, float eps) {
+  pdl_begin();
   constexpr int D = 32 * E;
   const int lane = threadIdx.x & 31;
   const int head_row = blockIdx.x * 8 + (threadIdx.x >> 5);

@@ -40,6 +40,7 @@ __global__ void __launch_bounds__(256)
                   const int* __restrict__ counts, long long counts_stride,
                   const long long* __restrict__ count_rows, const double* __restrict__ reals,
                   int num_sampleable, int chunk) {
+  pdl_begin();
   const int row = blockIdx.y;
   const int split = blockIdx.x;
   const long long begin_ll = static_cast<long long>(split) * chunk;
@@ -178,6 +179,7 @@ __global__ void __launch_bounds__(32)
     sampling_draw(long long* __restrict__ out, const float* __restrict__ cand_z,
                   const int* __restrict__ cand_ids, int num_splits, int num_candidates,
                   const double* __restrict__ reals, const long long* __restrict__ ints) {
+  pdl_begin();
   __shared__ float all_z[SAMPLING_MAX_SPLITS * SAMPLING_TOP_K];
   __shared__ int all_id[SAMPLING_MAX_SPLITS * SAMPLING_TOP_K];
   const int row = blockIdx.x;
@@ -275,6 +277,7 @@ __global__ void __launch_bounds__(32)
 __global__ void sampling_philox(unsigned int* __restrict__ out,
                                 const unsigned int* __restrict__ counters,
                                 const unsigned int* __restrict__ keys, int n) {
+  pdl_begin();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   unsigned int c0 = counters[4 * i], c1 = counters[4 * i + 1];

@@ -15,6 +15,7 @@ __global__ void __launch_bounds__(256) sigmoid_gate(
     bf16* __restrict__ x, const bf16* __restrict__ o, long long o_row, long long o_head,
     const bf16* __restrict__ g, long long g_row, long long g_head, int head_dim, int width,
     int num_rows) {
+  pdl_begin();
   const int e = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
   if (e >= width) return;
   const int h = e / head_dim;

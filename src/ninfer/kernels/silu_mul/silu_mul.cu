@@ -13,6 +13,7 @@ template <typename T>
 __global__ void __launch_bounds__(256)
     silu_mul_vec(T* __restrict__ out, const T* __restrict__ x, long long x_stride, int inter,
                  int num_rows) {
+  pdl_begin();
   constexpr int V = 16 / sizeof(T);  // elements per 16-byte vector
   const int col = (blockIdx.x * blockDim.x + threadIdx.x) * V;
   if (col >= inter) return;
@@ -40,6 +41,7 @@ __global__ void __launch_bounds__(256)
 template <typename T>
 __global__ void silu_mul(T* __restrict__ out, const T* __restrict__ x, long long x_stride,
                          int inter, long long total) {
+  pdl_begin();
   const long long idx = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= total) return;
   const long long row = idx / inter;

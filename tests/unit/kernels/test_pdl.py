@@ -1,0 +1,125 @@
+"""Programmatic dependent launch (kernels/pdl.py): every kernel waits before it touches memory,
+the driver structs have the driver's layout, arguments pack as CuPy packs them, and on the GPU a
+chain of dependent kernels gives bit-identical results with PDL on and off, eager and in a
+CUDA graph (a kernel reading its predecessor's output too early would differ)."""
+
+from __future__ import annotations
+
+import ctypes
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from ninfer.kernels import dispatch, pdl
+from support.gpu_checks import capture_graph
+
+KERNELS = Path(pdl.__file__).resolve().parent
+
+
+def _kernel_bodies(source: str) -> list[tuple[str, str]]:
+    """(name, the first statement of the body) of every `__global__` function in `source`."""
+    found = []
+    for match in re.finditer(r"__global__\s", source):
+        depth, i = 0, match.end()
+        # the parameter list is the last parenthesized group before the body's opening brace
+        while source[i] != "{" or depth:
+            depth += {"(": 1, ")": -1}.get(source[i], 0)
+            i += 1
+        head = source[match.end() : i]
+        name = re.findall(r"(\w+)\s*\(", head)[-1]
+        found.append((name, source[i + 1 :].lstrip().split(";")[0]))
+    return found
+
+
+def test_every_kernel_begins_with_the_dependency_wait():
+    """A kernel launched with the PDL attribute but without the wait would race its
+    predecessor: runtime.launch gives every kernel the attribute."""
+    sources = sorted(KERNELS.glob("*/*.cu"))
+    bodies = [
+        (f.name, name, first) for f in sources for name, first in _kernel_bodies(f.read_text())
+    ]
+    assert len(bodies) >= 40
+    late = [f"{f}:{name}" for f, name, first in bodies if first != "pdl_begin()"]
+    assert late == []
+    assert "griddepcontrol.wait" in (KERNELS / "common.cu").read_text()
+
+
+def test_driver_struct_layouts():
+    """CUlaunchAttribute is 72 bytes with its value at 8; CUlaunchConfig has the stream at 32."""
+    assert ctypes.sizeof(pdl._Attribute) == 72
+    assert pdl._Attribute.value.offset == 8
+    assert pdl._Config.shared_mem.offset == 24
+    assert pdl._Config.stream.offset == 32
+    assert pdl._Config.attrs.offset == 40
+    assert pdl._Config.num_attrs.offset == 48
+    assert pdl._ATTRIBUTE.id == 6 and pdl._ATTRIBUTE.value.flag == 1
+
+
+@pytest.mark.parametrize(
+    ("value", "ctype", "expected"),
+    [
+        (np.uint64(2**63 + 5), ctypes.c_uint64, 2**63 + 5),
+        (np.int64(-3), ctypes.c_int64, -3),
+        (np.int32(-7), ctypes.c_int32, -7),
+        (np.float32(0.25), ctypes.c_float, 0.25),
+        (np.float64(1.5), ctypes.c_double, 1.5),
+        (7, ctypes.c_int64, 7),
+        (2.5, ctypes.c_double, 2.5),
+        (True, ctypes.c_bool, True),
+    ],
+)
+def test_arguments_pack_as_cupy_packs_them(value, ctype, expected):
+    packed = pdl.param(value)
+    assert type(packed) is ctype and packed.value == expected
+
+
+def test_tensor_arguments_pass_their_address_and_odd_types_are_refused():
+    t = torch.zeros(3)
+    assert pdl.param(t).value == t.data_ptr()
+    with pytest.raises(TypeError, match="float16"):
+        pdl.param(np.float16(1))
+    with pytest.raises(TypeError, match="str"):
+        pdl.param("x")
+
+
+def test_switch(monkeypatch):
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "silu_mul, pdl")
+    assert pdl.switched_off()
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "silu_mul")
+    assert not pdl.switched_off()
+
+
+def _chain(x: torch.Tensor, weights: list[torch.Tensor], norm: torch.Tensor) -> torch.Tensor:
+    """One-row GEMVs and residual norms, each reading the previous kernel's output."""
+    residual = x
+    for w in weights:
+        h = dispatch.linear(x, w)
+        x, residual = dispatch.add_rms_norm(h, residual, norm, 1e-6)
+        x = dispatch.silu_mul(torch.cat([x, x], dim=-1))
+    return x
+
+
+@pytest.mark.gpu
+def test_dependent_chain_is_bit_identical_with_and_without_pdl(gen, monkeypatch):
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs sm_90")
+    monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
+    assert pdl.enabled(torch.cuda.current_device())
+    x = torch.randn(1, 2048, device="cuda", generator=gen).to(torch.bfloat16)
+    weights = [
+        (torch.randn(2048, 2048, device="cuda", generator=gen) * 0.03).to(torch.bfloat16)
+        for _ in range(24)
+    ]
+    norm = torch.randn(2048, device="cuda", generator=gen).to(torch.bfloat16)
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "pdl")
+    want = _chain(x, weights, norm)
+    monkeypatch.delenv("NINFER_KERNELS_OFF")
+    assert torch.equal(_chain(x, weights, norm), want)
+    graph, out = capture_graph(lambda: _chain(x, weights, norm))
+    for _ in range(5):
+        out.zero_()
+        graph.replay()
+        assert torch.equal(out, want)
