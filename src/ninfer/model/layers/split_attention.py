@@ -10,8 +10,8 @@ softmax over the union of keys weighs them.
 
 Imports torch only. The CUDA path uses `aten._scaled_dot_product_cudnn_attention` (the op behind
 SDPA's cuDNN backend, the only one that hands back the log-sum-exp); where it refuses the
-operands, `split_prefix_attention` returns None once and for the rest of the process, and the
-caller keeps its single lower-right SDPA call.
+operands, `split_prefix_attention` returns None and the caller keeps its single lower-right SDPA
+call.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 # "grouped": the op takes Hk < Hq directly; "expanded": only with repeated KV heads; "off": the
-# op is unusable here (older torch, no cuDNN); None: not tried yet
+# op does not exist in this torch; None: nothing has run yet
 _cudnn_mode: str | None = None
 
 
@@ -102,21 +102,24 @@ def split_prefix_attention(
 def _cudnn_attention_lse(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float, is_causal: bool
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """cuDNN's attention with its log-sum-exp; tries grouped heads, then expanded ones, once."""
+    """cuDNN's attention with its log-sum-exp: grouped heads, else expanded ones (the first form
+    that runs is kept); None where neither runs these operands, and from then on where the op
+    does not exist in this torch."""
     global _cudnn_mode
     if _cudnn_mode == "off":
         return None
-    modes = [_cudnn_mode] if _cudnn_mode else ["grouped", "expanded"]
-    for mode in modes:
+    for mode in [_cudnn_mode] if _cudnn_mode else ["grouped", "expanded"]:
         try:
             result = _cudnn_call(
                 q, k, v, scale=scale, is_causal=is_causal, expand=mode == "expanded"
             )
-        except (RuntimeError, NotImplementedError, AttributeError):
+        except AttributeError:  # no such op in this torch
+            _cudnn_mode = "off"
+            return None
+        except (RuntimeError, NotImplementedError):
             continue
         _cudnn_mode = mode
         return result
-    _cudnn_mode = "off"
     return None
 
 
