@@ -212,14 +212,31 @@ __device__ __forceinline__ unsigned int float_to_e4m3(float v) {
   return sign | ((u >> 20) - (120u << 3));
 }
 
-// Programmatic dependent launch (kernels/pdl.py): the first statement of every ninfer kernel.
-// Triggers the next PDL-launched kernel (its blocks may be scheduled once every block of this
-// grid has started), then waits until the previous grid in the stream has completed and its
-// writes are visible, so nothing below may read or overwrite data of an earlier kernel too soon.
-// Both instructions are no-ops for a launch without the attribute; absent below sm_90.
-__device__ __forceinline__ void pdl_begin() {
+// Programmatic dependent launch (kernels/pdl.py): the first statement of every ninfer kernel is
+// pdl_begin(), or pdl_trigger() with pdl_wait() before the kernel's first access to memory an
+// earlier kernel may write or read (only L2 prefetches of constant weights may precede it).
+// pdl_trigger: the next PDL-launched kernel's blocks may be scheduled once every block of this
+// grid has started. pdl_wait: returns once the previous grid in the stream has completed and
+// its writes are visible. Both are no-ops for a launch without the attribute; absent below sm_90.
+__device__ __forceinline__ void pdl_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+}
+
+__device__ __forceinline__ void pdl_begin() {
+  pdl_trigger();
+  pdl_wait();
+}
+
+// A hint to bring one line of constant data (weights) into L2 while a kernel waits on its
+// predecessor (L2 is the point of coherence, so a prefetch can never expose stale data).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(p));
 }

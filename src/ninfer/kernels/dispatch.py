@@ -13,7 +13,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from ninfer.kernels import runtime
+from ninfer.kernels import runtime, switches
 from ninfer.kernels.add_rms_norm import launch as _add_rms_norm_cuda
 from ninfer.kernels.add_rms_norm import reference as _add_rms_norm_ref
 from ninfer.kernels.bf16_gemv import launch as _bf16_gemv_cuda
@@ -71,11 +71,10 @@ def use_cuda_kernels(t: torch.Tensor, op: str | None = None) -> bool:
 
 
 def switched_off(op: str) -> bool:
-    """`op` begins an entry of NINFER_KERNELS_OFF (entries may carry a suffix, e.g. a test name).
-    Also names variants that are not kernels of their own (`unroll_expert_gemv`,
-    `shared_expert_in_kernels`), so a device run can compare them without a code change."""
-    entries = os.environ.get("NINFER_KERNELS_OFF", "").split(",")
-    return any(e.strip().startswith(op) for e in entries if e.strip())
+    """`op` begins an entry of NINFER_KERNELS_OFF (kernels/switches.py). Also names variants
+    that are not kernels of their own (`unroll_expert_gemv`, `shared_expert_in_kernels`), so a
+    device run can compare them without a code change."""
+    return switches.switched_off(op)
 
 
 def add_rms_norm(

@@ -14,18 +14,19 @@ CuPy launches without attributes, so this calls the driver's `cuLaunchKernelEx` 
 with the same arguments CuPy would pack. Off where `pdl` is in NINFER_KERNELS_OFF, below
 sm_90, or where the driver lacks the entry point.
 
-Imports numpy and the standard library only (kernels.runtime imports this).
+Imports numpy and kernels.switches only (kernels.runtime imports this).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+from ninfer.kernels import switches
 
 _PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID
 
@@ -68,10 +69,8 @@ _SCALARS = {
 
 
 def switched_off() -> bool:
-    """`pdl` names an entry of NINFER_KERNELS_OFF (read per launch, like dispatch's switches)."""
-    return any(
-        e.strip().startswith("pdl") for e in os.environ.get("NINFER_KERNELS_OFF", "").split(",")
-    )
+    """`pdl` in NINFER_KERNELS_OFF."""
+    return switches.switched_off("pdl")
 
 
 @functools.cache

@@ -20,7 +20,7 @@ KERNELS = Path(pdl.__file__).resolve().parent
 
 
 def _kernel_bodies(source: str) -> list[tuple[str, str]]:
-    """(name, the first statement of the body) of every `__global__` function in `source`."""
+    """(name, body) of every `__global__` function in `source`."""
     found = []
     for match in re.finditer(r"__global__\s", source):
         depth, i = 0, match.end()
@@ -28,23 +28,46 @@ def _kernel_bodies(source: str) -> list[tuple[str, str]]:
         while source[i] != "{" or depth:
             depth += {"(": 1, ")": -1}.get(source[i], 0)
             i += 1
-        head = source[match.end() : i]
-        name = re.findall(r"(\w+)\s*\(", head)[-1]
-        found.append((name, source[i + 1 :].lstrip().split(";")[0]))
+        name = re.findall(r"(\w+)\s*\(", source[match.end() : i])[-1]
+        start, depth = i, 0
+        while True:  # to the matching closing brace
+            depth += {"{": 1, "}": -1}.get(source[i], 0)
+            i += 1
+            if depth == 0:
+                break
+        found.append((name, source[start + 1 : i - 1]))
     return found
+
+
+def _waits_first(body: str) -> bool:
+    """pdl_begin() first; or pdl_trigger() first, then only declarations, arithmetic and L2
+    prefetches (no loads or stores through pointers) before pdl_wait()."""
+    first = body.lstrip().split(";")[0]
+    if first == "pdl_begin()":
+        return True
+    if first != "pdl_trigger()" or "pdl_wait();" not in body:
+        return False
+    before = body[: body.index("pdl_wait();")]
+    touches = re.findall(r"(?:ld_\w+|__ldg|atomic\w*|\w+\s*\[[^\]]*\]\s*=[^=])", before)
+    return not [t for t in touches if not t.startswith(("acc[", "wrow["))]
 
 
 def test_every_kernel_begins_with_the_dependency_wait():
     """A kernel launched with the PDL attribute but without the wait would race its
     predecessor: runtime.launch gives every kernel the attribute."""
     sources = sorted(KERNELS.glob("*/*.cu"))
-    bodies = [
-        (f.name, name, first) for f in sources for name, first in _kernel_bodies(f.read_text())
-    ]
+    bodies = [(f.name, *body) for f in sources for body in _kernel_bodies(f.read_text())]
     assert len(bodies) >= 40
-    late = [f"{f}:{name}" for f, name, first in bodies if first != "pdl_begin()"]
+    late = [f"{f}:{name}" for f, name, body in bodies if not _waits_first(body)]
     assert late == []
     assert "griddepcontrol.wait" in (KERNELS / "common.cu").read_text()
+
+
+def test_the_check_catches_a_kernel_that_reads_first():
+    assert not _waits_first("  int i = 0;\n  pdl_begin();")
+    assert not _waits_first("pdl_trigger(); float v = __ldg(x); pdl_wait();")
+    assert not _waits_first("pdl_trigger(); out[0] = 1; pdl_wait();")
+    assert _waits_first("pdl_trigger(); prefetch_l2(w + 8); pdl_wait(); out[0] = x[0];")
 
 
 def test_driver_struct_layouts():

@@ -67,8 +67,8 @@ template <int M, int R, int U, int INPUT = BF16_GEMV_PLAIN>
 __global__ void __launch_bounds__(256, M <= 2 ? 4 : M <= 4 ? 3 : 2) bf16_gemv(
     bf16* __restrict__ out, const bf16* __restrict__ x, long long x_stride,
     const bf16* __restrict__ w, int n, int k, int ks_log2, const bf16* __restrict__ gate,
-    long long gate_stride, long long gate_head_stride, int head_dim) {
-  pdl_begin();
+    long long gate_stride, long long gate_head_stride, int head_dim, int prefetch) {
+  pdl_trigger();
   constexpr int V = M * R;  // sums per lane, index m * R + r
   constexpr int P = bf16_gemv_pow2(V);
   static_assert(V <= 32, "M * R sums must fit one per lane of a warp");
@@ -87,6 +87,21 @@ __global__ void __launch_bounds__(256, M <= 2 ? 4 : M <= 4 ? 3 : 2) bf16_gemv(
   float acc[P];
 #pragma unroll
   for (int i = 0; i < P; ++i) acc[i] = 0.0f;
+
+  // While the previous kernel drains: the lines this lane loads first, into L2.
+  if (prefetch && row0 < n) {
+    const int c = slice * 32 + lane;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int row = row0 + r < n ? row0 + r : n - 1;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int cu = c + u * step;
+        if (cu < chunks) prefetch_l2(w + static_cast<long long>(row) * k + 8ll * cu);
+      }
+    }
+  }
+  pdl_wait();
 
   if (row0 < n) {  // a group past N still takes part in the block's reduction below
     const unsigned char* wrow[R];

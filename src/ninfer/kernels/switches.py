@@ -1,0 +1,16 @@
+"""`NINFER_KERNELS_OFF`: comma-separated names that switch a kernel or a kernel variant off.
+
+Imports the standard library only, so the runtime, the launchers and dispatch can all ask it.
+Read per call (an environment lookup), so a process can compare both sides of a switch.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def switched_off(name: str) -> bool:
+    """`name` begins an entry of NINFER_KERNELS_OFF (entries may carry a suffix, e.g. a test
+    name, so a failing test's id switches its op off)."""
+    entries = os.environ.get("NINFER_KERNELS_OFF", "").split(",")
+    return any(e.strip().startswith(name) for e in entries if e.strip())
