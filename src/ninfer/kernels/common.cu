@@ -238,5 +238,5 @@ __device__ __forceinline__ void pdl_begin() {
 // A hint to bring one line of constant data (weights) into L2 while a kernel waits on its
 // predecessor (L2 is the point of coherence, so a prefetch can never expose stale data).
 __device__ __forceinline__ void prefetch_l2(const void* p) {
-  asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(p));
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }

@@ -175,7 +175,7 @@ def test_shortlist_with_the_tensor_core_kernel_serving_every_row_count(
     is kept. Availability is faked (CPU tensors); the twin computes the recorded calls."""
     import ninfer.model.lm_head_draft as draft
 
-    assert draft.MMA_SERVES_ALL_ROWS is False  # flipped only after a GPU measurement
+    assert draft.MMA_SERVES_ALL_ROWS is True  # the default since run V1 measured the kernel
     monkeypatch.setattr(draft, "MMA_SERVES_ALL_ROWS", serves_all)
     monkeypatch.setattr(dispatch, "int4_linear_available", lambda *a: True)
     monkeypatch.setattr(dispatch, "int4_mma_available", lambda *a: True)
@@ -204,8 +204,8 @@ def test_shortlist_with_the_tensor_core_kernel_serving_every_row_count(
 
 @pytest.mark.parametrize("routed", [False, True])
 def test_dispatch_asks_for_tensor_cores_only_once_routed(routed: bool, monkeypatch) -> None:
-    """dispatch passes tensor_cores=True to the launcher only with MMA_ROUTED (off until the
-    kernel is measured) and without `int4_mma` in NINFER_KERNELS_OFF."""
+    """dispatch passes tensor_cores=True to the launcher only with MMA_ROUTED, from MMA_MIN_ROWS
+    rows, and without `int4_mma` in NINFER_KERNELS_OFF."""
     monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
     monkeypatch.setattr(int4_cuda, "MMA_ROUTED", routed)
     monkeypatch.setattr(dispatch, "use_cuda_kernels", lambda t, op=None: op == "int4_gemv")
@@ -220,6 +220,7 @@ def test_dispatch_asks_for_tensor_cores_only_once_routed(routed: bool, monkeypat
     scale = torch.ones(4, 2)
     x = torch.zeros(2, 128, dtype=torch.bfloat16)
     dispatch.int4_linear(x, packed, scale)
+    dispatch.int4_linear(x[:1], packed, scale)  # one row: CUDA cores (faster there)
     monkeypatch.setenv("NINFER_KERNELS_OFF", "int4_mma")
     dispatch.int4_linear(x, packed, scale)
-    assert seen == [routed, False]
+    assert seen == [routed, False, False]

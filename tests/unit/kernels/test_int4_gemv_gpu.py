@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from ninfer.kernels import dispatch, runtime
 from ninfer.kernels.int4_gemv import launch as int4_cuda
 from ninfer.kernels.int4_gemv import reference as int4_ref
+from ninfer.model import lm_head_draft
 from ninfer.model.lm_head_draft import FUSED_MAX_ROWS, ShortlistHead
 from support.gpu_checks import capture_graph, int4_operands, rel
 
@@ -97,7 +98,9 @@ def test_int4_gemv_is_recorded_by_a_cuda_graph(gen) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_shortlist_head_on_cuda_proposes_the_twins_argmax(dtype, gen) -> None:
+def test_shortlist_head_on_cuda_proposes_the_twins_argmax(dtype, gen, monkeypatch) -> None:
+    """The head with its bf16 copy (MMA_SERVES_ALL_ROWS off; test_int4_mma_gpu.py has it on)."""
+    monkeypatch.setattr(lm_head_draft, "MMA_SERVES_ALL_ROWS", False)
     lm_head = (torch.randn(3000, 1024, device="cuda", generator=gen) * 0.05).to(dtype)
     head = ShortlistHead(lm_head, num_sampleable=2900, size=2048)
     assert head.fused and head.weight is not None  # the copy serves proposals of many rows

@@ -7,9 +7,8 @@ Imports torch and kernels.runtime. Same signature and results (to fp32 rounding)
 aligned, H a multiple of 64, contiguous 16-byte-aligned packed rows [R, H / 2] and contiguous
 fp32 scales [R, H / 64], on an sm_80+ GPU (the L2 prefetch-size load qualifier, bf16 mma). bf16 x
 of 1..MMA_MAX_ROWS rows runs the tensor-core kernel unless `tensor_cores=False` (dispatch passes
-that unless MMA_ROUTED, and for `int4_mma` in NINFER_KERNELS_OFF); everything else of
-1..MAX_ROWS rows the CUDA-core one. The tensor-core kernel is compile-checked only, not yet run
-on a GPU, hence MMA_ROUTED = False.
+that unless MMA_ROUTED, for `int4_mma` in NINFER_KERNELS_OFF, and for fewer than MMA_MIN_ROWS
+rows); everything else of 1..MAX_ROWS rows the CUDA-core one.
 """
 
 from __future__ import annotations
@@ -26,10 +25,12 @@ MAX_ROWS = 8  # x rows per launch of the CUDA-core kernel
 MMA_OP = "int4_mma"
 MMA_THREADS = 256  # 8 warps x 16 weight rows per block
 MMA_MAX_ROWS = 64  # x rows per launch of the tensor-core kernel (8 n-tiles of 8)
-# Whether dispatch runs `int4_mma` at all: compile-checked and CPU-emulated, not yet run on a GPU,
-# so off until `kernel_bench --int4-rows` has measured it; direct launcher calls (its GPU tests,
-# the bench) take it regardless.
-MMA_ROUTED = False
+# Whether dispatch runs `int4_mma` (direct launcher calls take it regardless), and from how many
+# x rows. Measured (H200, 131,072 x 5,120 shortlist, docs/perf.md run V1): 1 row 163.2 µs against
+# 131.7 on CUDA cores; 2 rows 164.0 against 181.9; 8 rows 176.2 against 466.8; 32 rows 288.2;
+# 64 rows 475.9 (bf16 F.linear over dequantized rows: ~330 to 361).
+MMA_ROUTED = True
+MMA_MIN_ROWS = 2
 # weight groups loaded ahead per n-tile count (1..8): the deepest ring without spills under sm_90
 # ptxas (80..112 registers; nvcc -Xptxas -v, see docs/kernels.md)
 MMA_DEPTH = {1: 7, 2: 4, 3: 4, 4: 4, 5: 4, 6: 4, 7: 4, 8: 2}

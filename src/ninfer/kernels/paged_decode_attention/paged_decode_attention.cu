@@ -77,10 +77,6 @@ __device__ __forceinline__ void pda_softmax(float* sc, int S, int n_valid, int n
   }
 }
 
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-
 // The row index (page slot * Hk + head, see kv_codec.cu) of KV head kh of token t of a sequence
 // whose page table row is `pages`.
 __device__ __forceinline__ long long kv_row(const long long* __restrict__ pages, int t,
