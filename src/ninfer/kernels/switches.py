@@ -1,4 +1,5 @@
-"""`NINFER_KERNELS_OFF`: comma-separated names that switch a kernel or a kernel variant off.
+"""`NINFER_KERNELS_OFF` / `NINFER_KERNELS_ON`: comma-separated names that switch a kernel or a
+kernel variant off (one on by default) or on (an opt-in variant that measured slower, kept for A/B).
 
 Imports the standard library only, so the runtime, the launchers and dispatch can all ask it.
 Read per call (an environment lookup), so a process can compare both sides of a switch.
@@ -13,4 +14,10 @@ def switched_off(name: str) -> bool:
     """`name` begins an entry of NINFER_KERNELS_OFF (entries may carry a suffix, e.g. a test
     name, so a failing test's id switches its op off)."""
     entries = os.environ.get("NINFER_KERNELS_OFF", "").split(",")
+    return any(e.strip().startswith(name) for e in entries if e.strip())
+
+
+def switched_on(name: str) -> bool:
+    """`name` begins an entry of NINFER_KERNELS_ON: an opt-in variant, off unless named."""
+    entries = os.environ.get("NINFER_KERNELS_ON", "").split(",")
     return any(e.strip().startswith(name) for e in entries if e.strip())

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from ninfer.kernels import runtime as rt
-from ninfer.kernels.switches import switched_off
+from ninfer.kernels.switches import switched_on
 
 OP = "bf16_gemv"
 THREADS = 256  # 8 warps per block (the .cu's BF16_GEMV_WARPS)
@@ -198,7 +198,7 @@ def bf16_linear(
         rt.i64(gate.stride(0) if gate is not None else 0),
         rt.i64(gate.stride(1) if gate is not None else 0),
         rt.i32(gate.shape[2] if gate is not None else 0),
-        rt.i32(0 if switched_off("gemv_prefetch") else 1),
+        rt.i32(1 if switched_on("gemv_prefetch") else 0),  # opt-in: slower in run V2
     )
     rt.launch(kernel, (p.blocks,), (THREADS,), args, device)
     return out
