@@ -29,6 +29,7 @@ from ninfer.kernels import dispatch
 from ninfer.kernels.fp8_gemv.reference import Fp8Weight
 from ninfer.kernels.kv_quant.formats import KvPages, QuantPages
 from ninfer.model.batch import ForwardBatch
+from ninfer.model.layers.cudnn_plans import bshd_heads
 from ninfer.model.layers.split_attention import split_prefix_attention
 
 # Static steps whose rows carry at most this many new tokens each (a speculative verify: k + 1
@@ -346,10 +347,8 @@ def _sdpa_grouped(
     Returns:
         [n, Hq, D] in q's dtype.
     """
-    # [T, H, D] -> [1, H, T, D]
-    qh = q.transpose(0, 1)[None]
-    kh = k.to(q.dtype).transpose(0, 1)[None]
-    vh = v.to(q.dtype).transpose(0, 1)[None]
+    # [T, H, D] -> [1, H, T, D] views of BSHD memory (cuDNN's length-free plans: cudnn_plans.py)
+    qh, kh, vh = bshd_heads(q), bshd_heads(k.to(q.dtype)), bshd_heads(v.to(q.dtype))
     with sdpa_kernel(_GROUPED_BACKENDS, set_priority=True):
         out = F.scaled_dot_product_attention(
             qh, kh, vh, attn_mask=attn_mask, is_causal=is_causal, scale=scale, enable_gqa=True

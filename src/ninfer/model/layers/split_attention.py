@@ -8,15 +8,17 @@ docs/perf.md run U3), while cuDNN runs plain causal and unmasked attention at ~6
 which also returns each part's log-sum-exp, and the partial outputs are weighed exactly as one
 softmax over the union of keys weighs them.
 
-Imports torch only. The CUDA path uses `aten._scaled_dot_product_cudnn_attention` (the op behind
-SDPA's cuDNN backend, the only one that hands back the log-sum-exp); where it refuses the
-operands, `split_prefix_attention` returns None and the caller keeps its single lower-right SDPA
-call.
+Imports torch and cudnn_plans. The CUDA path uses `aten._scaled_dot_product_cudnn_attention`
+(the op behind SDPA's cuDNN backend, the only one that hands back the log-sum-exp); where it
+refuses the operands, `split_prefix_attention` returns None and the caller keeps its single
+lower-right SDPA call.
 """
 
 from __future__ import annotations
 
 import torch
+
+from ninfer.model.layers.cudnn_plans import bshd_heads
 
 # "grouped": the op takes Hk < Hq directly; "expanded": only with repeated KV heads; "off": the
 # op does not exist in this torch; None: nothing has run yet
@@ -136,10 +138,9 @@ def _cudnn_call(
     if expand and rep > 1:
         k = k.repeat_interleave(rep, dim=1)
         v = v.repeat_interleave(rep, dim=1)
-    # [T, H, D] -> [1, H, T, D] views (the layout SDPA's public path hands the same op)
-    qh = q.transpose(0, 1)[None]
-    kh = k.to(q.dtype).transpose(0, 1)[None]
-    vh = v.to(q.dtype).transpose(0, 1)[None]
+    # [T, H, D] -> [1, H, T, D] views of BSHD memory (the layout SDPA's public path hands the
+    # same op, and the one whose cuDNN plans do not depend on the lengths: cudnn_plans.py)
+    qh, kh, vh = bshd_heads(q), bshd_heads(k.to(q.dtype)), bshd_heads(v.to(q.dtype))
     result = torch.ops.aten._scaled_dot_product_cudnn_attention(
         qh, kh, vh, None, True, 0.0, is_causal, False, scale=scale
     )
