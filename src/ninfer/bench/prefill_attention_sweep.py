@@ -9,23 +9,11 @@ from collections.abc import Sequence
 import torch
 from torch.nn.attention.bias import causal_lower_right
 
+from ninfer.bench.ceilings import _median_ms
 from ninfer.model.layers.gated_attention import _sdpa_grouped
 from ninfer.model.layers.split_attention import split_prefix_attention
 
 HEADS = (24, 4, 256)  # 27B: query heads, KV heads, head dim
-
-
-def _ms(fn) -> float:
-    fn()
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[2]
 
 
 def prefill_attention_sweep(shapes: Sequence[tuple[int, int]], device: torch.device) -> str:
@@ -58,10 +46,10 @@ def _row(n: int, length: int, device: torch.device, gen: torch.Generator) -> str
         return split_prefix_attention(q, k, v, scale=scale)
 
     ref, got = one(), split()
-    t_one = _ms(one)
+    t_one = _median_ms(one, 5)
     if got is None:
         return f"| {n} x {length} | {t_one:.2f} | {flops / t_one / 1e9:.0f} | n/a | | |"
-    t_split = _ms(split)
+    t_split = _median_ms(split, 5)
     diff = (got.float() - ref.float()).abs().max().item()
     return (
         f"| {n} x {length} | {t_one:.2f} | {flops / t_one / 1e9:.0f} | {t_split:.2f} | "
