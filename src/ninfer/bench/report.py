@@ -46,11 +46,12 @@ def print_report(report: BenchReport, console: Console) -> None:
         )
     if report.prefill:
         table = Table(title="prefill (one sequence)")
-        for col in ("tokens", "chunk", "tok/s", "TTFT ms"):
+        for col in ("tokens", "chunk", "tok/s", "TTFT ms", "first run ms"):
             table.add_column(col, justify="right")
         for p in report.prefill:
+            first = "-" if p.first_ttft_ms is None else f"{p.first_ttft_ms:,.1f}"
             table.add_row(
-                str(p.num_tokens), str(p.chunk), f"{p.tok_per_s:,.0f}", f"{p.ttft_ms:,.1f}"
+                str(p.num_tokens), str(p.chunk), f"{p.tok_per_s:,.0f}", f"{p.ttft_ms:,.1f}", first
             )
         console.print(table)
     if report.decode:

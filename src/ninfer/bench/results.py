@@ -19,6 +19,9 @@ class PrefillResult:
     seconds: float  # best of the timed runs, prompt in to first token sampled on the host
     tok_per_s: float
     ttft_ms: float
+    # the first run of this length: it also pays one-time costs (cuDNN attention plans for a new
+    # length bucket, allocator growth) that the first request of that size meets in a server
+    first_ttft_ms: float | None = None
 
 
 @dataclass(frozen=True)

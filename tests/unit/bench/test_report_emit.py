@@ -26,3 +26,25 @@ def test_emit_json_without_save_writes_no_file(tmp_path: Path, capsys) -> None:
     assert emit_json({"a": 1}, None, True)
     assert json.loads(capsys.readouterr().out) == {"a": 1}
     assert list(tmp_path.iterdir()) == []
+
+
+def test_prefill_rows_show_the_first_run_beside_the_best() -> None:
+    """A cold first run (new cuDNN plan bucket) must stay visible, not hidden by the best."""
+    import io
+
+    from rich.console import Console
+
+    from ninfer.bench.report import print_report, to_json
+    from ninfer.bench.results import BenchReport, PrefillResult
+
+    report = BenchReport("qwen3.6-27b", 1, "gpu", "today", "2.11", "bench")
+    report.prefill = [
+        PrefillResult(32768, 8192, 3.4, 9637.6, 3400.0, first_ttft_ms=5183.25),
+        PrefillResult(512, 8192, 0.05, 10240.0, 50.0),
+    ]
+    out = io.StringIO()
+    print_report(report, Console(file=out, width=200))
+    text = out.getvalue()
+    assert "first run ms" in text and "5,183.2" in text and "3,400.0" in text
+    rows = json.loads(to_json(report))["prefill"]
+    assert [r["first_ttft_ms"] for r in rows] == [5183.25, None]
