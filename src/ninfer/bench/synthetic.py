@@ -203,7 +203,7 @@ def synthetic_model(
     config = synthetic_config(name)
     say(f"drawing random {name} {weights} weights on {device}")
     drawn = random_weights(name, device=device, fp8=weights == "fp8")
-    return Qwen3_5Model(config, drawn, device=device, dtype=torch.bfloat16)
+    return Qwen3_5Model(config, drawn, device=device, dtype=torch.bfloat16, consume_weights=True)
 
 
 def _is_fp32(name: str) -> bool:

@@ -10,7 +10,7 @@ half the bytes a decode step reads) and are dequantized to the compute dtype els
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
@@ -58,11 +58,15 @@ class _Binder:
         device: torch.device,
         *,
         keep_fp8: bool = False,
+        consume: bool = False,
     ) -> None:
+        if consume and not isinstance(weights, MutableMapping):
+            raise TypeError("consume_weights needs a mutable mapping (a dict) of weights")
         self.weights = weights
         self.dtype = dtype
         self.device = device
         self.keep_fp8 = keep_fp8
+        self.consume = consume
         self.used: set[str] = set()
 
     def _get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
@@ -74,6 +78,8 @@ class _Binder:
                 f"weight '{name}' has shape {list(tensor.shape)}, expected {list(shape)}"
             )
         self.used.add(name)
+        if self.consume:
+            del self.weights[name]  # type: ignore[attr-defined]  # checked in __init__
         return tensor.detach()
 
     def _fp8(self, name: str, tensor: torch.Tensor) -> Fp8Weight:
@@ -117,6 +123,7 @@ class Qwen3_5Model:
         strict: bool = True,
         fuse_projections: bool | None = None,
         fp8_weights: bool | None = None,
+        consume_weights: bool = False,
     ) -> None:
         """Bind `weights` (HF text-model names without the `model.language_model.` prefix).
 
@@ -132,6 +139,10 @@ class Qwen3_5Model:
         Fusion merges fp8 projections only where every part but the last ends on a 128-row block
         edge (so the scales merge too); DeltaNet's fp8 qkv/z beside bf16 b/a merge as two pairs;
         a group that cannot merge at all stays separate.
+        `consume_weights` deletes each weight from `weights` (a dict) as it is bound. Why: with
+        tensors already on the device (the bench's random weights) the caller's dict would keep
+        every fused part alive until the end, two copies of each projection at the peak (the 27B
+        in bf16 then does not fit an 80 GB card); consumed, the peak is one layer's parts.
         """
         self.config = config
         self.dtype = dtype
@@ -140,7 +151,7 @@ class Qwen3_5Model:
             self.device.type == "cuda" if fuse_projections is None else fuse_projections
         )
         keep_fp8 = self.device.type == "cuda" if fp8_weights is None else fp8_weights
-        take = _Binder(weights, dtype, self.device, keep_fp8=keep_fp8)
+        take = _Binder(weights, dtype, self.device, keep_fp8=keep_fp8, consume=consume_weights)
         c = config
         self.embed_tokens = take("embed_tokens.weight", (c.vocab_size, c.hidden_size))
         self.layers = [self._bind_layer(take, i) for i in range(c.num_hidden_layers)]

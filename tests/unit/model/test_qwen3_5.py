@@ -8,6 +8,7 @@ page ids are shuffled so contiguity is never assumed.
 from __future__ import annotations
 
 import random
+from types import MappingProxyType
 
 import pytest
 import torch
@@ -306,6 +307,22 @@ def test_fused_projections_match_separate(tiny, prompt_300):
         out.append(decode(model, cache, [9], num_computed=[40], pages=[pages], slots=[1]))
         rows[name] = torch.cat(out)
     assert rel_err(rows["fused"], rows["plain"]) < 1e-5
+
+
+def test_consumed_weights_leave_only_extras_and_compute_the_same(tiny, prompt_300):
+    """consume_weights empties the caller's dict of what it binds (so fused parts on the device
+    are not kept alive by it), keeps what it does not bind, and changes no result."""
+    config = TextConfig.from_hf(tiny.hf_config)
+    mine = {**tiny.weights, "mtp.fc.weight": torch.zeros(2, 2)}
+    consumed = Qwen3_5Model(config, mine, strict=False, fuse_projections=True, consume_weights=True)
+    assert list(mine) == ["mtp.fc.weight"]
+    kept = Qwen3_5Model(config, tiny.weights, fuse_projections=True)
+    rows = []
+    for model in (consumed, kept):
+        rows.append(prefill(model, new_cache(config), prompt_300[:20], pages=[0, 1, 2], slot=0))
+    assert torch.equal(rows[0], rows[1])
+    with pytest.raises(TypeError, match="mutable mapping"):
+        Qwen3_5Model(config, MappingProxyType(dict(tiny.weights)), consume_weights=True)
 
 
 def test_batch_beyond_page_table_is_rejected(tiny_dense):
