@@ -36,6 +36,7 @@ from ninfer.engine.state_images import HostPool, StateImages
 from ninfer.engine.state_slots import SlotPool
 from ninfer.model.cache import ModelCache
 from ninfer.model.config import TextConfig
+from ninfer.model.layers.gated_attention import warm_prefill_attention
 from ninfer.model.lm_head_draft import ShortlistHead
 from ninfer.model.mtp import MtpHead
 from ninfer.model.qwen3_5 import Qwen3_5Model
@@ -142,6 +143,11 @@ def assemble(
     # Build the detokenizer's byte table (about a second) now, not inside the first request's
     # submit on a server's event loop.
     _ = tokenizer.byte_table
+    # likewise the cuDNN prefill-attention kernels (1-2 s on their first call)
+    warm_prefill_attention(
+        config.num_attention_heads, config.num_key_value_heads, config.head_dim,
+        dtype=dtype, device=device,
+    )  # fmt: skip
     resolver = SamplingResolver(presets, options.process_sampling, greedy=options.greedy)
     lanes = options.max_concurrency
     extra = options.device_state_slots

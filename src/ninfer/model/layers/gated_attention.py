@@ -297,6 +297,25 @@ def continued_causal_attention(
     return _sdpa_grouped(q, k, v, scale=scale, attn_mask=causal_lower_right(q.shape[0], kv_len))
 
 
+def warm_prefill_attention(
+    num_heads: int, num_kv_heads: int, head_dim: int, *, dtype: torch.dtype, device: torch.device
+) -> None:
+    """Run each CUDA prefill-attention variant once on a small shape (a fresh causal chunk, and
+    a continued one through the split form), so their kernels load and their first plans build
+    while an engine starts: the first call of a cuDNN variant took 1.0-2.0 s on an H100 (run
+    W1), which a server would otherwise add to its first prompt. No-op off CUDA."""
+    if device.type != "cuda":
+        return
+    n = SPLIT_MIN_QUERIES
+    q = torch.zeros(n, num_heads, head_dim, dtype=dtype, device=device)
+    kv = torch.zeros(2 * n, num_kv_heads, head_dim, dtype=dtype, device=device)
+    scale = head_dim**-0.5
+    fresh_causal_attention(q, kv[:n], kv[:n], scale=scale)
+    if _splits_prefix(q, 2 * n):
+        split_prefix_attention(q, kv, kv, scale=scale)
+    torch.cuda.synchronize(device)
+
+
 def _splits_prefix(q: torch.Tensor, kv_len: int) -> bool:
     """A CUDA chunk of at least `SPLIT_MIN_QUERIES` queries after a prefix: its attention runs
     as an unmasked prefix part and a causal own part in cuDNN, merged (model/layers/

@@ -14,6 +14,7 @@ import torch
 
 from ninfer.model.layers import gated_attention, split_attention
 from ninfer.model.layers.cudnn_plans import AVOID_RECOMPILE, bshd_heads
+from ninfer.model.layers.split_attention import split_prefix_attention
 
 
 def _is_bshd(x: torch.Tensor) -> bool:
@@ -78,3 +79,36 @@ def test_import_sets_avoid_recompile_unless_the_caller_did():
     run = subprocess.run([sys.executable, "-c", code.format(AVOID_RECOMPILE)], env=env,
                          capture_output=True, text=True, check=True)  # fmt: skip
     assert run.stdout.strip() == "0"
+
+
+def _record_variants(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    ran: list[str] = []
+    real_fresh, real_split = gated_attention.fresh_causal_attention, split_prefix_attention
+    monkeypatch.setattr(
+        gated_attention, "fresh_causal_attention",
+        lambda *a, **kw: ran.append("fresh") or real_fresh(*a, **kw),
+    )  # fmt: skip
+    monkeypatch.setattr(
+        gated_attention, "split_prefix_attention",
+        lambda *a, **kw: ran.append("split") or real_split(*a, **kw),
+    )  # fmt: skip
+    return ran
+
+
+def test_warm_up_is_a_no_op_off_cuda(monkeypatch: pytest.MonkeyPatch):
+    ran = _record_variants(monkeypatch)
+    gated_attention.warm_prefill_attention(4, 2, 8, dtype=torch.float32, device=torch.device("cpu"))
+    assert ran == []
+
+
+@pytest.mark.gpu
+def test_warm_up_runs_both_cudnn_variants(monkeypatch: pytest.MonkeyPatch):
+    """The engine's start-up warm-up reaches the fresh and the split (cuDNN with log-sum-exp)
+    paths on the 27B's heads, so their first-call cost is not a request's."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    ran = _record_variants(monkeypatch)
+    device = torch.device("cuda")
+    gated_attention.warm_prefill_attention(24, 4, 256, dtype=torch.bfloat16, device=device)
+    assert ran == ["fresh", "split"]
+    assert split_attention._cudnn_mode in ("grouped", "expanded", "off")
