@@ -42,7 +42,10 @@ def bench(
         "bf16", "--weights", help="bf16 or fp8 (e4m3, 128x128 blocks).", metavar="bf16|fp8"
     ),
     prefill: str = opt(
-        "512,2048,8192,32768", "--prefill", help="Prompt lengths.", metavar="N,N,..."
+        "512,2048,8192,32768",
+        "--prefill",
+        help="Prompt lengths, each timed twice: the best run, and the first (cold) beside it.",
+        metavar="N,N,...",
     ),
     prefill_chunk: int = opt(
         8192, "--prefill-chunk", min=1, help="Tokens per forward.", metavar="N"
