@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from ninfer.bench.prefill_attention_sweep import prefill_attention_sweep
+from ninfer.bench.prefill_attention_sweep import first_call_sweep, prefill_attention_sweep
 from ninfer.bench.results import KernelTiming
 from ninfer.kernels.add_rms_norm import launch as add_norm_cuda
 from ninfer.kernels.add_rms_norm import reference as add_norm_ref
@@ -419,9 +419,20 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="Instead: a continued prefill chunk's attention on the 27B heads at these QxL "
         "shapes (queries x keys): one lower-right flash call vs the cuDNN split.",
     )
+    parser.add_argument(
+        "--attention-first-calls",
+        default="",
+        help="Instead: the first and the warm call of prefill attention at these QxL shapes, in "
+        "order (Q == L: fresh causal; L > Q: the split form), as a new prompt or prefix length "
+        "meets it. Run in a fresh process.",
+    )
     opts = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("needs a CUDA device")
+    if opts.attention_first_calls:
+        shapes = [_parse_shape(s) for s in opts.attention_first_calls.split(",") if s.strip()]
+        print(first_call_sweep(shapes, torch.device("cuda", opts.device)))
+        return
     if opts.prefill_attention:
         shapes = [_parse_shape(s) for s in opts.prefill_attention.split(",") if s.strip()]
         print(prefill_attention_sweep(shapes, torch.device("cuda", opts.device)))

@@ -1,16 +1,21 @@
 """Prefill attention of a continued chunk on the 27B's heads: one lower-right flash call against
 the cuDNN prefix + own split merged by log-sum-exp (model/layers/split_attention.py), for
-`python -m ninfer.bench.kernel_bench --prefill-attention 8192x32768,...`."""
+`python -m ninfer.bench.kernel_bench --prefill-attention 8192x32768,...`; and what the first call
+of a length the process has not seen costs (`--attention-first-calls`), the stall a server's
+request meets when cuDNN builds a plan for it (model/layers/cudnn_plans.py)."""
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Sequence
 
 import torch
 from torch.nn.attention.bias import causal_lower_right
 
 from ninfer.bench.ceilings import _median_ms
-from ninfer.model.layers.gated_attention import _sdpa_grouped
+from ninfer.model.layers.cudnn_plans import AVOID_RECOMPILE
+from ninfer.model.layers.gated_attention import _sdpa_grouped, fresh_causal_attention
 from ninfer.model.layers.split_attention import split_prefix_attention
 
 HEADS = (24, 4, 256)  # 27B: query heads, KV heads, head dim
@@ -55,3 +60,45 @@ def _row(n: int, length: int, device: torch.device, gen: torch.Generator) -> str
         f"| {n} x {length} | {t_one:.2f} | {flops / t_one / 1e9:.0f} | {t_split:.2f} | "
         f"{flops / t_split / 1e9:.0f} | {diff:.1e} |"
     )
+
+
+def first_call_sweep(shapes: Sequence[tuple[int, int]], device: torch.device) -> str:
+    """Markdown table: the first call of each (queries, keys) shape, in the order given, against
+    the median of the next five, through the model's own paths (queries == keys: a fresh causal
+    prefill; more keys: the split form). Run it in a fresh process: the first call of each
+    variant also loads its kernels, and whether plans are length-free follows the process's
+    TORCH_CUDNN_SDPA_AVOID_RECOMPILE (set by cudnn_plans unless the caller set it)."""
+    mode = "length-free" if os.environ.get(AVOID_RECOMPILE) == "1" else "per-shape"
+    lines = [
+        f"cuDNN plans: {mode} ({AVOID_RECOMPILE}={os.environ.get(AVOID_RECOMPILE)})",
+        "",
+        "| queries x keys | path | first call ms | warm ms (median of 5) |",
+        "| --- | --- | ---: | ---: |",
+    ]
+    gen = torch.Generator(device=device).manual_seed(0)
+    for n, length in shapes:
+        lines.append(_first_call_row(n, length, device, gen))
+    return "\n".join(lines)
+
+
+def _first_call_row(n: int, length: int, device: torch.device, gen: torch.Generator) -> str:
+    if length < n:
+        raise ValueError(f"{n}x{length}: a chunk's queries are among its keys (keys >= queries)")
+    hq, hk, d = HEADS
+    q = torch.randn(n, hq, d, device=device, dtype=torch.bfloat16, generator=gen)
+    k = torch.randn(length, hk, d, device=device, dtype=torch.bfloat16, generator=gen)
+    v = torch.randn(length, hk, d, device=device, dtype=torch.bfloat16, generator=gen)
+    fresh = length == n
+
+    def call() -> object:
+        if fresh:
+            return fresh_causal_attention(q, k, v, scale=d**-0.5)
+        return split_prefix_attention(q, k, v, scale=d**-0.5)
+
+    torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    call()
+    torch.cuda.synchronize(device)
+    first = (time.perf_counter() - start) * 1e3
+    path = "fresh causal" if fresh else "split"
+    return f"| {n} x {length} | {path} | {first:.1f} | {_median_ms(call, 5):.3f} |"
