@@ -98,7 +98,6 @@ class ModelBench:
         page_ids = list(range(-(-num_tokens // PAGE_SIZE)))
         if len(page_ids) > self.num_pages - 1:
             raise ValueError(f"{num_tokens} tokens need more than the {self.num_pages - 1} pages")
-        best = float("inf")
         times = []
         for _ in range(repeats):
             ids = self._token_ids(num_tokens)

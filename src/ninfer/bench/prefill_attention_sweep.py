@@ -35,11 +35,20 @@ def prefill_attention_sweep(shapes: Sequence[tuple[int, int]], device: torch.dev
     return "\n".join(lines)
 
 
-def _row(n: int, length: int, device: torch.device, gen: torch.Generator) -> str:
+def _operands(
+    n: int, length: int, device: torch.device, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random bf16 q [n, Hq, D] and k, v [length, Hk, D] on the 27B's heads."""
     hq, hk, d = HEADS
     q = torch.randn(n, hq, d, device=device, dtype=torch.bfloat16, generator=gen)
     k = torch.randn(length, hk, d, device=device, dtype=torch.bfloat16, generator=gen)
     v = torch.randn(length, hk, d, device=device, dtype=torch.bfloat16, generator=gen)
+    return q, k, v
+
+
+def _row(n: int, length: int, device: torch.device, gen: torch.Generator) -> str:
+    hq, _, d = HEADS
+    q, k, v = _operands(n, length, device, gen)
     scale = d**-0.5
     flops = 4 * hq * d * (n * (length - n) + n * n / 2)
     bias = causal_lower_right(n, length)
@@ -68,9 +77,10 @@ def first_call_sweep(shapes: Sequence[tuple[int, int]], device: torch.device) ->
     prefill; more keys: the split form). Run it in a fresh process: the first call of each
     variant also loads its kernels, and whether plans are length-free follows the process's
     TORCH_CUDNN_SDPA_AVOID_RECOMPILE (set by cudnn_plans unless the caller set it)."""
-    mode = "length-free" if os.environ.get(AVOID_RECOMPILE) == "1" else "per-shape"
+    value = os.environ.get(AVOID_RECOMPILE)
+    mode = "length-free" if value == "1" else "per-shape"
     lines = [
-        f"cuDNN plans: {mode} ({AVOID_RECOMPILE}={os.environ.get(AVOID_RECOMPILE)})",
+        f"cuDNN plans: {mode} ({AVOID_RECOMPILE}={value})",
         "",
         "| queries x keys | path | first call ms | warm ms (median of 5) |",
         "| --- | --- | ---: | ---: |",
@@ -84,10 +94,8 @@ def first_call_sweep(shapes: Sequence[tuple[int, int]], device: torch.device) ->
 def _first_call_row(n: int, length: int, device: torch.device, gen: torch.Generator) -> str:
     if length < n:
         raise ValueError(f"{n}x{length}: a chunk's queries are among its keys (keys >= queries)")
-    hq, hk, d = HEADS
-    q = torch.randn(n, hq, d, device=device, dtype=torch.bfloat16, generator=gen)
-    k = torch.randn(length, hk, d, device=device, dtype=torch.bfloat16, generator=gen)
-    v = torch.randn(length, hk, d, device=device, dtype=torch.bfloat16, generator=gen)
+    d = HEADS[2]
+    q, k, v = _operands(n, length, device, gen)
     fresh = length == n
 
     def call() -> object:

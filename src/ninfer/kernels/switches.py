@@ -13,11 +13,14 @@ import os
 def switched_off(name: str) -> bool:
     """`name` begins an entry of NINFER_KERNELS_OFF (entries may carry a suffix, e.g. a test
     name, so a failing test's id switches its op off)."""
-    entries = os.environ.get("NINFER_KERNELS_OFF", "").split(",")
-    return any(e.strip().startswith(name) for e in entries if e.strip())
+    return _named("NINFER_KERNELS_OFF", name)
 
 
 def switched_on(name: str) -> bool:
     """`name` begins an entry of NINFER_KERNELS_ON: an opt-in variant, off unless named."""
-    entries = os.environ.get("NINFER_KERNELS_ON", "").split(",")
+    return _named("NINFER_KERNELS_ON", name)
+
+
+def _named(variable: str, name: str) -> bool:
+    entries = os.environ.get(variable, "").split(",")
     return any(e.strip().startswith(name) for e in entries if e.strip())

@@ -1,7 +1,7 @@
 """cuDNN attention plans that do not depend on the exact sequence lengths.
 
 Why: torch's cuDNN SDPA builds an execution plan for every exact (queries, keys, strides) it has
-not seen, which costs hundreds of milliseconds on the request path (docs/perf.md, run W), and a
+not seen, which costs hundreds of milliseconds on the request path (docs/perf.md, run W1), and a
 server meets a new prompt length, and with the context cache a new prefix length, on nearly
 every request. With `TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1` torch passes the lengths to cuDNN as
 ragged offsets and keys its plan cache on power-of-two bounds, but only for operands in
