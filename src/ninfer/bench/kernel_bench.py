@@ -21,6 +21,10 @@ from pathlib import Path
 
 import torch
 
+from ninfer.bench.fp8_gemv_sweep import SHAPES as FP8_SHAPES
+from ninfer.bench.fp8_gemv_sweep import fp8_gemv_sweep
+from ninfer.bench.gpu_timing import CALLS_PER_GRAPH
+from ninfer.bench.gpu_timing import graph_us as _graph_us
 from ninfer.bench.prefill_attention_sweep import first_call_sweep, prefill_attention_sweep
 from ninfer.bench.results import KernelTiming
 from ninfer.kernels.add_rms_norm import launch as add_norm_cuda
@@ -55,32 +59,6 @@ from ninfer.model.batch import ForwardBatch
 from ninfer.model.layers import moe
 from ninfer.model.layers.gated_attention import build_attention_metadata, paged_attention
 from ninfer.model.layers.mlp import MlpWeights, mlp
-
-CALLS_PER_GRAPH = 20
-
-
-def _graph_us(fn: Callable[[], object], replays: int = 10, calls: int = CALLS_PER_GRAPH) -> float:
-    """Median GPU microseconds per call of `fn`, captured `calls` times in one graph."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()  # warm-up: compilation, allocator
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0 / calls)
-    times.sort()
-    return times[len(times) // 2]
 
 
 def _eager_us(fn: Callable[[], object], runs: int = 5) -> float:
@@ -414,6 +392,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="x row counts of --gemv-shapes (1..64; the bf16 GEMV runs up to 8).",
     )
     parser.add_argument(
+        "--fp8-shapes",
+        nargs="?",
+        const=",".join(f"{n}x{k}" for n, k in FP8_SHAPES),
+        default="",
+        help="Instead: the tensor-core fp8 GEMV's register and ring forms at these NxK shapes "
+        "(no value: the 27B decode projections), x rows from --gemv-rows (1..8).",
+    )
+    parser.add_argument(
         "--prefill-attention",
         default="",
         help="Instead: a continued prefill chunk's attention on the 27B heads at these QxL "
@@ -436,6 +422,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     if opts.prefill_attention:
         shapes = [_parse_shape(s) for s in opts.prefill_attention.split(",") if s.strip()]
         print(prefill_attention_sweep(shapes, torch.device("cuda", opts.device)))
+        return
+    if opts.fp8_shapes:
+        shapes = [_parse_shape(s) for s in opts.fp8_shapes.split(",") if s.strip()]
+        rows = [int(x) for x in opts.gemv_rows.split(",") if x.strip()]
+        print(fp8_gemv_sweep(shapes, rows, torch.device("cuda", opts.device)))
         return
     if opts.gemv_shapes:
         shapes = [_parse_shape(s) for s in opts.gemv_shapes.split(",") if s.strip()]

@@ -100,6 +100,31 @@ def test_every_split_count_gives_the_product(splits: int, n: int, k: int, gen) -
     _assert_rows_close(got, _exact(x, weight), TOL, f"fp64 product, {splits} splits")
 
 
+@pytest.mark.parametrize("stages", tc_cuda.STAGES)
+@pytest.mark.parametrize("rows", [1, 3, 8])
+@pytest.mark.parametrize("n,k", [(34816, 5120), (5120, 17408), (130, 4112), (300, 272), (48, 64)])
+def test_ring_form_gives_the_register_forms_bits(stages: int, rows: int, n: int, k: int, gen):
+    """Same mma in the same order: every ring depth equals the register form bit for bit, at
+    every split count (k blocks fewer than the ring's depth included: k = 64, 272)."""
+    weight = _weight(n, k)
+    x = _x(rows, k, torch.bfloat16, gen)
+    for splits in (None, *tc_cuda.SPLITS):
+        want = tc_cuda.fp8_linear(x, weight, splits=splits, stages=0)
+        got = tc_cuda.fp8_linear(x, weight, splits=splits, stages=stages)
+        assert torch.equal(got, want), f"{splits} splits"
+    _assert_rows_close(got, _exact(x, weight), TOL, f"fp64 product, ring of {stages}")
+
+
+def test_ring_switch_and_stage_checks(gen, monkeypatch) -> None:
+    weight = _weight(5120, 6144)
+    x = _x(1, 6144, torch.bfloat16, gen)
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "fp8_ring")
+    assert tc_cuda.ring_stages(1) == 0
+    assert torch.equal(dispatch.linear(x, weight), tc_cuda.fp8_linear(x, weight, stages=0))
+    with pytest.raises(tc_cuda.Fp8TcError, match="ring stages"):
+        tc_cuda.fp8_linear(x, weight, stages=5)
+
+
 def test_result_is_deterministic_and_row_views_work(gen) -> None:
     fused = _weight(34816, 5120)
     x = _x(3, 5120, torch.bfloat16, gen)

@@ -194,3 +194,16 @@ def test_supports_declines_without_touching_cuda() -> None:
     weight = Fp8Weight(q, s)
     assert not launch_tc.supports(torch.randn(1, 256, dtype=torch.bfloat16), weight)  # CPU x
     assert not launch_tc.supports(torch.randn(1, 128, dtype=torch.bfloat16), weight)  # K differs
+
+
+def test_every_routed_ring_depth_keeps_three_blocks_per_sm(monkeypatch) -> None:
+    """The ring's shared memory (ring + staged x + scales) must leave room for the 3 blocks per
+    SM the split plan counts on; a deeper ring than fits would halve the resident grid."""
+    monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
+    for rows in range(1, launch_tc.MAX_ROWS + 1):
+        stages = launch_tc.ring_stages(rows)
+        assert stages in launch_tc.STAGES
+        per_block = launch_tc.ring_shared_bytes(rows, stages) + 1024  # + the reserved KiB
+        assert launch_tc.BLOCKS_PER_SM * per_block <= 228 * 1024, (rows, stages)
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "fp8_ring")
+    assert launch_tc.ring_stages(1) == 0

@@ -281,6 +281,70 @@ __device__ __forceinline__ void compute_tile(float (&acc)[4], const uint4 (&b)[4
   acc[2] += frag[2] * c.x;
   acc[3] += frag[3] * c.y;
 }
+// The block's partial sums [x row][row in block] into `red`; then split r adds slice r of all S
+// splits of its cluster (fixed order: deterministic) and stores it. Every block of the cluster
+// must call it (it holds two cluster barriers for S > 1).
+template <typename T, int M, int S>
+__device__ __forceinline__ void reduce_store(T* __restrict__ out, float* red, const float (&acc)[4],
+                                             int rb, int split, int n, int warp, int g, int t) {
+  const int r0 = warp * 16 + g;
+  red[(2 * t) * kRedStride + r0] = acc[0];
+  red[(2 * t + 1) * kRedStride + r0] = acc[1];
+  red[(2 * t) * kRedStride + r0 + 8] = acc[2];
+  red[(2 * t + 1) * kRedStride + r0 + 8] = acc[3];
+  if constexpr (S == 1) {
+    __syncthreads();
+  } else {
+    cluster_sync();
+  }
+  constexpr int kSlice = 128 / S;
+  for (int i = threadIdx.x; i < M * kSlice; i += kThreads) {
+    const int col = i / kSlice;
+    const int rl = split * kSlice + (i - col * kSlice);
+    const float* cell = red + col * kRedStride + rl;
+    float total;
+    if constexpr (S == 1) {
+      total = *cell;
+    } else {
+      total = 0.0f;
+#pragma unroll
+      for (int q = 0; q < S; ++q) total += ld_cluster(cell, q);
+    }
+    const int row = rb * 128 + rl;
+    if (row < n) out[static_cast<long long>(col) * n + row] = from_float<T>(total);
+  }
+  if constexpr (S > 1) cluster_sync();  // no block leaves while its partials are being read
+}
+
+// cp.async of 16 bytes into shared memory, bypassing L1 (zero-filled when !ok; src stays a
+// valid address either way).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) {
+  const unsigned int d = static_cast<unsigned int>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(d), "l"(src),
+               "r"(ok ? 16 : 0)
+               : "memory");
+}
+
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// The ring slot of one k block: uint4 [4][kThreads], thread tid's 64 bytes at [j][tid] (a warp's
+// 16-byte accesses are consecutive: no bank conflicts). The same bytes load_tile reads.
+__device__ __forceinline__ void issue_tile(uint4* slot, int tid, const unsigned char* w_g,
+                                           const unsigned char* w_g8, bool ok_g, bool ok_g8,
+                                           int kb, int t, int k) {
+  const int off0 = kb * 128 + 16 * t;
+  const int off1 = off0 + 64;
+  const bool in0 = off0 < k, in1 = off1 < k;  // K % 16 == 0: a 16-byte piece is all in or out
+  cp_async16(slot + tid, w_g + (ok_g && in0 ? off0 : 0), ok_g && in0);
+  cp_async16(slot + kThreads + tid, w_g + (ok_g && in1 ? off1 : 0), ok_g && in1);
+  cp_async16(slot + 2 * kThreads + tid, w_g8 + (ok_g8 && in0 ? off0 : 0), ok_g8 && in0);
+  cp_async16(slot + 3 * kThreads + tid, w_g8 + (ok_g8 && in1 ? off1 : 0), ok_g8 && in1);
+}
 }  // namespace fp8tc
 
 // out[m, n] = sum_k x[m, k] * W[n, k] * scale[n / 128, k / 128] for m < M (1..8); S = k splits
@@ -335,32 +399,75 @@ __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(fp8tc::kThreads, 3)
     }
   }
 
-  // partial sums [x row][row in block] of this split; then split r adds slice r of all splits
-  const int r0 = warp * 16 + g;
-  red[(2 * t) * kRedStride + r0] = acc[0];
-  red[(2 * t + 1) * kRedStride + r0] = acc[1];
-  red[(2 * t) * kRedStride + r0 + 8] = acc[2];
-  red[(2 * t + 1) * kRedStride + r0 + 8] = acc[3];
-  if constexpr (S == 1) {
-    __syncthreads();
-  } else {
-    cluster_sync();
-  }
-  constexpr int kSlice = 128 / S;
-  for (int i = threadIdx.x; i < M * kSlice; i += kThreads) {
-    const int col = i / kSlice;
-    const int rl = split * kSlice + (i - col * kSlice);
-    const float* cell = red + col * kRedStride + rl;
-    float total;
-    if constexpr (S == 1) {
-      total = *cell;
-    } else {
-      total = 0.0f;
+  fp8tc::reduce_store<T, M, S>(out, red, acc, rb, split, n, warp, g, t);
+}
+
+// fp8_tc_gemv_ring: fp8_tc_gemv with the weight loads in a shared-memory ring of STAGES k blocks
+// (cp.async, STAGES - 1 in flight per thread) instead of one k block ahead in registers: each
+// thread reads back only the bytes it copied itself, so a stage needs cp.async.wait_group and no
+// barrier. The weights do not depend on the previous kernel, so the first STAGES - 1 copies are
+// issued before pdl_wait(): they overlap the predecessor's tail. Same grid, partial sums, cluster
+// reduction and bits as fp8_tc_gemv (the same mma in the same order). Dynamic shared memory:
+// STAGES * 16 KiB of ring (the reduction tile reuses it), M staged x rows, the chunk's scales.
+template <typename T, int M, int S, int STAGES>
+__global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(fp8tc::kThreads, 3)
+    fp8_tc_gemv_ring(T* __restrict__ out, const T* __restrict__ x, long long x_stride,
+                     const unsigned char* __restrict__ w, const float* __restrict__ scale, int n,
+                     int k, int k_blocks) {
+  using namespace fp8tc;
+  static_assert(STAGES >= 2 && STAGES * 4 * kThreads * 16 >= 8 * kRedStride * 4, "ring size");
+  pdl_trigger();
+  extern __shared__ __align__(16) unsigned char smem[];
+  uint4* ring = reinterpret_cast<uint4*>(smem);
+  unsigned short* xs = reinterpret_cast<unsigned short*>(ring + STAGES * 4 * kThreads);
+  float* comb = reinterpret_cast<float*>(xs + M * kRowHalves);
+  float* red = reinterpret_cast<float*>(smem);  // after the main loop only
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int rb = blockIdx.x / S;
+  const int split = S == 1 ? 0 : static_cast<int>(cluster_rank());
+  const int kb_begin = static_cast<int>(static_cast<long long>(split) * k_blocks / S);
+  const int kb_end = static_cast<int>(static_cast<long long>(split + 1) * k_blocks / S);
+  const int num_kb = kb_end - kb_begin;
+  const int row_g = rb * 128 + warp * 16 + g;
+  const bool ok_g = row_g < n;
+  const bool ok_g8 = row_g + 8 < n;
+  const unsigned char* w_g = w + static_cast<long long>(ok_g ? row_g : 0) * k;
+  const unsigned char* w_g8 = w + static_cast<long long>(ok_g8 ? row_g + 8 : 0) * k;
+  const float* row_scales = scale + static_cast<long long>(rb) * k_blocks;
+  const unsigned short* x_lane = xs + (g < M ? g : M - 1) * kRowHalves + 16 * t;
+
 #pragma unroll
-      for (int q = 0; q < S; ++q) total += ld_cluster(cell, q);  // fixed order: deterministic
-    }
-    const int row = rb * 128 + rl;
-    if (row < n) out[static_cast<long long>(col) * n + row] = from_float<T>(total);
+  for (int p = 0; p < STAGES - 1; ++p) {
+    if (p < num_kb)
+      issue_tile(ring + p * 4 * kThreads, tid, w_g, w_g8, ok_g, ok_g8, kb_begin + p, t, k);
+    cp_commit();  // empty groups keep the wait count uniform
   }
-  if constexpr (S > 1) cluster_sync();  // no block leaves while its partials are being read
+  pdl_wait();
+
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int i = 0; i < num_kb; ++i) {
+    const int ahead = i + STAGES - 1;  // into the slot read at i - 1 (by this thread, done)
+    if (ahead < num_kb)
+      issue_tile(ring + (ahead % STAGES) * 4 * kThreads, tid, w_g, w_g8, ok_g, ok_g8,
+                 kb_begin + ahead, t, k);
+    cp_commit();
+    const int kbl = i % kChunk;
+    if (kbl == 0) {  // block-uniform: a new chunk of x
+      __syncthreads();  // every warp is done with the previous chunk
+      stage_x<T, M>(xs, comb, x, x_stride, k, kb_begin + i, min(kChunk, num_kb - i), row_scales,
+                    warp, lane);
+      __syncthreads();
+    }
+    cp_wait<STAGES - 1>();  // this thread's copies of k block i have landed
+    const uint4* slot = ring + (i % STAGES) * 4 * kThreads + tid;
+    const uint4 b[4] = {slot[0], slot[kThreads], slot[2 * kThreads], slot[3 * kThreads]};
+    compute_tile(acc, b, x_lane + kbl * 128, comb + kbl * 8, t);
+  }
+  cp_wait<0>();
+  __syncthreads();  // the ring is free: the reduction tile may overwrite it
+  reduce_store<T, M, S>(out, red, acc, rb, split, n, warp, g, t);
 }

@@ -8,20 +8,35 @@ fp32 model drifted to 3e-3 row errors on the H200), so fp32 x runs the CUDA-core
 is one 128-row block per k split; the split count is picked so the whole grid is resident at
 once (3 blocks per SM) because a 27B projection lasts 7-50 us and a second partial wave would be
 its tail.
+
+Two forms of the same kernel: `fp8_tc_gemv` keeps one k block of weights in flight per thread in
+registers; `fp8_tc_gemv_ring` keeps STAGES - 1 in flight through a cp.async ring in shared memory
+(and issues the first ones before waiting on the previous kernel). Same sums, same bits.
+`ring_stages` says which runs for a row count (0: the register form).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
 from ninfer.kernels import runtime as rt
 from ninfer.kernels.fp8_gemv.reference import BLOCK, Fp8Weight
+from ninfer.kernels.switches import switched_off
 
 OP = "fp8_gemv"  # the source file: fp8_gemv.cu holds both GEMV kernels
 THREADS = 256  # 8 warps x 16 rows: one 128-row scale block per thread block
 BLOCKS_PER_SM = 3  # __launch_bounds__(256, 3) in fp8_gemv.cu: <= 80 registers
 MAX_ROWS = 8  # x rows per launch: the mma's n = 8
 SPLITS = (1, 2, 4, 8)  # k splits per row block = cluster sizes compiled (portable limit 8)
+STAGES = (2, 3, 4)  # ring depths compiled (k blocks of 16 KiB each per block)
+SHARED_PER_SM = 227 * 1024  # opt-in shared memory per SM on sm_90 (1 KiB of it per block reserved)
+X_ROW_BYTES = 2 * (16 * 128 + 8)  # the .cu's kRowHalves f16 per staged x row
+COMB_BYTES = 16 * 8 * 4  # kChunk x 8 combined scales
+# The ring's depth by x rows (0: the register form), the deepest that keeps 3 blocks per SM.
+# Provisional until `kernel_bench --fp8-shapes` has compared the forms on the GPU.
+RING_STAGES = {1: 4, 2: 4, 3: 3, 4: 3, 5: 2, 6: 2, 7: 2, 8: 2}
 
 
 class Fp8TcError(rt.KernelInputError):
@@ -68,8 +83,38 @@ def choose_splits(num_row_blocks: int, num_k_blocks: int, num_sms: int) -> int:
     return best
 
 
-def fp8_linear(x: torch.Tensor, weight: Fp8Weight, *, splits: int | None = None) -> torch.Tensor:
-    """See `reference.fp8_linear`; `splits` overrides the k split count (1, 2, 4 or 8: tests)."""
+def ring_shared_bytes(num_rows: int, stages: int) -> int:
+    """Dynamic shared memory of the ring form: the ring, the staged x rows and their scales."""
+    return stages * 16 * 1024 + num_rows * X_ROW_BYTES + COMB_BYTES
+
+
+def ring_stages(num_rows: int) -> int:
+    """The ring depth dispatch runs for `num_rows` x rows; 0 runs the register form
+    (`NINFER_KERNELS_OFF=fp8_ring` too)."""
+    if switched_off("fp8_ring"):
+        return 0
+    return RING_STAGES[num_rows]
+
+
+@functools.cache
+def _allow_shared(instance: str, device_index: int, nbytes: int) -> None:
+    """Opt `instance` in to `nbytes` of dynamic shared memory (once per device)."""
+    import cupy
+
+    kernel = rt.get_kernel(OP, instance, torch.device("cuda", device_index))
+    with cupy.cuda.Device(device_index):
+        kernel.max_dynamic_shared_size_bytes = nbytes
+
+
+def fp8_linear(
+    x: torch.Tensor,
+    weight: Fp8Weight,
+    *,
+    splits: int | None = None,
+    stages: int | None = None,
+) -> torch.Tensor:
+    """See `reference.fp8_linear`; `splits` overrides the k split count (1, 2, 4 or 8) and
+    `stages` the form (0: registers, else a ring depth in STAGES): tests and kernel_bench."""
     device = rt.check_cuda(x, weight.weight, weight.scale_inv)
     if not supports(x, weight):
         raise Fp8TcError(
@@ -86,8 +131,20 @@ def fp8_linear(x: torch.Tensor, weight: Fp8Weight, *, splits: int | None = None)
         splits = choose_splits(num_row_blocks, num_k_blocks, rt.num_sms(device))
     elif splits not in SPLITS:
         raise Fp8TcError(f"k splits must be one of {SPLITS}, got {splits}")
+    if stages is None:
+        stages = ring_stages(num_rows)
+    elif stages != 0 and stages not in STAGES:
+        raise Fp8TcError(f"ring stages must be 0 (registers) or one of {STAGES}, got {stages}")
     out = torch.empty((num_rows, n), dtype=x.dtype, device=device)
-    instance = f"fp8_tc_gemv<{rt.cuda_type(x, 'x')}, {num_rows}, {splits}>"
+    t = rt.cuda_type(x, "x")
+    shared = 0
+    if stages == 0:
+        instance = f"fp8_tc_gemv<{t}, {num_rows}, {splits}>"
+    else:
+        instance = f"fp8_tc_gemv_ring<{t}, {num_rows}, {splits}, {stages}>"
+        shared = ring_shared_bytes(num_rows, stages)
+        if shared > 48 * 1024:
+            _allow_shared(instance, rt.device_index(device), shared)
     kernel = rt.get_kernel(OP, instance, device)
     args = (
         rt.ptr(out),
@@ -99,5 +156,5 @@ def fp8_linear(x: torch.Tensor, weight: Fp8Weight, *, splits: int | None = None)
         rt.i32(k),
         rt.i32(num_k_blocks),
     )
-    rt.launch(kernel, (num_row_blocks * splits,), (THREADS,), args, device)
+    rt.launch(kernel, (num_row_blocks * splits,), (THREADS,), args, device, shared_mem=shared)
     return out

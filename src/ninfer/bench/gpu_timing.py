@@ -1,0 +1,34 @@
+"""GPU time per call of a captured function: what the kernel sweeps report (CUDA graphs, so the
+launch cost on the host does not count, as inside a decode step)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+CALLS_PER_GRAPH = 20
+
+
+def graph_us(fn: Callable[[], object], replays: int = 10, calls: int = CALLS_PER_GRAPH) -> float:
+    """Median GPU microseconds per call of `fn`, captured `calls` times in one graph."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()  # warm-up: compilation, allocator
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0 / calls)
+    times.sort()
+    return times[len(times) // 2]
