@@ -21,12 +21,13 @@ from pathlib import Path
 
 import torch
 
-from ninfer.bench.fp8_gemv_sweep import SHAPES as FP8_SHAPES
-from ninfer.bench.fp8_gemv_sweep import fp8_gemv_sweep
 from ninfer.bench.gpu_timing import CALLS_PER_GRAPH
 from ninfer.bench.gpu_timing import graph_us as _graph_us
 from ninfer.bench.prefill_attention_sweep import first_call_sweep, prefill_attention_sweep
 from ninfer.bench.results import KernelTiming
+from ninfer.bench.tc_gemv_sweep import LM_HEAD as TC_LM_HEAD
+from ninfer.bench.tc_gemv_sweep import SHAPES as FP8_SHAPES
+from ninfer.bench.tc_gemv_sweep import bf16_tc_sweep, fp8_gemv_sweep
 from ninfer.kernels.add_rms_norm import launch as add_norm_cuda
 from ninfer.kernels.add_rms_norm import reference as add_norm_ref
 from ninfer.kernels.bf16_gemv import launch as bf16_gemv_cuda
@@ -400,6 +401,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         "(no value: the 27B decode projections), x rows from --gemv-rows (1..8).",
     )
     parser.add_argument(
+        "--bf16-tc-shapes",
+        nargs="?",
+        const=",".join(f"{n}x{k}" for n, k in (*FP8_SHAPES, TC_LM_HEAD)),
+        default="",
+        help="Instead: the tensor-core bf16 GEMV (each ring depth) vs the CUDA-core GEMV and "
+        "F.linear at these NxK shapes (no value: the 27B decode projections and lm_head), x "
+        "rows from --gemv-rows (1..8).",
+    )
+    parser.add_argument(
         "--prefill-attention",
         default="",
         help="Instead: a continued prefill chunk's attention on the 27B heads at these QxL "
@@ -427,6 +437,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         shapes = [_parse_shape(s) for s in opts.fp8_shapes.split(",") if s.strip()]
         rows = [int(x) for x in opts.gemv_rows.split(",") if x.strip()]
         print(fp8_gemv_sweep(shapes, rows, torch.device("cuda", opts.device)))
+        return
+    if opts.bf16_tc_shapes:
+        shapes = [_parse_shape(s) for s in opts.bf16_tc_shapes.split(",") if s.strip()]
+        rows = [int(x) for x in opts.gemv_rows.split(",") if x.strip()]
+        print(bf16_tc_sweep(shapes, rows, torch.device("cuda", opts.device)))
         return
     if opts.gemv_shapes:
         shapes = [_parse_shape(s) for s in opts.gemv_shapes.split(",") if s.strip()]

@@ -18,6 +18,7 @@ from ninfer.kernels.add_rms_norm import launch as _add_rms_norm_cuda
 from ninfer.kernels.add_rms_norm import reference as _add_rms_norm_ref
 from ninfer.kernels.bf16_gemv import launch as _bf16_gemv_cuda
 from ninfer.kernels.bf16_mma_gemv import launch as _bf16_mma_cuda
+from ninfer.kernels.bf16_tc_gemv import launch as _bf16_tc_cuda
 from ninfer.kernels.causal_conv1d import launch as _conv_cuda
 from ninfer.kernels.causal_conv1d import reference as _conv_ref
 from ninfer.kernels.expert_gemv import launch as _expert_gemv_cuda
@@ -621,6 +622,22 @@ def bf16_gemv_routed(
     )
 
 
+def bf16_tc_routed(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `linear` runs the tensor-core bf16 GEMV (`bf16_tc_gemv`) for a plain weight: where
+    `bf16_tc_gemv.launch.tc_preferred` says so (nothing by default; the switch
+    `NINFER_KERNELS_ON=bf16_tc_gemv` routes every 1..8-row projection for a model A/B) and the
+    operands are ones it takes. The routing rule is asked first: one environment lookup per
+    projection call while it routes nothing.
+    """
+    return (
+        x.dtype == torch.bfloat16
+        and x.dim() == 2
+        and _bf16_tc_cuda.tc_preferred(x.shape[0], weight.shape[0], weight.shape[-1])
+        and use_cuda_kernels(x, "bf16_tc_gemv")
+        and _bf16_tc_cuda.supports(x, weight)
+    )
+
+
 def bf16_mma_routed(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `linear` runs the tensor-core skinny GEMM (`bf16_mma_gemv`) for a plain weight.
 
@@ -692,6 +709,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torch.Tensor:
     its grid, no blockwise support) a dequantize kernel into a scratch copy, then cuBLAS.
     """
     if not isinstance(weight, Fp8Weight):
+        if bf16_tc_routed(x, weight):
+            return _bf16_tc_cuda.bf16_linear(x, weight)
         if bf16_gemv_routed(x, weight):
             return _bf16_gemv_cuda.bf16_linear(x, weight)
         if bf16_mma_routed(x, weight):

@@ -40,8 +40,9 @@ def _kernel_bodies(source: str) -> list[tuple[str, str]]:
 
 
 def _waits_first(body: str) -> bool:
-    """pdl_begin() first; or pdl_trigger() first, then only declarations, arithmetic and L2
-    prefetches (no loads or stores through pointers) before pdl_wait()."""
+    """pdl_begin() first; or pdl_trigger() first, then only declarations, arithmetic, L2
+    prefetches and the tensor-core GEMVs' weight copies (`issue_tile`: weights are never a
+    predecessor's output) before pdl_wait(): no other loads or stores through pointers."""
     first = body.lstrip().split(";")[0]
     if first == "pdl_begin()":
         return True

@@ -131,10 +131,9 @@ __global__ void __launch_bounds__(128) fp8_gemv(
 // ================================================================================================
 
 namespace fp8tc {
-constexpr int kThreads = 256;                   // 8 warps x 16 rows = one 128-row scale block
+using namespace tcg;  // kThreads: 8 warps x 16 rows = one 128-row scale block
 constexpr int kChunk = 16;                      // k blocks of x staged in shared memory at a time
 constexpr int kRowHalves = kChunk * 128 + 8;    // f16 per staged x row; +16 B: no bank conflicts
-constexpr int kRedStride = 132;                 // floats per column of the partial-sum tile
 constexpr int kDepth = 1;                       // k blocks loaded ahead of the one computed
 
 // Two e4m3 bytes of w (bytes 0 and 2 for SEL 0xA280, 1 and 3 for 0xB391) as f16x2 times 2^-8.
@@ -166,27 +165,6 @@ __device__ __forceinline__ void load_x4(const bf16* p, bool in_range, float (&v)
   v[1] = __uint_as_float(u.x & 0xffff0000u);
   v[2] = __uint_as_float(u.y << 16);
   v[3] = __uint_as_float(u.y & 0xffff0000u);
-}
-
-__device__ __forceinline__ unsigned int cluster_rank() {
-  unsigned int r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
-// A float in the shared memory of cluster block `rank`, at the same offset as `p` here.
-__device__ __forceinline__ float ld_cluster(const float* p, unsigned int rank) {
-  unsigned int local, remote;
-  asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(local) : "l"(p));
-  asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
-  float v;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
-  return v;
 }
 
 // Stage x[:, k blocks kb0 .. kb0 + num_kb) as f16 (per-(row, k block) power-of-two scaled, each
@@ -281,70 +259,7 @@ __device__ __forceinline__ void compute_tile(float (&acc)[4], const uint4 (&b)[4
   acc[2] += frag[2] * c.x;
   acc[3] += frag[3] * c.y;
 }
-// The block's partial sums [x row][row in block] into `red`; then split r adds slice r of all S
-// splits of its cluster (fixed order: deterministic) and stores it. Every block of the cluster
-// must call it (it holds two cluster barriers for S > 1).
-template <typename T, int M, int S>
-__device__ __forceinline__ void reduce_store(T* __restrict__ out, float* red, const float (&acc)[4],
-                                             int rb, int split, int n, int warp, int g, int t) {
-  const int r0 = warp * 16 + g;
-  red[(2 * t) * kRedStride + r0] = acc[0];
-  red[(2 * t + 1) * kRedStride + r0] = acc[1];
-  red[(2 * t) * kRedStride + r0 + 8] = acc[2];
-  red[(2 * t + 1) * kRedStride + r0 + 8] = acc[3];
-  if constexpr (S == 1) {
-    __syncthreads();
-  } else {
-    cluster_sync();
-  }
-  constexpr int kSlice = 128 / S;
-  for (int i = threadIdx.x; i < M * kSlice; i += kThreads) {
-    const int col = i / kSlice;
-    const int rl = split * kSlice + (i - col * kSlice);
-    const float* cell = red + col * kRedStride + rl;
-    float total;
-    if constexpr (S == 1) {
-      total = *cell;
-    } else {
-      total = 0.0f;
-#pragma unroll
-      for (int q = 0; q < S; ++q) total += ld_cluster(cell, q);
-    }
-    const int row = rb * 128 + rl;
-    if (row < n) out[static_cast<long long>(col) * n + row] = from_float<T>(total);
-  }
-  if constexpr (S > 1) cluster_sync();  // no block leaves while its partials are being read
-}
 
-// cp.async of 16 bytes into shared memory, bypassing L1 (zero-filled when !ok; src stays a
-// valid address either way).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) {
-  const unsigned int d = static_cast<unsigned int>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(d), "l"(src),
-               "r"(ok ? 16 : 0)
-               : "memory");
-}
-
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-
-template <int N>
-__device__ __forceinline__ void cp_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
-// The ring slot of one k block: uint4 [4][kThreads], thread tid's 64 bytes at [j][tid] (a warp's
-// 16-byte accesses are consecutive: no bank conflicts). The same bytes load_tile reads.
-__device__ __forceinline__ void issue_tile(uint4* slot, int tid, const unsigned char* w_g,
-                                           const unsigned char* w_g8, bool ok_g, bool ok_g8,
-                                           int kb, int t, int k) {
-  const int off0 = kb * 128 + 16 * t;
-  const int off1 = off0 + 64;
-  const bool in0 = off0 < k, in1 = off1 < k;  // K % 16 == 0: a 16-byte piece is all in or out
-  cp_async16(slot + tid, w_g + (ok_g && in0 ? off0 : 0), ok_g && in0);
-  cp_async16(slot + kThreads + tid, w_g + (ok_g && in1 ? off1 : 0), ok_g && in1);
-  cp_async16(slot + 2 * kThreads + tid, w_g8 + (ok_g8 && in0 ? off0 : 0), ok_g8 && in0);
-  cp_async16(slot + 3 * kThreads + tid, w_g8 + (ok_g8 && in1 ? off1 : 0), ok_g8 && in1);
-}
 }  // namespace fp8tc
 
 // out[m, n] = sum_k x[m, k] * W[n, k] * scale[n / 128, k / 128] for m < M (1..8); S = k splits
@@ -359,7 +274,7 @@ __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(fp8tc::kThreads, 3)
   constexpr int D = kDepth;
   __shared__ __align__(16) unsigned short xs[M * kRowHalves];
   __shared__ __align__(16) float comb[kChunk * 8];
-  __shared__ __align__(16) float red[8 * kRedStride];
+  __shared__ __align__(16) float red[8 * tcg::kRedStride];
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2;
@@ -399,7 +314,7 @@ __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(fp8tc::kThreads, 3)
     }
   }
 
-  fp8tc::reduce_store<T, M, S>(out, red, acc, rb, split, n, warp, g, t);
+  tcg::reduce_store<T, M, S>(out, red, acc, rb, split, n, warp, g, t);
 }
 
 // fp8_tc_gemv_ring: fp8_tc_gemv with the weight loads in a shared-memory ring of STAGES k blocks
@@ -414,9 +329,9 @@ __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(fp8tc::kThreads, 3)
     fp8_tc_gemv_ring(T* __restrict__ out, const T* __restrict__ x, long long x_stride,
                      const unsigned char* __restrict__ w, const float* __restrict__ scale, int n,
                      int k, int k_blocks) {
+  pdl_trigger();
   using namespace fp8tc;
   static_assert(STAGES >= 2 && STAGES * 4 * kThreads * 16 >= 8 * kRedStride * 4, "ring size");
-  pdl_trigger();
   extern __shared__ __align__(16) unsigned char smem[];
   uint4* ring = reinterpret_cast<uint4*>(smem);
   unsigned short* xs = reinterpret_cast<unsigned short*>(ring + STAGES * 4 * kThreads);

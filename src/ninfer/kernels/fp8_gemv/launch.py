@@ -14,6 +14,7 @@ from ninfer.kernels import runtime as rt
 from ninfer.kernels.fp8_gemv.reference import BLOCK, Fp8Weight
 
 OP = "fp8_gemv"
+HEADERS = ("fp8_gemv/tc_common.cu",)  # fp8_gemv.cu's tensor-core kernels need it to compile
 ROWS = 4  # output rows per warp (independent 16-byte loads in flight per lane)
 THREADS = 128  # 4 warps: N = 5120 still gives 320 blocks over the SMs
 MAX_ROWS = 8  # x rows per launch (the largest decode batch the kernel serves)
@@ -54,7 +55,7 @@ def fp8_linear(x: torch.Tensor, weight: Fp8Weight) -> torch.Tensor:
     num_rows = x.shape[0]
     out = torch.empty((num_rows, n), dtype=x.dtype, device=device)
     instance = f"fp8_gemv<{rt.cuda_type(x, 'x')}, {num_rows}, {ROWS}>"
-    kernel = rt.get_kernel(OP, instance, device)
+    kernel = rt.get_kernel(OP, instance, device, HEADERS)
     rows_per_block = (THREADS // 32) * ROWS
     args = (
         rt.ptr(out),

@@ -26,6 +26,7 @@ from ninfer.kernels.fp8_gemv.reference import BLOCK, Fp8Weight
 from ninfer.kernels.switches import switched_off
 
 OP = "fp8_gemv"  # the source file: fp8_gemv.cu holds both GEMV kernels
+HEADERS = ("fp8_gemv/tc_common.cu",)  # the cluster reduction and the cp.async ring
 THREADS = 256  # 8 warps x 16 rows: one 128-row scale block per thread block
 BLOCKS_PER_SM = 3  # __launch_bounds__(256, 3) in fp8_gemv.cu: <= 80 registers
 MAX_ROWS = 8  # x rows per launch: the mma's n = 8
@@ -101,7 +102,7 @@ def _allow_shared(instance: str, device_index: int, nbytes: int) -> None:
     """Opt `instance` in to `nbytes` of dynamic shared memory (once per device)."""
     import cupy
 
-    kernel = rt.get_kernel(OP, instance, torch.device("cuda", device_index))
+    kernel = rt.get_kernel(OP, instance, torch.device("cuda", device_index), HEADERS)
     with cupy.cuda.Device(device_index):
         kernel.max_dynamic_shared_size_bytes = nbytes
 
@@ -145,7 +146,7 @@ def fp8_linear(
         shared = ring_shared_bytes(num_rows, stages)
         if shared > 48 * 1024:
             _allow_shared(instance, rt.device_index(device), shared)
-    kernel = rt.get_kernel(OP, instance, device)
+    kernel = rt.get_kernel(OP, instance, device, HEADERS)
     args = (
         rt.ptr(out),
         rt.ptr(x),

@@ -1,0 +1,144 @@
+"""The tensor-core decode GEMVs on decode shapes, for `python -m ninfer.bench.kernel_bench
+--fp8-shapes` (the fp8 kernel's two forms: weights in flight in registers, or in a cp.async ring
+of 2-4 stages; which `launch_tc.RING_STAGES` should route) and `--bf16-tc-shapes` (the bf16 ring
+kernel against the CUDA-core GEMV and cuBLAS: whether `bf16_tc_gemv.launch.tc_preferred` should
+route a shape).
+
+Weights come from DRAM as in a decode step: each captured call reads the next of enough weight
+copies to span five times the H200's 50 MB L2.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+
+import torch
+
+from ninfer.artifact.quantize import quantize_fp8_block
+from ninfer.bench.gpu_timing import CALLS_PER_GRAPH, graph_us
+from ninfer.kernels.bf16_gemv import launch as gemv_cuda
+from ninfer.kernels.bf16_tc_gemv import launch as bf16_tc_cuda
+from ninfer.kernels.fp8_gemv import launch_tc as tc_cuda
+from ninfer.kernels.fp8_gemv import reference as fp8_ref
+from ninfer.kernels.fp8_gemv.reference import Fp8Weight
+
+ROTATE_BYTES = 250 * 2**20
+MAX_COPIES = 64
+# 27B decode projections: gate-up, down, DeltaNet in_proj, out / o_proj, attention qkv
+SHAPES = ((34816, 5120), (5120, 17408), (16480, 5120), (5120, 6144), (14336, 5120))
+LM_HEAD = (248320, 5120)
+
+
+def fp8_gemv_sweep(
+    shapes: Sequence[tuple[int, int]], row_counts: Sequence[int], device: torch.device
+) -> str:
+    """Markdown table: µs per call of each form at its automatic split count, the best form's
+    weight GB/s, what dispatch routes now, and the worst relative error against an fp64 product
+    (all forms must agree bit for bit: the same mma in the same order)."""
+    forms = (0, *tc_cuda.STAGES)
+    names = ["registers µs", *(f"ring {s} µs" for s in tc_cuda.STAGES)]
+    lines = [
+        "fp8 tensor-core GEMV forms (bf16 x, e4m3 W [N, K] with 128x128 scales), graphs, cold L2",
+        "| N x K | rows | splits | " + " | ".join(names) + " | best GB/s | routed | rel err |",
+        "| --- | ---: | ---: | " + "---: | " * len(names) + "---: | --- | ---: |",
+    ]
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    for n, k in shapes:
+        w = torch.randn(n, k, device=device) * k**-0.5
+        weights = [Fp8Weight(*quantize_fp8_block(w))]
+        del w
+        moved = n * k
+        copies = min(MAX_COPIES, -(-ROTATE_BYTES // moved))
+        for _ in range(copies - 1):
+            first = weights[0]
+            weights.append(Fp8Weight(first.weight.clone(), first.scale_inv.clone()))
+        calls = max(CALLS_PER_GRAPH, copies)
+        for m in row_counts:
+            x = torch.randn(m, k, device=device).to(torch.bfloat16)
+            exact = (
+                x.double()
+                @ fp8_ref.dequantize(weights[0].weight, weights[0].scale_inv, torch.float64).T
+            )
+            outs = [tc_cuda.fp8_linear(x, weights[0], stages=s) for s in forms]
+            same = all(torch.equal(outs[0], o) for o in outs[1:])
+            err = max(((o.double() - exact).norm() / exact.norm()).item() for o in outs)
+            times = [_form_us(x, weights, s, calls) for s in forms]
+            best = min(times)
+            splits = tc_cuda.choose_splits(-(-n // 128), -(-k // 128), sms)
+            routed = tc_cuda.ring_stages(m)
+            cells = " | ".join(f"{t:.1f}" for t in times)
+            lines.append(
+                f"| {n}x{k} | {m} | {splits} | {cells} | {moved / best / 1e3:.0f} | "
+                f"{'registers' if routed == 0 else f'ring {routed}'} | "
+                f"{err:.1e}{'' if same else ' (forms differ!)'} |"
+            )
+        del weights
+        torch.cuda.empty_cache()
+    return "\n".join(lines)
+
+
+def _form_us(x: torch.Tensor, weights: Sequence[Fp8Weight], stages: int, calls: int) -> float:
+    """µs per call of one form, each call on the next weight copy."""
+    counter = itertools.count()
+    return graph_us(
+        lambda: tc_cuda.fp8_linear(x, weights[next(counter) % len(weights)], stages=stages),
+        5,
+        calls,
+    )
+
+
+def bf16_tc_sweep(
+    shapes: Sequence[tuple[int, int]], row_counts: Sequence[int], device: torch.device
+) -> str:
+    """Markdown table: µs per call of the CUDA-core bf16 GEMV, the tensor-core ring kernel at each
+    depth and `F.linear` (cuBLAS), the best kernel's weight GB/s, cuBLAS over the best ring, and
+    the worst relative error of the ring kernel against an fp64 product."""
+    names = [f"tc ring {s} µs" for s in bf16_tc_cuda.STAGES]
+    lines = [
+        "bf16 decode GEMVs (bf16 x, W [N, K]), graphs, cold L2",
+        "| N x K | rows | gemv µs | " + " | ".join(names) + " | F.linear µs | best GB/s | "
+        "F.linear / tc | rel err |",
+        "| --- | ---: | ---: | " + "---: | " * len(names) + "---: | ---: | ---: | ---: |",
+    ]
+    for n, k in shapes:
+        moved = 2 * n * k
+        copies = min(MAX_COPIES, -(-ROTATE_BYTES // moved))
+        weights = [(torch.randn(n, k, device=device) * k**-0.5).to(torch.bfloat16)]
+        weights += [torch.randn_like(weights[0]) * k**-0.5 for _ in range(copies - 1)]
+        calls = max(CALLS_PER_GRAPH, copies)
+        for m in row_counts:
+            x = torch.randn(m, k, device=device).to(torch.bfloat16)
+            exact = x.double() @ weights[0].double().T
+            err = max(
+                ((bf16_tc_cuda.bf16_linear(x, weights[0], stages=s).double() - exact).norm()
+                 / exact.norm()).item()
+                for s in bf16_tc_cuda.STAGES
+            )  # fmt: skip
+            gemv = float("nan")
+            if m <= gemv_cuda.MAX_ROWS and gemv_cuda.supports(x, weights[0]):
+                gemv = _rotating_us(lambda w, x=x: gemv_cuda.bf16_linear(x, w), weights, calls)
+            ring = [
+                _rotating_us(
+                    lambda w, x=x, s=s: bf16_tc_cuda.bf16_linear(x, w, stages=s), weights, calls
+                )
+                for s in bf16_tc_cuda.STAGES
+            ]
+            cublas = _rotating_us(lambda w, x=x: torch.nn.functional.linear(x, w), weights, calls)
+            best = min(t for t in (gemv, *ring, cublas) if t == t)
+            cells = " | ".join(f"{t:.1f}" for t in ring)
+            lines.append(
+                f"| {n}x{k} | {m} | {gemv:.1f} | {cells} | {cublas:.1f} | "
+                f"{moved / best / 1e3:.0f} | {cublas / min(ring):.2f} | {err:.1e} |"
+            )
+        del weights
+        torch.cuda.empty_cache()
+    return "\n".join(lines)
+
+
+def _rotating_us(
+    fn: Callable[[torch.Tensor], object], weights: Sequence[torch.Tensor], calls: int
+) -> float:
+    """µs per call of fn(weight), each call on the next weight copy."""
+    counter = itertools.count()
+    return graph_us(lambda: fn(weights[next(counter) % len(weights)]), 5, calls)

@@ -1,0 +1,87 @@
+// bf16_tc_gemv: out[m, n] = sum_k x[m, k] * W[n, k] for M = 1..8 bf16 x rows against a bf16
+// W [N, K] (K % 8 == 0), fp32 accumulation, one rounding of each output to bf16. The bf16 twin of
+// fp8_tc_gemv_ring (fp8_gemv.cu), compiled after fp8_gemv/tc_common.cu.
+//
+// Why: the decode GEMVs are bound by the weight stream; cuBLAS keeps the 27B's projections at
+// 3.4-4.1 TB/s and launches without programmatic dependent launch, so its kernels neither
+// overlap their predecessor's tail nor let the next kernel overlap theirs. Here every weight byte
+// goes DRAM -> shared memory by cp.async (STAGES - 1 k blocks in flight per thread, no registers
+// held, the first ones issued before pdl_wait) and feeds mma.m16n8k16 (bf16 in, fp32 accumulate)
+// straight from the bytes each lane loaded, with no conversion.
+//
+// Layout: grid ceil(N / 128) * S blocks of 256 threads; the S k splits of a 128-row block form a
+// cluster and add their partials through distributed shared memory (tcg::reduce_store:
+// deterministic). A k block is 64 k = 128 bytes of a row; lane (g, t) of warp w copies 16 bytes
+// at 16t and at 64 + 16t of rows 16w + g and 16w + g + 8 (tcg::issue_tile), i.e. k [8t, 8t + 8)
+// and [32 + 8t, 40 + 8t) of the block. Inside one mma the k order is free as long as A and B
+// agree, so mma h of a piece takes words (2h, 2h + 1) of the row-g and row-g+8 loads as A
+// (k slots 2t, 2t + 1 <- real k 8t + 4h, +1; slots 2t + 8, 2t + 9 <- 8t + 4h + 2, +3) and the
+// same words of x row g as B: x is read in its natural order, 16 bytes per lane and piece,
+// through the read-only cache (a few KiB shared by every warp), so nothing is staged and there
+// is no barrier in the main loop. Columns g >= M of B repeat row M - 1 (never stored). Bytes past
+// K and rows past N are zero-filled by the copies, x past K is zero.
+// tests/unit/kernels/test_bf16_tc_gemv_layout.py replays the lane mapping on the CPU.
+
+template <int M, int S, int STAGES>
+__global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(tcg::kThreads, 3)
+    bf16_tc_gemv(bf16* __restrict__ out, const bf16* __restrict__ x, long long x_stride,
+                 const bf16* __restrict__ w, int n, int k, int k_blocks) {
+  pdl_trigger();
+  using namespace tcg;
+  static_assert(STAGES >= 2 && STAGES * 4 * kThreads * 16 >= 8 * kRedStride * 4, "ring size");
+  extern __shared__ __align__(16) unsigned char smem[];
+  uint4* ring = reinterpret_cast<uint4*>(smem);
+  float* red = reinterpret_cast<float*>(smem);  // after the main loop only
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int rb = blockIdx.x / S;
+  const int split = S == 1 ? 0 : static_cast<int>(cluster_rank());
+  const int kb_begin = static_cast<int>(static_cast<long long>(split) * k_blocks / S);
+  const int kb_end = static_cast<int>(static_cast<long long>(split + 1) * k_blocks / S);
+  const int num_kb = kb_end - kb_begin;
+  const int row_g = rb * 128 + warp * 16 + g;
+  const bool ok_g = row_g < n;
+  const bool ok_g8 = row_g + 8 < n;
+  const int row_bytes = 2 * k;
+  const unsigned char* w_g =
+      reinterpret_cast<const unsigned char*>(w + static_cast<long long>(ok_g ? row_g : 0) * k);
+  const unsigned char* w_g8 =
+      reinterpret_cast<const unsigned char*>(w + static_cast<long long>(ok_g8 ? row_g + 8 : 0) * k);
+  const bf16* x_row = x + static_cast<long long>(g < M ? g : M - 1) * x_stride;
+
+#pragma unroll
+  for (int p = 0; p < STAGES - 1; ++p) {
+    if (p < num_kb)
+      issue_tile(ring + p * 4 * kThreads, tid, w_g, w_g8, ok_g, ok_g8, kb_begin + p, t,
+                 row_bytes);
+    cp_commit();  // empty groups keep the wait count uniform
+  }
+  pdl_wait();  // x is the previous kernel's output
+
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int i = 0; i < num_kb; ++i) {
+    const int ahead = i + STAGES - 1;  // into the slot read at i - 1 (by this thread, done)
+    if (ahead < num_kb)
+      issue_tile(ring + (ahead % STAGES) * 4 * kThreads, tid, w_g, w_g8, ok_g, ok_g8,
+                 kb_begin + ahead, t, row_bytes);
+    cp_commit();
+    const int k0 = (kb_begin + i) * 64 + 8 * t;
+    const uint4 xa = k0 < k ? __ldg(reinterpret_cast<const uint4*>(x_row + k0)) : zero;
+    const uint4 xb = k0 + 32 < k ? __ldg(reinterpret_cast<const uint4*>(x_row + k0 + 32)) : zero;
+    cp_wait<STAGES - 1>();  // this thread's copies of k block i have landed
+    const uint4* slot = ring + (i % STAGES) * 4 * kThreads + tid;
+    const uint4 wg0 = slot[0], wg1 = slot[kThreads], wh0 = slot[2 * kThreads],
+                wh1 = slot[3 * kThreads];  // row g pieces 0, 1; row g + 8 pieces 0, 1
+    mma_16816<false>(acc, wg0.x, wh0.x, wg0.y, wh0.y, xa.x, xa.y);
+    mma_16816<false>(acc, wg0.z, wh0.z, wg0.w, wh0.w, xa.z, xa.w);
+    mma_16816<false>(acc, wg1.x, wh1.x, wg1.y, wh1.y, xb.x, xb.y);
+    mma_16816<false>(acc, wg1.z, wh1.z, wg1.w, wh1.w, xb.z, xb.w);
+  }
+  cp_wait<0>();
+  __syncthreads();  // the ring is free: the reduction tile may overwrite it
+  reduce_store<bf16, M, S>(out, red, acc, rb, split, n, warp, g, t);
+}

@@ -1,0 +1,122 @@
+"""CUDA launcher of the tensor-core bf16 GEMV (`bf16_tc_gemv.cu`): 1..8 bf16 x rows against a
+bf16 weight, the same results as `bf16_gemv.reference.bf16_linear` to bf16 output rounding.
+
+Imports torch and kernels.runtime. The grid is one 128-row block per k split, the split count
+the most (1, 2, 4, 8) whose grid stays one resident wave at 3 blocks per SM, exactly as the fp8
+tensor-core GEMV plans (`fp8_gemv.launch_tc.choose_splits`); the splits of a row block form a
+thread-block cluster (sm_90+). Routing: `tc_preferred` (dispatch asks it before the CUDA-core
+GEMV and cuBLAS); off until `kernel_bench --bf16-tc-shapes` and a model A/B have measured it,
+`NINFER_KERNELS_ON=bf16_tc_gemv` routes every projection it takes (the A/B's other side).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ninfer.kernels import runtime as rt
+from ninfer.kernels.fp8_gemv.launch_tc import BLOCKS_PER_SM, SPLITS, choose_splits
+from ninfer.kernels.switches import switched_on
+
+OP = "bf16_tc_gemv"
+HEADERS = ("fp8_gemv/tc_common.cu",)  # the cluster reduction and the cp.async ring
+THREADS = 256  # 8 warps x 16 weight rows = 128 rows per block
+ROWS_PER_BLOCK = 128
+K_PER_BLOCK = 64  # k per ring stage: 128 bytes of each weight row
+MAX_ROWS = 8  # x rows per launch: the mma's n = 8
+STAGES = (2, 3, 4)  # ring depths compiled (16 KiB of weights each per block)
+DEFAULT_STAGES = 4  # 64 KiB: three blocks per SM still fit (the launch bounds' 3)
+SHARED_MAX_DEFAULT = 48 * 1024  # past this a launch must opt in
+
+__all__ = ["BLOCKS_PER_SM", "Bf16TcError", "bf16_linear", "supports", "tc_preferred"]
+
+
+class Bf16TcError(rt.KernelInputError):
+    """Operands the tensor-core bf16 GEMV does not take (check `supports` first)."""
+
+
+def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the kernel takes these operands: 1..MAX_ROWS bf16 x rows with dense 16-byte-aligned
+    rows, a contiguous 16-byte-aligned bf16 weight [N, K] with K % 8 == 0, an sm_90+ GPU."""
+    if x.dim() != 2 or weight.dim() != 2 or not x.is_cuda:
+        return False
+    if x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16:
+        return False
+    n, k = weight.shape
+    return (
+        1 <= x.shape[0] <= MAX_ROWS
+        and n >= 1
+        and x.shape[1] == k
+        and k >= 8
+        and k % 8 == 0
+        and x.stride(1) == 1
+        and (x.stride(0) * 2) % 16 == 0
+        and x.data_ptr() % 16 == 0
+        and weight.is_contiguous()
+        and weight.data_ptr() % 16 == 0
+        and torch.cuda.get_device_capability(x.device) >= (9, 0)
+    )
+
+
+def tc_preferred(num_rows: int, out_features: int, in_features: int) -> bool:
+    """Whether dispatch should run this kernel for a plain bf16 projection of this shape: not by
+    default (not yet measured against cuBLAS in a model step); `NINFER_KERNELS_ON=bf16_tc_gemv`
+    routes every shape of 1..MAX_ROWS rows."""
+    del out_features, in_features  # a measured shape rule replaces the switch once there is one
+    return 1 <= num_rows <= MAX_ROWS and switched_on("bf16_tc_gemv")
+
+
+@functools.cache
+def _allow_shared(instance: str, device_index: int, nbytes: int) -> None:
+    """Opt `instance` in to `nbytes` of dynamic shared memory (once per device)."""
+    import cupy
+
+    kernel = rt.get_kernel(OP, instance, torch.device("cuda", device_index), HEADERS)
+    with cupy.cuda.Device(device_index):
+        kernel.max_dynamic_shared_size_bytes = nbytes
+
+
+def bf16_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    splits: int | None = None,
+    stages: int = DEFAULT_STAGES,
+) -> torch.Tensor:
+    """x @ weight.T (see `bf16_gemv.reference.bf16_linear`); `splits` (1, 2, 4 or 8) and `stages`
+    (2, 3 or 4) override the plan: tests and kernel_bench."""
+    device = rt.check_cuda(x, weight)
+    if not supports(x, weight):
+        raise Bf16TcError(
+            f"tensor-core bf16 GEMV needs 1..{MAX_ROWS} dense 16-byte-aligned bf16 x rows, a "
+            f"contiguous bf16 weight with K % 8 == 0 and an sm_90+ GPU; got x {tuple(x.shape)} "
+            f"{x.dtype}, weight {tuple(weight.shape)} {weight.dtype}"
+        )
+    if stages not in STAGES:
+        raise Bf16TcError(f"ring stages must be one of {STAGES}, got {stages}")
+    n, k = weight.shape
+    num_rows = x.shape[0]
+    row_blocks = -(-n // ROWS_PER_BLOCK)
+    k_blocks = -(-k // K_PER_BLOCK)
+    if splits is None:
+        splits = choose_splits(row_blocks, k_blocks, rt.num_sms(device))
+    elif splits not in SPLITS:
+        raise Bf16TcError(f"k splits must be one of {SPLITS}, got {splits}")
+    out = torch.empty((num_rows, n), dtype=x.dtype, device=device)
+    instance = f"bf16_tc_gemv<{num_rows}, {splits}, {stages}>"
+    shared = stages * K_PER_BLOCK * 2 * ROWS_PER_BLOCK
+    if shared > SHARED_MAX_DEFAULT:
+        _allow_shared(instance, rt.device_index(device), shared)
+    kernel = rt.get_kernel(OP, instance, device, HEADERS)
+    args = (
+        rt.ptr(out),
+        rt.ptr(x),
+        rt.i64(x.stride(0)),
+        rt.ptr(weight),
+        rt.i32(n),
+        rt.i32(k),
+        rt.i32(k_blocks),
+    )
+    rt.launch(kernel, (row_blocks * splits,), (THREADS,), args, device, shared_mem=shared)
+    return out
