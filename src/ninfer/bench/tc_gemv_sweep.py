@@ -38,6 +38,7 @@ def fp8_gemv_sweep(
     (all forms must agree bit for bit: the same mma in the same order)."""
     forms = (0, *tc_cuda.STAGES)
     names = ["registers µs", *(f"ring {s} µs" for s in tc_cuda.STAGES)]
+    names += [f"S={z} µs" for z in tc_cuda.SPLITS]  # the routed form at each k split count
     lines = [
         "fp8 tensor-core GEMV forms (bf16 x, e4m3 W [N, K] with 128x128 scales), graphs, cold L2",
         "| N x K | rows | splits | " + " | ".join(names) + " | best GB/s | routed | rel err |",
@@ -64,6 +65,7 @@ def fp8_gemv_sweep(
             same = all(torch.equal(outs[0], o) for o in outs[1:])
             err = max(((o.double() - exact).norm() / exact.norm()).item() for o in outs)
             times = [_form_us(x, weights, s, calls) for s in forms]
+            times += [_form_us(x, weights, None, calls, splits=z) for z in tc_cuda.SPLITS]
             best = min(times)
             splits = tc_cuda.choose_splits(-(-n // 128), -(-k // 128), sms)
             routed = tc_cuda.ring_stages(m)
@@ -78,11 +80,19 @@ def fp8_gemv_sweep(
     return "\n".join(lines)
 
 
-def _form_us(x: torch.Tensor, weights: Sequence[Fp8Weight], stages: int, calls: int) -> float:
-    """µs per call of one form, each call on the next weight copy."""
+def _form_us(
+    x: torch.Tensor,
+    weights: Sequence[Fp8Weight],
+    stages: int | None,
+    calls: int,
+    splits: int | None = None,
+) -> float:
+    """µs per call of one form (None: the routed one), each call on the next weight copy."""
     counter = itertools.count()
     return graph_us(
-        lambda: tc_cuda.fp8_linear(x, weights[next(counter) % len(weights)], stages=stages),
+        lambda: tc_cuda.fp8_linear(
+            x, weights[next(counter) % len(weights)], stages=stages, splits=splits
+        ),
         5,
         calls,
     )
@@ -92,9 +102,11 @@ def bf16_tc_sweep(
     shapes: Sequence[tuple[int, int]], row_counts: Sequence[int], device: torch.device
 ) -> str:
     """Markdown table: µs per call of the CUDA-core bf16 GEMV, the tensor-core ring kernel at each
-    depth and `F.linear` (cuBLAS), the best kernel's weight GB/s, cuBLAS over the best ring, and
-    the worst relative error of the ring kernel against an fp64 product."""
+    depth (planned split count) and at each split count (default depth), `F.linear` (cuBLAS),
+    the best kernel's weight GB/s, cuBLAS over the best ring plan, and the worst relative error
+    of the ring kernel against an fp64 product."""
     names = [f"tc ring {s} µs" for s in bf16_tc_cuda.STAGES]
+    names += [f"S={z} µs" for z in tc_cuda.SPLITS]  # the deepest ring at each k split count
     lines = [
         "bf16 decode GEMVs (bf16 x, W [N, K]), graphs, cold L2",
         "| N x K | rows | gemv µs | " + " | ".join(names) + " | F.linear µs | best GB/s | "
@@ -123,6 +135,12 @@ def bf16_tc_sweep(
                     lambda w, x=x, s=s: bf16_tc_cuda.bf16_linear(x, w, stages=s), weights, calls
                 )
                 for s in bf16_tc_cuda.STAGES
+            ]
+            ring += [
+                _rotating_us(
+                    lambda w, x=x, z=z: bf16_tc_cuda.bf16_linear(x, w, splits=z), weights, calls
+                )
+                for z in tc_cuda.SPLITS
             ]
             cublas = _rotating_us(lambda w, x=x: torch.nn.functional.linear(x, w), weights, calls)
             best = min(t for t in (gemv, *ring, cublas) if t == t)

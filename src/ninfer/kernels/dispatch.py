@@ -624,10 +624,9 @@ def bf16_gemv_routed(
 
 def bf16_tc_routed(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `linear` runs the tensor-core bf16 GEMV (`bf16_tc_gemv`) for a plain weight: where
-    `bf16_tc_gemv.launch.tc_preferred` says so (nothing by default; the switch
-    `NINFER_KERNELS_ON=bf16_tc_gemv` routes every 1..8-row projection for a model A/B) and the
-    operands are ones it takes. The routing rule is asked first: one environment lookup per
-    projection call while it routes nothing.
+    `bf16_tc_gemv.launch.tc_preferred` says so (2..8 rows of a long-row projection; the switch
+    `NINFER_KERNELS_ON=bf16_tc_gemv` routes every 1..8-row projection, for a model A/B), the
+    operands are ones it takes, and not `bf16_tc_gemv` in `NINFER_KERNELS_OFF`.
     """
     return (
         x.dtype == torch.bfloat16

@@ -93,10 +93,18 @@ def test_strided_rows_and_a_graph_replay(gen) -> None:
     _assert_rows_close(out, x.double() @ w.double().T, "the fp64 product after replay")
 
 
-def test_dispatch_routes_it_only_when_switched_on(gen, monkeypatch) -> None:
-    x, w = _operands(2, 14336, 5120, gen)
+def test_dispatch_routes_long_rows_and_the_switches(gen, monkeypatch) -> None:
     monkeypatch.delenv("NINFER_KERNELS_ON", raising=False)
-    assert not dispatch.bf16_tc_routed(x, w)
+    monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
+    x, w = _operands(2, 14336, 5120, gen)
+    assert not dispatch.bf16_tc_routed(x, w)  # wide: cuBLAS
+    down_x, down = _operands(4, 512, 17408, gen)
+    assert dispatch.bf16_tc_routed(down_x, down)  # long rows
+    assert torch.equal(dispatch.linear(down_x, down), tc.bf16_linear(down_x, down))
+    assert not dispatch.bf16_tc_routed(down_x[:1], down)  # one row: the CUDA-core GEMV
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "bf16_tc_gemv")
+    assert not dispatch.bf16_tc_routed(down_x, down)
+    monkeypatch.delenv("NINFER_KERNELS_OFF")
     monkeypatch.setenv("NINFER_KERNELS_ON", "bf16_tc_gemv")
     assert dispatch.bf16_tc_routed(x, w)
     assert torch.equal(dispatch.linear(x, w), tc.bf16_linear(x, w))

@@ -70,3 +70,15 @@ def test_a_k_left_out_or_doubled_would_show() -> None:
         diff = _warp_product(bumped, x) - _warp_product(w, x)
         np.testing.assert_allclose(diff[3], x[:, k], atol=1e-12)
         assert np.abs(np.delete(diff, 3, axis=0)).max() < 1e-12
+
+
+def test_routing_rule_takes_long_rows_of_two_to_eight_x_rows(monkeypatch) -> None:
+    from ninfer.kernels.bf16_tc_gemv import launch
+
+    monkeypatch.delenv("NINFER_KERNELS_ON", raising=False)
+    assert launch.tc_preferred(4, 5120, 17408)  # the 27B down projection
+    assert not launch.tc_preferred(1, 5120, 17408)  # one row: the fused CUDA-core GEMV
+    assert not launch.tc_preferred(9, 5120, 17408)  # past the mma's 8 columns
+    assert not launch.tc_preferred(8, 34816, 5120)  # wide: cuBLAS
+    monkeypatch.setenv("NINFER_KERNELS_ON", "bf16_tc_gemv")
+    assert launch.tc_preferred(1, 34816, 5120)

@@ -5,8 +5,7 @@ Imports torch and kernels.runtime. The grid is one 128-row block per k split, th
 the most (1, 2, 4, 8) whose grid stays one resident wave at 3 blocks per SM, exactly as the fp8
 tensor-core GEMV plans (`fp8_gemv.launch_tc.choose_splits`); the splits of a row block form a
 thread-block cluster (sm_90+). Routing: `tc_preferred` (dispatch asks it before the CUDA-core
-GEMV and cuBLAS); off until `kernel_bench --bf16-tc-shapes` and a model A/B have measured it,
-`NINFER_KERNELS_ON=bf16_tc_gemv` routes every projection it takes (the A/B's other side).
+GEMV and cuBLAS): the long-row projections where it measured faster than cuBLAS.
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ MAX_ROWS = 8  # x rows per launch: the mma's n = 8
 STAGES = (2, 3, 4)  # ring depths compiled (16 KiB of weights each per block)
 DEFAULT_STAGES = 4  # 64 KiB: three blocks per SM still fit (the launch bounds' 3)
 SHARED_MAX_DEFAULT = 48 * 1024  # past this a launch must opt in
+LONG_ROW_RATIO = 3  # tc_preferred: K / N from which the kernel beats cuBLAS
 
 __all__ = ["BLOCKS_PER_SM", "Bf16TcError", "bf16_linear", "supports", "tc_preferred"]
 
@@ -60,11 +60,20 @@ def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def tc_preferred(num_rows: int, out_features: int, in_features: int) -> bool:
-    """Whether dispatch should run this kernel for a plain bf16 projection of this shape: not by
-    default (not yet measured against cuBLAS in a model step); `NINFER_KERNELS_ON=bf16_tc_gemv`
-    routes every shape of 1..MAX_ROWS rows."""
-    del out_features, in_features  # a measured shape rule replaces the switch once there is one
-    return 1 <= num_rows <= MAX_ROWS and switched_on("bf16_tc_gemv")
+    """Whether dispatch should run this kernel for a plain bf16 projection of this shape.
+
+    Measured (`kernel_bench --bf16-tc-shapes`, docs/perf.md run X1, H200, cold L2): the kernel
+    beats cuBLAS on long rows, K >= LONG_ROW_RATIO * N (the 27B's down projection 5,120 x 17,408:
+    46.7 against 50.5 µs at 4 rows, 47.9 against 51.0 at 8), where cuBLAS's split of K leaves it
+    at ~3.5 TB/s; on the wide K = 5,120 projections cuBLAS wins by 20-25 %. One row keeps the
+    CUDA-core GEMV (the down projection's fused SwiGLU form). `NINFER_KERNELS_OFF=bf16_tc_gemv`
+    routes nothing, `NINFER_KERNELS_ON=bf16_tc_gemv` every 1..MAX_ROWS-row shape (A/B runs).
+    """
+    if not 1 <= num_rows <= MAX_ROWS:
+        return False
+    if switched_on("bf16_tc_gemv"):
+        return True
+    return num_rows >= 2 and in_features >= LONG_ROW_RATIO * out_features
 
 
 @functools.cache
