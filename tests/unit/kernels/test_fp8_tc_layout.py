@@ -167,7 +167,10 @@ def test_block_power_of_two_scaling_keeps_extreme_x_exact(dtype: torch.dtype, to
     assert (got[4] == 0).all()
 
 
-def test_split_count_fills_one_wave_and_respects_k_blocks() -> None:
+def test_split_count_rules(monkeypatch) -> None:
+    """At least the one-wave count; more where every split keeps MIN_SPLIT_K_BLOCKS k blocks;
+    never more splits than k blocks; the switch keeps the one-wave rule alone."""
+    monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
     sms = 132
     capacity = launch_tc.BLOCKS_PER_SM * sms
     for n, k in [
@@ -176,6 +179,7 @@ def test_split_count_fills_one_wave_and_respects_k_blocks() -> None:
         (16480, 5120),
         (5120, 6144),
         (14336, 5120),
+        (12352, 2048),
         (1000, 272),
         (48, 64),
         (248320, 5120),
@@ -183,10 +187,18 @@ def test_split_count_fills_one_wave_and_respects_k_blocks() -> None:
         rb, kb = -(-n // 128), -(-k // 128)
         splits = launch_tc.choose_splits(rb, kb, sms)
         assert splits in launch_tc.SPLITS and splits <= max(1, kb)
-        assert splits == 1 or rb * splits <= capacity
-        bigger = [s for s in launch_tc.SPLITS if s > splits]
-        assert all(rb * s > capacity or s > kb for s in bigger), (n, k, splits)
-    assert launch_tc.choose_splits(40, 40, sms) == 8  # 27B hidden-row projections: 320 blocks
+        one_wave = max(s for s in launch_tc.SPLITS if s == 1 or (s <= kb and rb * s <= capacity))
+        short = max(
+            s for s in launch_tc.SPLITS if s == 1 or kb // s >= launch_tc.MIN_SPLIT_K_BLOCKS
+        )
+        assert splits == max(one_wave, short), (n, k)
+    # the 27B's wide projections (40 k blocks): 4 splits; its down (136) and out (48): 8
+    assert launch_tc.choose_splits(272, 40, sms) == 4
+    assert launch_tc.choose_splits(129, 40, sms) == 4
+    assert launch_tc.choose_splits(40, 136, sms) == 8
+    assert launch_tc.choose_splits(40, 48, sms) == 8
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "tc_wide_grid")
+    assert launch_tc.choose_splits(272, 40, sms) == 1  # one wave: 272 blocks
 
 
 def test_supports_declines_without_touching_cuda() -> None:

@@ -31,6 +31,7 @@ THREADS = 256  # 8 warps x 16 rows: one 128-row scale block per thread block
 BLOCKS_PER_SM = 3  # __launch_bounds__(256, 3) in fp8_gemv.cu: <= 80 registers
 MAX_ROWS = 8  # x rows per launch: the mma's n = 8
 SPLITS = (1, 2, 4, 8)  # k splits per row block = cluster sizes compiled (portable limit 8)
+MIN_SPLIT_K_BLOCKS = 6  # choose_splits: k blocks per split below which more splits stop paying
 STAGES = (2, 3, 4)  # ring depths compiled (k blocks of 16 KiB each per block)
 SHARED_PER_SM = 227 * 1024  # opt-in shared memory per SM on sm_90 (1 KiB of it per block reserved)
 X_ROW_BYTES = 2 * (16 * 128 + 8)  # the .cu's kRowHalves f16 per staged x row
@@ -72,17 +73,28 @@ def supports(x: torch.Tensor, weight: Fp8Weight) -> bool:
 
 
 def choose_splits(num_row_blocks: int, num_k_blocks: int, num_sms: int) -> int:
-    """The most k splits (a power of two <= 8 and <= the k blocks) whose grid fits in one wave.
+    """The k split count (1, 2, 4 or 8, at most the k blocks) of a row block.
 
-    More splits give more blocks (more loads in flight) but each block stages its own x slice;
-    past one resident wave the extra blocks only queue.
+    The larger of two rules: the most splits whose grid fits one resident wave (more blocks, more
+    loads in flight, no queued second wave), and the most that still leave every split
+    MIN_SPLIT_K_BLOCKS k blocks (128 bytes of each row). The second gives the wide K = 5,120
+    projections several waves of short blocks instead of one wave of long ones: run X2 measured
+    the fp8 gate-up 34,816 x 5,120 at 61.0 µs with 4 splits against 66.1 with one-wave's 1, the
+    in_proj 16,480 x 5,120 at 31.9 against 35.1 (H100). `NINFER_KERNELS_OFF=tc_wide_grid` keeps
+    the one-wave rule alone (the A/B's other side).
     """
     capacity = BLOCKS_PER_SM * num_sms
-    best = 1
+    one_wave = 1
     for splits in SPLITS:
         if splits <= num_k_blocks and num_row_blocks * splits <= capacity:
-            best = splits
-    return best
+            one_wave = splits
+    if switched_off("tc_wide_grid"):
+        return one_wave
+    short = 1
+    for splits in SPLITS:
+        if num_k_blocks // splits >= MIN_SPLIT_K_BLOCKS:
+            short = splits
+    return max(one_wave, short)
 
 
 def ring_shared_bytes(num_rows: int, stages: int) -> int:
