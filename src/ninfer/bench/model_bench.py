@@ -75,6 +75,13 @@ class ModelBench:
         self._pages_per_seq = pages_per_seq
         self._gen = torch.Generator().manual_seed(seed)
 
+    def recapture(self) -> None:
+        """Drop the captured decode graphs (and the eager step's state) so the next decode calls
+        launch and capture afresh, under the switches set now (bench/ab.py)."""
+        if self.graphs is not None:
+            self.graphs = self._decode_step(self._pages_per_seq, use_graphs=True)
+        self.eager = self._decode_step(self._pages_per_seq, use_graphs=False)
+
     def _decode_step(self, max_pages: int, *, use_graphs: bool) -> DecodeStep:
         """The engine's decode step (forward + greedy sampling + device feed of the next id)."""
         return DecodeStep(

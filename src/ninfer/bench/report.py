@@ -67,6 +67,8 @@ def print_report(report: BenchReport, console: Console) -> None:
                 f"{d.tok_per_s:,.1f}",
             )
         console.print(table)
+    if report.ab:
+        _print_ab(report, console)
     if report.kernels:
         table = Table(title="kernels vs torch twins (GPU us per call, in CUDA graphs)")
         for col in ("op", "shape", "torch us", "cuda us", "speed-up", "rel err"):
@@ -211,3 +213,22 @@ def _print_context_cache(report: BenchReport, console: Console) -> None:
         f"({gib / (c.snapshot_ms / 1000):.1f} / {gib / (c.restore_ms / 1000):.1f} GiB/s); "
         f"first round {c.first_snapshot_ms:.1f} + {c.first_restore_ms:.1f} ms"
     )
+
+
+def _print_ab(report: BenchReport, console: Console) -> None:
+    """One row per decode batch: the matrix's step, each setting's, and the base re-timed last,
+    each setting also as a ratio to the mean of the two base timings."""
+    again = report.ab[-1]  # the base re-timed (bench/ab.py always ends with it)
+    ctx, graphs = again.decode[0].context, again.decode[0].graphs
+    first = {d.batch: d for d in report.decode if d.context == ctx and d.graphs == graphs}
+    table = Table(title=f"A/B in one process, {ctx} context (decode step ms; ratio to the base)")
+    for col in ("batch", "base", *(r.setting or "base again" for r in report.ab)):
+        table.add_column(col, justify="right")
+    for j, d0 in enumerate(again.decode):
+        base = d0.step_ms if d0.batch not in first else (first[d0.batch].step_ms + d0.step_ms) / 2
+        cells = [str(d0.batch), f"{first[d0.batch].step_ms:.3f}" if d0.batch in first else "-"]
+        for r in report.ab:
+            ms = r.decode[j].step_ms
+            cells.append(f"{ms:.3f} ({ms / base:.3f})")
+        table.add_row(*cells)
+    console.print(table)

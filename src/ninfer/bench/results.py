@@ -172,6 +172,14 @@ class ContextCacheResult:
 
 
 @dataclass
+class AbResult:
+    """`--ab`: the decode batches again with one setting (NAME=VALUE; '' = the base re-timed)."""
+
+    setting: str
+    decode: list[DecodeResult] = field(default_factory=list)
+
+
+@dataclass
 class BenchReport:
     model: str
     num_params: int
@@ -197,6 +205,7 @@ class BenchReport:
     e2e: list[E2eResult] = field(default_factory=list)  # `--e2e`: through the public Engine
     interference: InterferenceResult | None = None
     context_cache: ContextCacheResult | None = None  # `--context-cache`
+    ab: list[AbResult] = field(default_factory=list)  # `--ab`: settings, then the base again
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ninfer.bench import gpu_state
+from ninfer.bench.ab import run_ab
 from ninfer.bench.ceilings import measure_ceilings
 from ninfer.bench.context_cache import run_context_cache
 from ninfer.bench.e2e import run_e2e
@@ -71,6 +72,8 @@ class BenchOptions:
     context_cache: bool = False
     cache_turn_tokens: int = 16384
     cache_snapshot_tokens: int = 32768
+    # `--ab`: (NAME, VALUE) switch settings; the decode batches again under each (bench/ab.py)
+    ab: tuple[tuple[str, str], ...] = ()
 
 
 def run_bench(opts: BenchOptions, on_progress: Callable[[str], None]) -> BenchReport:
@@ -146,6 +149,15 @@ def run_bench(opts: BenchOptions, on_progress: Callable[[str], None]) -> BenchRe
     )
     if bench.graphs is None:
         report.notes.append(f"decode ran eagerly: CUDA graphs unavailable ({bench.graphs_reason})")
+    if opts.ab:
+        report.ab = run_ab(
+            bench,
+            opts.ab,
+            decode_batches=decode_batches,
+            context=small_ctx,
+            decode_steps=opts.decode_steps,
+            on_progress=on_progress,
+        )
     if opts.kv_dtype != "bf16" and (opts.e2e or opts.context_cache):
         report.notes.append(f"--kv-dtype {opts.kv_dtype} applies to the matrix; the --e2e and "
                             "--context-cache engines keep bf16 KV")  # fmt: skip

@@ -55,6 +55,14 @@ def bench(
     steps: int = opt(16, "--steps", min=1, help="Timed decode steps per cell.", metavar="N"),
     no_kernels: bool = opt(False, "--no-kernels", help="Skip the kernel timings."),
     no_ceilings: bool = opt(False, "--no-ceilings", help="Skip copy/GEMM ceilings."),
+    ab: str = opt(
+        "",
+        "--ab",
+        help="Also time the decode batches (first --contexts value) again under each of these "
+        "switch settings, NAME=VALUE;NAME=VALUE (e.g. NINFER_KERNELS_OFF=fp8_ring), then the "
+        "base again: an A/B in one process.",
+        metavar="SETTINGS",
+    ),
     profile: bool = opt(False, "--profile", help="Profile an eager decode step."),
     as_json: bool = opt(False, "--json", help="Print JSON instead of tables."),
     save: Path | None = opt(
@@ -149,6 +157,15 @@ def bench(
     """Benchmark prefill and decode of a real-shape model with random weights (needs a GPU)."""
     if kv_dtype not in KV_DTYPES:
         raise UserError(f"--kv-dtype must be one of {'|'.join(KV_DTYPES)}, got {kv_dtype!r}")
+    from ninfer.bench.ab import AbSettingError, parse_settings
+
+    try:
+        ab_settings = parse_settings(ab)
+    except AbSettingError as e:
+        raise UserError(str(e)) from None
+    if ab_settings and (kv_dtype_quality or spec is not None or vision):
+        raise UserError("--ab applies to the text matrix; it is not supported with "
+                        "--kv-dtype-quality, --spec or --vision")  # fmt: skip
     if kv_dtype_quality:
         from ninfer.bench.kv_quality_cmd import run_kv_quality_cmd
 
@@ -202,6 +219,7 @@ def bench(
         context_cache=context_cache,
         cache_turn_tokens=cache_turn,
         cache_snapshot_tokens=cache_snapshot,
+        ab=ab_settings,
     )
     err = Console(stderr=True)
     try:

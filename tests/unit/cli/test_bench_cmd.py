@@ -123,3 +123,36 @@ def test_kv_dtype_quality_takes_its_contexts(monkeypatch: pytest.MonkeyPatch) ->
     assert result.exit_code == 0, result.output
     (args_seen,) = seen
     assert args_seen[:4] == ("tiny-dense", "cuda:0", "bf16", (4096, 8192))
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--ab", "PATH=/usr"], "--ab takes NAME=VALUE"),
+        (["--ab", "NINFER_KERNELS_OFF"], "--ab takes NAME=VALUE"),
+        (["--ab", "NINFER_KERNELS_OFF=pdl", "--spec", "mtp"], "not supported with"),
+        (["--ab", "NINFER_KERNELS_OFF=pdl", "--vision"], "not supported with"),
+    ],
+)
+def test_bad_ab_settings_are_user_errors(args: list[str], message: str) -> None:
+    _fails(args, message)
+
+
+def test_ab_settings_reach_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ninfer.bench import run
+
+    seen: list[run.BenchOptions] = []
+
+    def fake_run_bench(opts: run.BenchOptions, on_progress: object) -> BenchReport:
+        seen.append(opts)
+        return BenchReport("tiny-dense", 1, "GPU", "today", "torch", "ninfer bench")
+
+    monkeypatch.setattr(run, "run_bench", fake_run_bench)
+    result = CliRunner().invoke(
+        app, [*BASE, "--ab", "NINFER_KERNELS_OFF=fp8_ring,pdl;NINFER_KERNELS_ON=bf16_tc_gemv"]
+    )
+    assert result.exit_code == 0, result.output
+    assert seen[0].ab == (
+        ("NINFER_KERNELS_OFF", "fp8_ring,pdl"),
+        ("NINFER_KERNELS_ON", "bf16_tc_gemv"),
+    )

@@ -1,0 +1,83 @@
+"""`ninfer bench --ab`: settings parsed and checked without a GPU, the environment restored, the
+A/B table built from the report (the GPU part, recapture and decode, runs in device calls)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from rich.console import Console
+
+from ninfer.bench.ab import AbSettingError, environment, parse_settings
+from ninfer.bench.report import print_report
+from ninfer.bench.results import AbResult, BenchReport, DecodeResult
+
+
+def test_settings_split_on_semicolons_and_keep_commas() -> None:
+    got = parse_settings(" NINFER_KERNELS_OFF=fp8_ring,pdl ; NINFER_KERNELS_ON=bf16_tc_gemv;")
+    assert got == (("NINFER_KERNELS_OFF", "fp8_ring,pdl"), ("NINFER_KERNELS_ON", "bf16_tc_gemv"))
+    assert parse_settings("") == ()
+
+
+@pytest.mark.parametrize("bad", ["NINFER_KERNELS_OFF", "PATH=/tmp", "NINFER_=x", "=x"])
+def test_bad_settings_are_refused(bad: str) -> None:
+    with pytest.raises(AbSettingError, match="NAME=VALUE"):
+        parse_settings(bad)
+
+
+def test_environment_is_restored(monkeypatch) -> None:
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "pdl")
+    monkeypatch.delenv("NINFER_KERNELS_ON", raising=False)
+    with environment("NINFER_KERNELS_OFF", "fp8_ring"), environment("NINFER_KERNELS_ON", "x"):
+        assert os.environ["NINFER_KERNELS_OFF"] == "fp8_ring"
+        assert os.environ["NINFER_KERNELS_ON"] == "x"
+    assert os.environ["NINFER_KERNELS_OFF"] == "pdl"
+    assert "NINFER_KERNELS_ON" not in os.environ
+    with pytest.raises(RuntimeError), environment("NINFER_KERNELS_ON", "y"):
+        raise RuntimeError
+    assert "NINFER_KERNELS_ON" not in os.environ
+
+
+def _row(batch: int, ms: float) -> DecodeResult:
+    return DecodeResult(batch, 1024, True, ms, batch / ms * 1e3)
+
+
+def test_ab_table_gives_ratios_to_the_mean_base() -> None:
+    report = BenchReport("qwen3.6-27b", 1, "GPU", "today", "torch", "ninfer bench")
+    report.decode = [_row(1, 10.0), _row(8, 20.0), DecodeResult(1, 1024, False, 70.0, 14.0)]
+    report.ab = [
+        AbResult("NINFER_KERNELS_OFF=fp8_ring", [_row(1, 11.0), _row(8, 19.0)]),
+        AbResult("", [_row(1, 12.0), _row(8, 20.0)]),
+    ]
+    console = Console(record=True, width=200)
+    print_report(report, console)
+    text = console.export_text()
+    assert "NINFER_KERNELS_OFF=fp8_ring" in text and "base again" in text
+    assert "11.000 (1.000)" in text  # base mean (10 + 12) / 2 = 11
+    assert "19.000 (0.950)" in text  # (20 + 20) / 2 = 20
+
+
+@pytest.mark.gpu
+def test_ab_run_on_the_tiny_model_restores_the_switches(monkeypatch) -> None:
+    """The whole path on a GPU: settings applied to recaptured graphs, rows for every batch, the
+    base re-timed, and the environment as it was afterwards."""
+    from ninfer.bench.run import BenchOptions, run_bench
+
+    monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
+    opts = BenchOptions(
+        synthetic="tiny-dense",
+        prefill_sizes=(64,),
+        decode_batches=(1, 2),
+        decode_contexts=(128,),
+        decode_steps=2,
+        kernels=False,
+        ceilings=False,
+        eager_baseline=False,
+        ab=(("NINFER_KERNELS_OFF", "bf16_gemv,pdl"),),
+    )
+    report = run_bench(opts, lambda msg: None)
+    assert [r.setting for r in report.ab] == ["NINFER_KERNELS_OFF=bf16_gemv,pdl", ""]
+    for r in report.ab:
+        assert [d.batch for d in r.decode] == [1, 2]
+        assert all(d.step_ms > 0 for d in r.decode)
+    assert "NINFER_KERNELS_OFF" not in os.environ
