@@ -80,6 +80,18 @@ def get_kernel(op: str, instance: str, device: torch.device, headers: tuple[str,
 
 
 @functools.cache
+def allow_shared(
+    op: str, instance: str, device_index: int, nbytes: int, headers: tuple[str, ...] = ()
+) -> None:
+    """Opt `instance` of `op` in to `nbytes` of dynamic shared memory (a launch past 48 KiB must),
+    once per device and size."""
+    cupy = _cupy()
+    kernel = get_kernel(op, instance, torch.device("cuda", device_index), headers)
+    with cupy.cuda.Device(device_index):
+        kernel.max_dynamic_shared_size_bytes = nbytes
+
+
+@functools.cache
 def _external_stream(ptr: int, device_index: int) -> Any:
     cupy = _cupy()
     # NOTE: CuPy 14 deprecates ExternalStream for Stream.from_external, which takes an object with
@@ -116,7 +128,8 @@ def launch(
 ) -> None:
     """Launch on torch's current stream of `device` (which a graph capture also records).
 
-    `shared_mem`: bytes of dynamic shared memory (`extern __shared__`), at most 48 KiB.
+    `shared_mem`: bytes of dynamic shared memory (`extern __shared__`), at most 48 KiB unless
+    the kernel was opted in to more (`allow_shared`).
     On Hopper and later the launch allows programmatic dependent launch (`pdl.py`): every ninfer
     kernel begins with `pdl_begin()`, so it may be scheduled while its predecessor drains.
     """

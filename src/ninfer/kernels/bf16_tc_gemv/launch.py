@@ -10,8 +10,6 @@ GEMV and cuBLAS): the long-row projections where it measured faster than cuBLAS.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from ninfer.kernels import runtime as rt
@@ -76,16 +74,6 @@ def tc_preferred(num_rows: int, out_features: int, in_features: int) -> bool:
     return num_rows >= 2 and in_features >= LONG_ROW_RATIO * out_features
 
 
-@functools.cache
-def _allow_shared(instance: str, device_index: int, nbytes: int) -> None:
-    """Opt `instance` in to `nbytes` of dynamic shared memory (once per device)."""
-    import cupy
-
-    kernel = rt.get_kernel(OP, instance, torch.device("cuda", device_index), HEADERS)
-    with cupy.cuda.Device(device_index):
-        kernel.max_dynamic_shared_size_bytes = nbytes
-
-
 def bf16_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -116,7 +104,7 @@ def bf16_linear(
     instance = f"bf16_tc_gemv<{num_rows}, {splits}, {stages}>"
     shared = stages * K_PER_BLOCK * 2 * ROWS_PER_BLOCK
     if shared > SHARED_MAX_DEFAULT:
-        _allow_shared(instance, rt.device_index(device), shared)
+        rt.allow_shared(OP, instance, rt.device_index(device), shared, HEADERS)
     kernel = rt.get_kernel(OP, instance, device, HEADERS)
     args = (
         rt.ptr(out),

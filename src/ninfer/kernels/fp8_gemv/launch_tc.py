@@ -17,8 +17,6 @@ registers; `fp8_tc_gemv_ring` keeps STAGES - 1 in flight through a cp.async ring
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from ninfer.kernels import runtime as rt
@@ -110,16 +108,6 @@ def ring_stages(num_rows: int) -> int:
     return RING_STAGES[num_rows]
 
 
-@functools.cache
-def _allow_shared(instance: str, device_index: int, nbytes: int) -> None:
-    """Opt `instance` in to `nbytes` of dynamic shared memory (once per device)."""
-    import cupy
-
-    kernel = rt.get_kernel(OP, instance, torch.device("cuda", device_index), HEADERS)
-    with cupy.cuda.Device(device_index):
-        kernel.max_dynamic_shared_size_bytes = nbytes
-
-
 def fp8_linear(
     x: torch.Tensor,
     weight: Fp8Weight,
@@ -158,7 +146,7 @@ def fp8_linear(
         instance = f"fp8_tc_gemv_ring<{t}, {num_rows}, {splits}, {stages}>"
         shared = ring_shared_bytes(num_rows, stages)
         if shared > 48 * 1024:
-            _allow_shared(instance, rt.device_index(device), shared)
+            rt.allow_shared(OP, instance, rt.device_index(device), shared, HEADERS)
     kernel = rt.get_kernel(OP, instance, device, HEADERS)
     args = (
         rt.ptr(out),

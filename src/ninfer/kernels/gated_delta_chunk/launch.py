@@ -10,7 +10,6 @@ touching a GPU, so their arguments can be checked on the CPU.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -204,16 +203,6 @@ def plan(
     return Plan(out, terms, (prepare, recur), keep)
 
 
-@functools.cache
-def _allow_shared(instance: str, device_index: int, nbytes: int) -> None:
-    """Opt `instance` in to `nbytes` of dynamic shared memory (once per device)."""
-    import cupy
-
-    kernel = rt.get_kernel(OP, instance, torch.device("cuda", device_index))
-    with cupy.cuda.Device(device_index):
-        kernel.max_dynamic_shared_size_bytes = nbytes
-
-
 def gated_delta_chunk_prefill(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -239,7 +228,7 @@ def gated_delta_chunk_prefill(
     for launch in p.launches:
         kernel = rt.get_kernel(OP, launch.instance, device)
         if launch.shared_mem > DEFAULT_SHARED:
-            _allow_shared(launch.instance, index, launch.shared_mem)
+            rt.allow_shared(OP, launch.instance, index, launch.shared_mem)
         rt.launch(
             kernel, launch.grid, launch.block, launch.args, device, shared_mem=launch.shared_mem
         )
