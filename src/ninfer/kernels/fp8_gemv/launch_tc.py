@@ -5,9 +5,9 @@ Imports torch and kernels.runtime. Same signature and results as `reference.fp8_
 an sm_90+ GPU (thread-block clusters). x is bf16 only: the tensor cores multiply f16, which holds
 bf16 exactly after the kernel's per-block power-of-two scaling but would round fp32 x (a tiny
 fp32 model drifted to 3e-3 row errors on the H200), so fp32 x runs the CUDA-core GEMV. The grid
-is one 128-row block per k split; the split count is picked so the whole grid is resident at
-once (3 blocks per SM) because a 27B projection lasts 7-50 us and a second partial wave would be
-its tail.
+is one 128-row block per k split; the splits of a row block form one thread-block cluster
+(`choose_splits` says how many: at least a resident wave's worth, more while the splits stay
+long enough, measured in runs X1-X2 of docs/perf.md).
 
 Two forms of the same kernel: `fp8_tc_gemv` keeps one k block of weights in flight per thread in
 registers; `fp8_tc_gemv_ring` keeps STAGES - 1 in flight through a cp.async ring in shared memory
@@ -31,7 +31,7 @@ MAX_ROWS = 8  # x rows per launch: the mma's n = 8
 SPLITS = (1, 2, 4, 8)  # k splits per row block = cluster sizes compiled (portable limit 8)
 MIN_SPLIT_K_BLOCKS = 6  # choose_splits: k blocks per split below which more splits stop paying
 STAGES = (2, 3, 4)  # ring depths compiled (k blocks of 16 KiB each per block)
-SHARED_PER_SM = 227 * 1024  # opt-in shared memory per SM on sm_90 (1 KiB of it per block reserved)
+SHARED_PER_SM = 228 * 1024  # shared memory per SM on sm_90; each resident block reserves 1 KiB
 X_ROW_BYTES = 2 * (16 * 128 + 8)  # the .cu's kRowHalves f16 per staged x row
 COMB_BYTES = 16 * 8 * 4  # kChunk x 8 combined scales
 # The ring's depth by x rows (0: the register form), the deepest that keeps 3 blocks per SM.
