@@ -2,9 +2,8 @@
 bf16 weight, the same results as `bf16_gemv.reference.bf16_linear` to bf16 output rounding.
 
 Imports torch and kernels.runtime. The grid is one 128-row block per k split, the split count
-the most (1, 2, 4, 8) whose grid stays one resident wave at 3 blocks per SM, exactly as the fp8
-tensor-core GEMV plans (`fp8_gemv.launch_tc.choose_splits`); the splits of a row block form a
-thread-block cluster (sm_90+). Routing: `tc_preferred` (dispatch asks it before the CUDA-core
+planned exactly as the fp8 tensor-core GEMV's (`fp8_gemv.launch_tc.choose_splits`: a k block is
+128 bytes of every row in both); the splits of a row block form a thread-block cluster (sm_90+). Routing: `tc_preferred` (dispatch asks it before the CUDA-core
 GEMV and cuBLAS): the long-row projections where it measured faster than cuBLAS.
 """
 
@@ -13,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ninfer.kernels import runtime as rt
-from ninfer.kernels.fp8_gemv.launch_tc import BLOCKS_PER_SM, SPLITS, choose_splits
+from ninfer.kernels.fp8_gemv.launch_tc import SPLITS, choose_splits
 from ninfer.kernels.switches import switched_on
 
 OP = "bf16_tc_gemv"
@@ -26,8 +25,6 @@ STAGES = (2, 3, 4)  # ring depths compiled (16 KiB of weights each per block)
 DEFAULT_STAGES = 4  # 64 KiB: three blocks per SM still fit (the launch bounds' 3)
 SHARED_MAX_DEFAULT = 48 * 1024  # past this a launch must opt in
 LONG_ROW_RATIO = 3  # tc_preferred: K / N from which the kernel beats cuBLAS
-
-__all__ = ["BLOCKS_PER_SM", "Bf16TcError", "bf16_linear", "supports", "tc_preferred"]
 
 
 class Bf16TcError(rt.KernelInputError):
