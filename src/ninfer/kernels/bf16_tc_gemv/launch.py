@@ -3,8 +3,9 @@ bf16 weight, the same results as `bf16_gemv.reference.bf16_linear` to bf16 outpu
 
 Imports torch and kernels.runtime. The grid is one 128-row block per k split, the split count
 planned exactly as the fp8 tensor-core GEMV's (`fp8_gemv.launch_tc.choose_splits`: a k block is
-128 bytes of every row in both); the splits of a row block form a thread-block cluster (sm_90+). Routing: `tc_preferred` (dispatch asks it before the CUDA-core
-GEMV and cuBLAS): the long-row projections where it measured faster than cuBLAS.
+128 bytes of every row in both); the splits of a row block form a thread-block cluster (sm_90+).
+Routing: `tc_preferred` (dispatch asks it before the CUDA-core GEMV and cuBLAS): the long-row
+projections where it measured faster than cuBLAS.
 """
 
 from __future__ import annotations
