@@ -88,8 +88,6 @@ def bf16_gemv_preferred(num_rows: int, out_features: int, in_features: int) -> b
         return False
     if num_rows > 1:
         return out_features * in_features <= MULTI_ROW_MAX_WEIGHTS
-    if switched_on("bf16_gemv_wide"):  # A/B: every one-row projection, the lm_head included
-        return True
     limit = SHORT_K_MAX_OUT if in_features <= SHORT_K else ONE_ROW_MAX_OUT
     return out_features <= limit
 
