@@ -10,15 +10,14 @@ captured. The base is timed again at the end, so drift over the run shows beside
 
 from __future__ import annotations
 
-import contextlib
 import gc
-import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from ninfer.bench.model_bench import ModelBench
-from ninfer.bench.results import AbResult
+from ninfer.bench.results import AbResult, DecodeResult
+from ninfer.kernels.switches import setting
 
 PREFIX = "NINFER_"  # only ninfer's own switches: read per launch, so a recapture applies them
 
@@ -46,20 +45,6 @@ def parse_settings(text: str) -> tuple[tuple[str, str], ...]:
     return tuple(settings)
 
 
-@contextlib.contextmanager
-def environment(name: str, value: str) -> Iterator[None]:
-    """`name` set to `value` inside, restored (or removed) after."""
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
-
-
 def run_ab(
     bench: ModelBench,
     settings: Sequence[tuple[str, str]],
@@ -72,13 +57,12 @@ def run_ab(
     """Each setting's decode rows, then the base's again (setting ''), each with fresh graphs."""
     results = []
     for name, value in settings:
-        with environment(name, value):
-            results.append(
-                AbResult(f"{name}={value}", _rows(bench, decode_batches, context, decode_steps,
-                                                  on_progress, f"{name}={value}"))
-            )  # fmt: skip
-    results.append(AbResult("", _rows(bench, decode_batches, context, decode_steps, on_progress,
-                                      "the base again")))  # fmt: skip
+        label = f"{name}={value}"
+        with setting(name, value):
+            results.append(AbResult(label, _rows(bench, decode_batches, context, decode_steps,
+                                                 on_progress, label)))  # fmt: skip
+    base = _rows(bench, decode_batches, context, decode_steps, on_progress, "the base again")
+    results.append(AbResult("", base))
     return results
 
 
@@ -89,7 +73,7 @@ def _rows(
     steps: int,
     on_progress: Callable[[str], None],
     label: str,
-) -> list:
+) -> list[DecodeResult]:
     bench.recapture()
     gc.collect()
     torch.cuda.empty_cache()

@@ -3,11 +3,14 @@ launch cost on the host does not count, as inside a decode step)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import torch
 
 CALLS_PER_GRAPH = 20
+W = TypeVar("W")
 
 
 def graph_us(fn: Callable[[], object], replays: int = 10, calls: int = CALLS_PER_GRAPH) -> float:
@@ -32,3 +35,10 @@ def graph_us(fn: Callable[[], object], replays: int = 10, calls: int = CALLS_PER
         times.append(start.elapsed_time(end) * 1000.0 / calls)
     times.sort()
     return times[len(times) // 2]
+
+
+def rotating(fn: Callable[[W], object], weights: Sequence[W]) -> Callable[[], object]:
+    """fn over the next of `weights` at each call: a graph records each call's own weight, so
+    a sweep reads its weights from DRAM, as a decode step does, not from L2."""
+    counter = itertools.count()
+    return lambda: fn(weights[next(counter) % len(weights)])

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import itertools
 import json
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -23,6 +22,7 @@ import torch
 
 from ninfer.bench.gpu_timing import CALLS_PER_GRAPH
 from ninfer.bench.gpu_timing import graph_us as _graph_us
+from ninfer.bench.gpu_timing import rotating as _rotating
 from ninfer.bench.prefill_attention_sweep import first_call_sweep, prefill_attention_sweep
 from ninfer.bench.results import KernelTiming
 from ninfer.bench.tc_gemv_sweep import LM_HEAD as TC_LM_HEAD
@@ -56,6 +56,7 @@ from ninfer.kernels.qk_norm_rope import launch as qk_cuda
 from ninfer.kernels.qk_norm_rope import reference as qk_ref
 from ninfer.kernels.silu_mul import launch as silu_mul_cuda
 from ninfer.kernels.silu_mul import reference as silu_mul_ref
+from ninfer.kernels.switches import setting
 from ninfer.model.batch import ForwardBatch
 from ninfer.model.layers import moe
 from ninfer.model.layers.gated_attention import build_attention_metadata, paged_attention
@@ -622,16 +623,12 @@ def delta_decode_sweep(batches: Sequence[int], device: torch.device) -> str:
 def _switched_off(name: str | None) -> Iterator[None]:
     """NINFER_KERNELS_OFF with `name` added for the duration (dispatch reads it per call, so a
     graph captured inside keeps the variant); nothing when `name` is None."""
-    old = os.environ.get("NINFER_KERNELS_OFF")
-    if name is not None:
-        os.environ["NINFER_KERNELS_OFF"] = f"{old},{name}" if old else name
-    try:
+    if name is None:
         yield
-    finally:
-        if old is None:
-            os.environ.pop("NINFER_KERNELS_OFF", None)
-        else:
-            os.environ["NINFER_KERNELS_OFF"] = old
+        return
+    old = os.environ.get("NINFER_KERNELS_OFF")
+    with setting("NINFER_KERNELS_OFF", f"{old},{name}" if old else name):
+        yield
 
 
 def moe_path_sweep(batches: Sequence[int], device: torch.device) -> str:
@@ -1074,14 +1071,6 @@ def bf16_gemv_sweep(
         del weights
         torch.cuda.empty_cache()
     return "\n".join(lines)
-
-
-def _rotating(
-    fn: Callable[[torch.Tensor], object], weights: Sequence[torch.Tensor]
-) -> Callable[[], object]:
-    """fn over the next of `weights` at each call (a graph records each call's own weight)."""
-    counter = itertools.count()
-    return lambda: fn(weights[next(counter) % len(weights)])
 
 
 if __name__ == "__main__":

@@ -10,13 +10,12 @@ copies to span five times the H200's 50 MB L2.
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 
 from ninfer.artifact.quantize import quantize_fp8_block
-from ninfer.bench.gpu_timing import CALLS_PER_GRAPH, graph_us
+from ninfer.bench.gpu_timing import CALLS_PER_GRAPH, graph_us, rotating
 from ninfer.kernels.bf16_gemv import launch as gemv_cuda
 from ninfer.kernels.bf16_tc_gemv import launch as bf16_tc_cuda
 from ninfer.kernels.fp8_gemv import launch_tc as tc_cuda
@@ -64,8 +63,12 @@ def fp8_gemv_sweep(
             outs = [tc_cuda.fp8_linear(x, weights[0], stages=s) for s in forms]
             same = all(torch.equal(outs[0], o) for o in outs[1:])
             err = max(((o.double() - exact).norm() / exact.norm()).item() for o in outs)
-            times = [_form_us(x, weights, s, calls) for s in forms]
-            times += [_form_us(x, weights, None, calls, splits=z) for z in tc_cuda.SPLITS]
+            plans = [{"stages": s} for s in forms] + [{"splits": z} for z in tc_cuda.SPLITS]
+            times = [
+                graph_us(rotating(lambda w, x=x, p=p: tc_cuda.fp8_linear(x, w, **p), weights),
+                         5, calls)
+                for p in plans
+            ]  # fmt: skip
             best = min(times)
             splits = tc_cuda.choose_splits(-(-n // 128), -(-k // 128), sms)
             routed = tc_cuda.ring_stages(m)
@@ -78,24 +81,6 @@ def fp8_gemv_sweep(
         del weights
         torch.cuda.empty_cache()
     return "\n".join(lines)
-
-
-def _form_us(
-    x: torch.Tensor,
-    weights: Sequence[Fp8Weight],
-    stages: int | None,
-    calls: int,
-    splits: int | None = None,
-) -> float:
-    """µs per call of one form (None: the routed one), each call on the next weight copy."""
-    counter = itertools.count()
-    return graph_us(
-        lambda: tc_cuda.fp8_linear(
-            x, weights[next(counter) % len(weights)], stages=stages, splits=splits
-        ),
-        5,
-        calls,
-    )
 
 
 def bf16_tc_sweep(
@@ -129,20 +114,19 @@ def bf16_tc_sweep(
             )  # fmt: skip
             gemv = float("nan")
             if m <= gemv_cuda.MAX_ROWS and gemv_cuda.supports(x, weights[0]):
-                gemv = _rotating_us(lambda w, x=x: gemv_cuda.bf16_linear(x, w), weights, calls)
+                gemv = graph_us(rotating(lambda w, x=x: gemv_cuda.bf16_linear(x, w), weights),
+                                5, calls)  # fmt: skip
+            plans = [{"stages": s} for s in bf16_tc_cuda.STAGES] + [
+                {"splits": z} for z in tc_cuda.SPLITS
+            ]
             ring = [
-                _rotating_us(
-                    lambda w, x=x, s=s: bf16_tc_cuda.bf16_linear(x, w, stages=s), weights, calls
-                )
-                for s in bf16_tc_cuda.STAGES
-            ]
-            ring += [
-                _rotating_us(
-                    lambda w, x=x, z=z: bf16_tc_cuda.bf16_linear(x, w, splits=z), weights, calls
-                )
-                for z in tc_cuda.SPLITS
-            ]
-            cublas = _rotating_us(lambda w, x=x: torch.nn.functional.linear(x, w), weights, calls)
+                graph_us(rotating(lambda w, x=x, p=p: bf16_tc_cuda.bf16_linear(x, w, **p), weights),
+                         5, calls)
+                for p in plans
+            ]  # fmt: skip
+            cublas = graph_us(
+                rotating(lambda w, x=x: torch.nn.functional.linear(x, w), weights), 5, calls
+            )
             best = min(t for t in (gemv, *ring, cublas) if t == t)
             cells = " | ".join(f"{t:.1f}" for t in ring)
             lines.append(
@@ -152,11 +136,3 @@ def bf16_tc_sweep(
         del weights
         torch.cuda.empty_cache()
     return "\n".join(lines)
-
-
-def _rotating_us(
-    fn: Callable[[torch.Tensor], object], weights: Sequence[torch.Tensor], calls: int
-) -> float:
-    """µs per call of fn(weight), each call on the next weight copy."""
-    counter = itertools.count()
-    return graph_us(lambda: fn(weights[next(counter) % len(weights)]), 5, calls)

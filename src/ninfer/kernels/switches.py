@@ -7,7 +7,9 @@ Read per call (an environment lookup), so a process can compare both sides of a 
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 
 def switched_off(name: str) -> bool:
@@ -24,3 +26,18 @@ def switched_on(name: str) -> bool:
 def _named(variable: str, name: str) -> bool:
     entries = os.environ.get(variable, "").split(",")
     return any(e.strip().startswith(name) for e in entries if e.strip())
+
+
+@contextlib.contextmanager
+def setting(name: str, value: str) -> Iterator[None]:
+    """Environment variable `name` = `value` inside, restored (or removed) after: one side of a
+    switch A/B in a running process (benchmarks; kernels launched or captured inside see it)."""
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old

@@ -8,9 +8,10 @@ import os
 import pytest
 from rich.console import Console
 
-from ninfer.bench.ab import AbSettingError, environment, parse_settings
+from ninfer.bench.ab import AbSettingError, parse_settings
 from ninfer.bench.report import print_report
 from ninfer.bench.results import AbResult, BenchReport, DecodeResult
+from ninfer.kernels.switches import setting as environment
 
 
 def test_settings_split_on_semicolons_and_keep_commas() -> None:
