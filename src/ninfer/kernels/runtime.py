@@ -79,12 +79,17 @@ def get_kernel(op: str, instance: str, device: torch.device, headers: tuple[str,
     return module.get_function(instance)
 
 
+SHARED_DEFAULT = 48 * 1024  # dynamic shared memory a launch may use without opting in
+
+
 @functools.cache
 def allow_shared(
     op: str, instance: str, device_index: int, nbytes: int, headers: tuple[str, ...] = ()
 ) -> None:
-    """Opt `instance` of `op` in to `nbytes` of dynamic shared memory (a launch past 48 KiB must),
-    once per device and size."""
+    """Opt `instance` of `op` in to `nbytes` of dynamic shared memory, once per device and size;
+    nothing at SHARED_DEFAULT or below, which every launch may use without opting in."""
+    if nbytes <= SHARED_DEFAULT:
+        return
     cupy = _cupy()
     kernel = get_kernel(op, instance, torch.device("cuda", device_index), headers)
     with cupy.cuda.Device(device_index):

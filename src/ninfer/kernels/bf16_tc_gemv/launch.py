@@ -24,7 +24,6 @@ K_PER_BLOCK = 64  # k per ring stage: 128 bytes of each weight row
 MAX_ROWS = 8  # x rows per launch: the mma's n = 8
 STAGES = (2, 3, 4)  # ring depths compiled (16 KiB of weights each per block)
 DEFAULT_STAGES = 4  # 64 KiB: three blocks per SM still fit (the launch bounds' 3)
-SHARED_MAX_DEFAULT = 48 * 1024  # past this a launch must opt in
 LONG_ROW_RATIO = 3  # tc_preferred: K / N from which the kernel beats cuBLAS
 
 
@@ -101,8 +100,7 @@ def bf16_linear(
     out = torch.empty((num_rows, n), dtype=x.dtype, device=device)
     instance = f"bf16_tc_gemv<{num_rows}, {splits}, {stages}>"
     shared = stages * K_PER_BLOCK * 2 * ROWS_PER_BLOCK
-    if shared > SHARED_MAX_DEFAULT:
-        rt.allow_shared(OP, instance, rt.device_index(device), shared, HEADERS)
+    rt.allow_shared(OP, instance, rt.device_index(device), shared, HEADERS)
     kernel = rt.get_kernel(OP, instance, device, HEADERS)
     args = (
         rt.ptr(out),

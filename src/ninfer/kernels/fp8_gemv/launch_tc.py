@@ -145,8 +145,7 @@ def fp8_linear(
     else:
         instance = f"fp8_tc_gemv_ring<{t}, {num_rows}, {splits}, {stages}>"
         shared = ring_shared_bytes(num_rows, stages)
-        if shared > 48 * 1024:
-            rt.allow_shared(OP, instance, rt.device_index(device), shared, HEADERS)
+        rt.allow_shared(OP, instance, rt.device_index(device), shared, HEADERS)
     kernel = rt.get_kernel(OP, instance, device, HEADERS)
     args = (
         rt.ptr(out),

@@ -25,7 +25,6 @@ WARPS = 4  # gdc_recur: warps per block, 16 value columns each
 COLS_PER_BLOCK = 16 * WARPS
 PREP_THREADS = 128  # GDC_PREP_THREADS
 MAX_GRID_YZ = 65535
-DEFAULT_SHARED = 48 * 1024  # beyond this a kernel must opt in
 # dispatch takes this kernel when a prefill's longest sequence has at least this many tokens:
 # on the H200 (27B layer, eager) the token-serial kernel took 0.102 / 0.174 ms at 64 / 256
 # tokens and this one 0.138 / 0.143 ms, so they cross near 160 (docs/perf.md)
@@ -227,8 +226,7 @@ def gated_delta_chunk_prefill(
     index = device.index if device.index is not None else torch.cuda.current_device()
     for launch in p.launches:
         kernel = rt.get_kernel(OP, launch.instance, device)
-        if launch.shared_mem > DEFAULT_SHARED:
-            rt.allow_shared(OP, launch.instance, index, launch.shared_mem)
+        rt.allow_shared(OP, launch.instance, index, launch.shared_mem)
         rt.launch(
             kernel, launch.grid, launch.block, launch.args, device, shared_mem=launch.shared_mem
         )
