@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from tests.support.gpu_checks import bf16_operands, capture_graph
 
 from ninfer.kernels import dispatch
 from ninfer.kernels.bf16_tc_gemv import launch as tc
@@ -33,13 +34,6 @@ SHAPES = [
 ]
 
 
-def _operands(rows: int, n: int, k: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
-    w = (torch.randn(n, k, device="cuda", generator=gen) * k**-0.5).to(torch.bfloat16)
-    w *= (torch.rand(n, 1, device="cuda", generator=gen) * 4).to(torch.bfloat16)
-    x = torch.randn(rows, k, device="cuda", generator=gen).to(torch.bfloat16)
-    return x, w
-
-
 def _assert_rows_close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
     assert torch.isfinite(got).all(), what
     for r in range(got.shape[0]):
@@ -50,7 +44,7 @@ def _assert_rows_close(got: torch.Tensor, want: torch.Tensor, what: str) -> None
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8])
 @pytest.mark.parametrize("n,k", SHAPES)
 def test_tc_gemv_matches_fp64_and_cublas(rows: int, n: int, k: int, gen) -> None:
-    x, w = _operands(rows, n, k, gen)
+    x, w = bf16_operands(rows, n, k, gen)
     assert tc.supports(x, w)
     got = tc.bf16_linear(x, w)
     assert got.shape == (rows, n) and got.dtype == torch.bfloat16
@@ -65,28 +59,20 @@ def test_tc_gemv_matches_fp64_and_cublas(rows: int, n: int, k: int, gen) -> None
 def test_every_plan_gives_the_product(stages: int, splits: int, n: int, k: int, gen) -> None:
     """Each cluster size and ring depth, splits left without k blocks included (k = 264: 5
     blocks, 8 splits), and the same bits on a second call."""
-    x, w = _operands(8, n, k, gen)
+    x, w = bf16_operands(8, n, k, gen)
     got = tc.bf16_linear(x, w, splits=splits, stages=stages)
     _assert_rows_close(got, x.double() @ w.double().T, f"fp64, {splits} splits, {stages} stages")
     assert torch.equal(got, tc.bf16_linear(x, w, splits=splits, stages=stages))
 
 
 def test_strided_rows_and_a_graph_replay(gen) -> None:
-    x, w = _operands(4, 5120, 5120, gen)
+    x, w = bf16_operands(4, 5120, 5120, gen)
     wide = torch.zeros(4, 5120 + 64, device="cuda", dtype=torch.bfloat16)
     view = wide[:, :5120]  # rows 16-byte aligned, stride != K
     view.copy_(x)
     assert tc.supports(view, w)
     assert torch.equal(tc.bf16_linear(view, w), tc.bf16_linear(x, w))
-    tc.bf16_linear(x, w)  # compile outside the capture
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        tc.bf16_linear(x, w)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = tc.bf16_linear(x, w)
+    graph, out = capture_graph(lambda: tc.bf16_linear(x, w))
     x.copy_(torch.randn(4, 5120, device="cuda", generator=gen).to(torch.bfloat16))
     graph.replay()
     torch.cuda.synchronize()
@@ -96,9 +82,9 @@ def test_strided_rows_and_a_graph_replay(gen) -> None:
 def test_dispatch_routes_long_rows_and_the_switches(gen, monkeypatch) -> None:
     monkeypatch.delenv("NINFER_KERNELS_ON", raising=False)
     monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
-    x, w = _operands(2, 14336, 5120, gen)
+    x, w = bf16_operands(2, 14336, 5120, gen)
     assert not dispatch.bf16_tc_routed(x, w)  # wide: cuBLAS
-    down_x, down = _operands(4, 512, 17408, gen)
+    down_x, down = bf16_operands(4, 512, 17408, gen)
     assert dispatch.bf16_tc_routed(down_x, down)  # long rows
     assert torch.equal(dispatch.linear(down_x, down), tc.bf16_linear(down_x, down))
     assert not dispatch.bf16_tc_routed(down_x[:1], down)  # one row: the CUDA-core GEMV
@@ -112,7 +98,7 @@ def test_dispatch_routes_long_rows_and_the_switches(gen, monkeypatch) -> None:
 
 
 def test_rejects_what_it_does_not_take(gen) -> None:
-    x, w = _operands(1, 48, 64, gen)
+    x, w = bf16_operands(1, 48, 64, gen)
     assert not tc.supports(torch.randn(9, 64, device="cuda").bfloat16(), w)  # > MAX_ROWS
     assert not tc.supports(x.float(), w)
     odd = torch.randn(48, 68, device="cuda").bfloat16()  # K % 8 != 0

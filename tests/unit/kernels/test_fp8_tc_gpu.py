@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.support.gpu_checks import capture_graph
 
 from ninfer.artifact.quantize import quantize_fp8_block
 from ninfer.kernels import dispatch
@@ -148,15 +149,7 @@ def test_dispatch_runs_tc_first_and_the_switch_falls_back(gen, monkeypatch) -> N
 def test_tc_gemv_replays_in_a_cuda_graph(gen) -> None:
     weight = _weight(5120, 5120)  # 8 splits: a cluster launch inside the graph
     x = _x(4, 5120, torch.bfloat16, gen)
-    tc_cuda.fp8_linear(x, weight)  # compile outside the capture
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        tc_cuda.fp8_linear(x, weight)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = tc_cuda.fp8_linear(x, weight)
+    graph, out = capture_graph(lambda: tc_cuda.fp8_linear(x, weight))
     x.copy_(_x(4, 5120, torch.bfloat16, gen))  # new inputs, same buffer
     graph.replay()
     torch.cuda.synchronize()
