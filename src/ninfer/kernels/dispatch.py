@@ -457,11 +457,13 @@ def paged_decode_attention(
 ) -> torch.Tensor:
     """One query per sequence over its paged KV; see kernels/paged_decode_attention/reference.py.
     On CUDA the tensor-core partial serves bf16 models over bf16 / int8 / fp8 pages;
-    `paged_decode_mma` in NINFER_KERNELS_OFF keeps the CUDA-core one."""
+    `paged_decode_mma` in NINFER_KERNELS_OFF keeps the CUDA-core one, `paged_mma_tiles2` in
+    NINFER_KERNELS_ON runs its two-tiles-per-iteration form (bit-equal; for an A/B)."""
     if paged_decode_supported(q, k_pages, v_pages):
         return _paged_cuda.paged_decode_attention(
             q, k_pages, v_pages, page_table, kv_lens, scale=scale,
             tensor_cores=not switched_off("paged_decode_mma"),
+            mma_tiles=2 if switches.switched_on("paged_mma_tiles2") else _paged_cuda.MMA_TILES,
         )  # fmt: skip
     return _paged_ref.paged_decode_attention(q, k_pages, v_pages, page_table, kv_lens, scale=scale)
 

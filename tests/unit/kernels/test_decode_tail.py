@@ -103,3 +103,22 @@ def test_supports_the_model_shapes_and_declines_the_rest() -> None:
     assert not paged_launch.supports(torch.empty(1, 64, 32), torch.empty(2, 16, 2, 32))  # G 32
     assert not paged_launch.supports(torch.empty(1, 2, 1024), torch.empty(2, 16, 2, 1024))
     assert not paged_launch.supports(torch.empty(1, 5, 64), torch.empty(2, 16, 2, 64))  # 5 % 2
+
+
+@pytest.mark.parametrize("on,want", [("", paged_launch.MMA_TILES), ("paged_mma_tiles2", 2)])
+def test_dispatch_passes_the_tiles_switch_to_the_kernel(
+    monkeypatch: pytest.MonkeyPatch, on: str, want: int
+) -> None:
+    """As on a GPU (support stubbed): `NINFER_KERNELS_ON=paged_mma_tiles2` reaches the launcher
+    as mma_tiles=2 (a model A/B of the two-tile form); without it the launcher's default."""
+    from ninfer.kernels import dispatch
+
+    seen: list[int] = []
+    monkeypatch.setenv("NINFER_KERNELS_ON", on)
+    monkeypatch.setattr(dispatch, "paged_decode_supported", lambda *a: True)
+    monkeypatch.setattr(
+        paged_launch, "paged_decode_attention", lambda *a, **kw: seen.append(kw["mma_tiles"])
+    )
+    q = torch.zeros(1, 8, 64)
+    dispatch.paged_decode_attention(q, q, q, q, q, scale=1.0)
+    assert seen == [want]
