@@ -5,6 +5,7 @@ Imports rich and bench.results only.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -21,12 +22,21 @@ def to_json(report: BenchReport) -> str:
 def emit_json(report: BenchReport | dict, save: Path | None, as_json: bool) -> bool:
     """Write the report's JSON to `save` (if given) and print it when `as_json`; True when printed,
     so the caller skips its tables. One place for every bench mode's `--save` / `--json`."""
-    text = to_json(report) if isinstance(report, BenchReport) else json.dumps(report, indent=2)
+    if isinstance(report, BenchReport):
+        text = to_json(report)
+    else:  # a mode's own dict, which may hold result dataclasses (e.g. a round's StepProfile)
+        text = json.dumps(report, indent=2, default=_as_dict)
     if save is not None:
         save.write_text(text + "\n")
     if as_json:
         print(text)
     return as_json
+
+
+def _as_dict(value: object) -> dict:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 def print_report(report: BenchReport, console: Console) -> None:
@@ -85,7 +95,7 @@ def print_report(report: BenchReport, console: Console) -> None:
         console.print(table)
     for profile in (report.profile, report.batch_profile, report.prefill_profile):
         if profile is not None:
-            _print_profile(profile, console)
+            print_profile(profile, console)
     if report.e2e:
         _print_e2e(report, console)
     if report.context_cache is not None:
@@ -96,16 +106,19 @@ def print_report(report: BenchReport, console: Console) -> None:
         console.print(f"note: {note}")
 
 
-def _print_profile(p: StepProfile, console: Console) -> None:
+_PROFILE_TITLES = {
+    "prefill": "eager prefill of {context} tokens",
+    "round": "eager speculative round (the padded graph body), batch {batch} at {context}",
+}
+
+
+def print_profile(p: StepProfile, console: Console) -> None:
+    """A profile's kernel table (and its matmuls by shape): `--profile` of every bench mode."""
     other = p.kernel_us - p.matmul_us
+    title = _PROFILE_TITLES.get(p.kind, "eager decode step, batch {batch} at {context}")
     table = Table(
         title=(
-            (
-                f"eager prefill of {p.context} tokens"
-                if p.kind == "prefill"
-                else f"eager decode step, batch {p.batch} at {p.context}"
-            )
-            + f": {p.kernel_us / 1000:.2f} ms of "
+            title.format(batch=p.batch, context=p.context) + f": {p.kernel_us / 1000:.2f} ms of "
             f"kernels in {p.num_kernels:.0f} launches; matmuls {p.matmul_us / 1000:.2f} ms, "
             f"the rest {other / 1000:.2f} ms"
         )

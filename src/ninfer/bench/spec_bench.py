@@ -17,7 +17,10 @@ about real checkpoints. The report therefore has two parts per decode batch B:
   tok/s a round implies at a stated acceptance length L: B * L / round time (and the plain
   step's B / step time beside it).
 On CUDA every cost is a CUDA-graph replay (the round as the engine replays it, staging
-included; the verify forward and the head step captured here for timing).
+included; the verify forward and the head step captured here for timing). With `profile`, each
+batch also gets the kernels of one eager round over the same padded body the graph holds
+(`round_profile`, as `--profile` gives for a decode step): where a round's time goes beyond the
+verify.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any
 
 import torch
 
+from ninfer.bench.profile import profile_steps, summarize
 from ninfer.engine.graphs import DecodeInput, DecodeStep
 from ninfer.engine.handles import RequestHandle
 from ninfer.engine.request import EventKind
@@ -59,10 +63,12 @@ def run_spec_bench(
     steps: int,
     acceptance_lengths: Sequence[float] = (1.0, 2.0, 3.2),
     lm_head_draft: bool = False,
+    profile: bool = False,
     on_progress: Callable[[str], None] = lambda _: None,
 ) -> dict[str, Any]:
     """Measure every batch in `batches`; returns the JSON-ready report (see the module doc).
-    `lm_head_draft`: drafts through the 4-bit shortlist head, as `--lm-head-draft` serves."""
+    `lm_head_draft`: drafts through the 4-bit shortlist head, as `--lm-head-draft` serves;
+    `profile`: each row gets `round_profile` (kernels of one eager round)."""
     rows = []
     for batch in batches:
         on_progress(f"spec e2e: batch {batch}")
@@ -77,7 +83,9 @@ def run_spec_bench(
             lm_head_draft,
         )
         on_progress(f"spec step costs: batch {batch}, context {context}")
-        costs = _step_costs(model, head, draft_tokens, batch, context, steps, lm_head_draft)
+        costs = _step_costs(
+            model, head, draft_tokens, batch, context, steps, lm_head_draft, profile=profile
+        )
         round_s = costs["round_ms"] / 1000.0
         costs["projected_tok_s"] = {
             f"{length:g}": batch * length / round_s for length in acceptance_lengths
@@ -198,8 +206,11 @@ def _step_costs(
     context: int,
     steps: int,
     lm_head_draft: bool,
-) -> dict[str, float]:
-    """Median milliseconds of the pieces of a round, on a private cache (zero KV: timing only)."""
+    *,
+    profile: bool = False,
+) -> dict[str, Any]:
+    """Median milliseconds of the pieces of a round, on a private cache (zero KV: timing only);
+    with `profile`, also `round_profile`: one eager round's kernels (`bench.profile`)."""
     device = model.device
     cuda = device.type == "cuda"
     per_seq = -(-(context + 2 * k + 1) // PAGE_SIZE)
@@ -276,13 +287,23 @@ def _step_costs(
     def draft_step() -> None:
         spec._propose(head.forward_hidden(step_batch, cache, hidden))
 
-    return {
+    costs: dict[str, Any] = {
         "plain_decode_ms": _median_ms(lambda: decode.run(plain_rows), steps, cuda),
         "verify_ms": _median_ms(_graphed(verify, cuda), steps, cuda),
         "draft_step_ms": _median_ms(_graphed(draft_step, cuda), steps, cuda),
         "round_ms": _median_ms(lambda: spec.run(spec_rows), steps, cuda),
         "round_sampled_ms": _median_ms(lambda: spec.run(sampled_rows), steps, cuda),
     }
+    if profile:
+        # the padded body the graph holds, run eagerly (a replay hides its kernels from the
+        # profiler); the same cache, rows and shortlist
+        spec.use_graphs, spec.static = False, True
+        with torch.no_grad():
+            events = profile_steps(lambda: spec.run(spec_rows), 2, device.type)
+        costs["round_profile"] = summarize(
+            events, 2, batch=batch, context=context, top=16, kind="round"
+        )
+    return costs
 
 
 def _graphed(fn: Callable[[], Any], cuda: bool) -> Callable[[], Any]:

@@ -63,7 +63,11 @@ def bench(
         "base again: an A/B in one process.",
         metavar="SETTINGS",
     ),
-    profile: bool = opt(False, "--profile", help="Profile an eager decode step."),
+    profile: bool = opt(
+        False,
+        "--profile",
+        help="Profile an eager decode step (with --spec: an eager speculative round).",
+    ),
     as_json: bool = opt(False, "--json", help="Print JSON instead of tables."),
     save: Path | None = opt(
         None, "--save", help="Also write the JSON report here.", metavar="FILE"
@@ -166,6 +170,9 @@ def bench(
     if ab_settings and (kv_dtype_quality or spec is not None or vision):
         raise UserError("--ab applies to the text matrix; it is not supported with "
                         "--kv-dtype-quality, --spec or --vision")  # fmt: skip
+    if profile and (kv_dtype_quality or vision):
+        raise UserError("--profile covers the text matrix and --spec rounds; it is not "
+                        "supported with --kv-dtype-quality or --vision")  # fmt: skip
     if kv_dtype_quality:
         from ninfer.bench.kv_quality_cmd import run_kv_quality_cmd
 
@@ -183,7 +190,7 @@ def bench(
             raise UserError(f"--spec {spec}: only mtp is built")
         _spec(synthetic, cuda_device(device), weights, draft_tokens,
               _ints(batches, "--batches"), _ints(contexts, "--contexts")[0], e2e_prompt,
-              e2e_output, steps, as_json, save, lm_head_draft)  # fmt: skip
+              e2e_output, steps, as_json, save, lm_head_draft, profile)  # fmt: skip
         return
     if vision:
         _vision(synthetic, cuda_device(device), vision_size,
@@ -247,10 +254,11 @@ def _spec(
     as_json: bool,
     save: Path | None,
     lm_head_draft: bool,
+    profile: bool,
 ) -> None:
     import torch
 
-    from ninfer.bench.report import emit_json
+    from ninfer.bench.report import emit_json, print_profile
     from ninfer.bench.spec_bench import run_spec_bench
     from ninfer.bench.synthetic import random_mtp_weights, synthetic_model
     from ninfer.model.mtp import MtpHead
@@ -277,6 +285,7 @@ def _spec(
         output_tokens=output_tokens,
         steps=steps,
         lm_head_draft=lm_head_draft,
+        profile=profile,
         on_progress=lambda msg: err.print(msg, style="dim"),
     )
     report |= {"synthetic": synthetic, "weights": weights,
@@ -298,6 +307,8 @@ def _spec(
             f"{r['draft_step_ms']:.2f} ms, round {r['round_ms']:.2f} ms (sampled rows "
             f"{r['round_sampled_ms']:.2f} ms) -> tok/s {proj}"
         )
+        if "round_profile" in r:
+            print_profile(r["round_profile"], con)
 
 
 def _vision(

@@ -22,6 +22,23 @@ def test_emit_json_saves_and_prints_only_when_asked(
     assert (json.loads(printed) == report) if as_json else printed == ""
 
 
+def test_emit_json_writes_result_dataclasses_inside_a_mode_dict(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--spec --profile` rows hold a StepProfile: it is written as its fields, and anything
+    else that JSON cannot hold still fails loudly."""
+    from ninfer.bench.results import KernelShare, StepProfile
+
+    prof = StepProfile(1, 1024, 10.0, 6.0, 3.0, [KernelShare("k", 1.0, 4.0, 0.4)], kind="round")
+    assert emit_json({"rows": [{"round_profile": prof}]}, None, True)
+    row = json.loads(capsys.readouterr().out)["rows"][0]["round_profile"]
+    assert row["kind"] == "round" and row["top"][0] == {
+        "name": "k", "calls_per_step": 1.0, "us_per_step": 4.0, "share": 0.4
+    }  # fmt: skip
+    with pytest.raises(TypeError, match="set"):
+        emit_json({"bad": {1, 2}}, None, True)
+
+
 def test_emit_json_without_save_writes_no_file(tmp_path: Path, capsys) -> None:
     assert emit_json({"a": 1}, None, True)
     assert json.loads(capsys.readouterr().out) == {"a": 1}

@@ -3,6 +3,8 @@ field of the report is there and consistent (the GPU numbers come from the integ
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -39,6 +41,7 @@ def test_spec_bench_report_on_the_cpu() -> None:
         prompt_tokens=12,
         output_tokens=6,
         steps=1,
+        profile=True,
     )
     assert [r["batch"] for r in report["rows"]] == [2]
     for r in report["rows"]:
@@ -48,3 +51,10 @@ def test_spec_bench_report_on_the_cpu() -> None:
                     "e2e_tok_s"):  # fmt: skip
             assert r[key] > 0, key
         assert r["projected_tok_s"]["3.2"] > r["projected_tok_s"]["1"]
+        # --profile: one eager round's ops (CPU time here), a verify's worth and more
+        prof = r["round_profile"]
+        assert (prof.kind, prof.batch, prof.context) == ("round", 2, 24)
+        assert prof.kernel_us > 0 and prof.num_kernels > 0 and prof.top
+        assert sum(k.us_per_step for k in prof.top) <= prof.kernel_us * (1 + 1e-9)
+    saved = json.loads(json.dumps(report, default=dataclasses.asdict))
+    assert saved["rows"][0]["round_profile"]["kind"] == "round"

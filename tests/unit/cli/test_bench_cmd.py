@@ -132,9 +132,11 @@ def test_kv_dtype_quality_takes_its_contexts(monkeypatch: pytest.MonkeyPatch) ->
         (["--ab", "NINFER_KERNELS_OFF"], "--ab takes NAME=VALUE"),
         (["--ab", "NINFER_KERNELS_OFF=pdl", "--spec", "mtp"], "not supported with"),
         (["--ab", "NINFER_KERNELS_OFF=pdl", "--vision"], "not supported with"),
+        (["--profile", "--vision"], "--profile covers"),
+        (["--profile", "--kv-dtype-quality"], "--profile covers"),
     ],
 )
-def test_bad_ab_settings_are_user_errors(args: list[str], message: str) -> None:
+def test_bad_ab_settings_and_profile_combinations_are_user_errors(args: list[str], message: str) -> None:
     _fails(args, message)
 
 
