@@ -136,7 +136,9 @@ def test_kv_dtype_quality_takes_its_contexts(monkeypatch: pytest.MonkeyPatch) ->
         (["--profile", "--kv-dtype-quality"], "--profile covers"),
     ],
 )
-def test_bad_ab_settings_and_profile_combinations_are_user_errors(args: list[str], message: str) -> None:
+def test_bad_ab_settings_and_profile_combinations_are_user_errors(
+    args: list[str], message: str
+) -> None:
     _fails(args, message)
 
 

@@ -122,3 +122,18 @@ def test_dispatch_passes_the_tiles_switch_to_the_kernel(
     q = torch.zeros(1, 8, 64)
     dispatch.paged_decode_attention(q, q, q, q, q, scale=1.0)
     assert seen == [want]
+
+
+def test_split_cap_keeps_short_plans_and_cuts_long_ones() -> None:
+    """The opt-in cap (`paged_split_cap`): a plan within it is unchanged; a longer one becomes
+    splits of the cap covering the same capacity, within the block's score memory."""
+    cap = paged_launch.MMA_MAX_SPLIT_TOKENS
+    assert cap >= paged_launch.MIN_SPLIT_TOKENS and cap & (cap - 1) == 0
+    assert cap * paged_launch.MMA_MAX_GROUP <= paged_launch.SCORE_FLOATS
+    mma = paged_launch.MMA_MAX_BLOCKS
+    short = paged_launch.plan_splits(8, 4, 6, 2048, mma, 1024)  # 27B, 8 rows at 1k
+    assert paged_launch.cap_split(short, 2048, cap) == short
+    long = paged_launch.plan_splits(64, 2, 8, 4096, mma, 2048)  # 35B, 64 rows at 2k
+    assert long == (1024, 4)
+    assert paged_launch.cap_split(long, 4096, cap) == (256, 16)
+    assert paged_launch.cap_split(long, 4000, cap) == (256, 16)  # the last split partly past

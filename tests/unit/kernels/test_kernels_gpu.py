@@ -257,6 +257,33 @@ def test_paged_decode_tensor_cores_match_cuda_cores(lens, hq, hk, d, gen) -> Non
     assert torch.equal(out, paged_cuda.paged_decode_attention(*args, scale=d**-0.5))
 
 
+def test_paged_decode_split_cap_matches_the_twin(monkeypatch: pytest.MonkeyPatch, gen) -> None:
+    """`NINFER_KERNELS_ON=paged_split_cap` (35B-A3B heads, 64 rows at ~2k in a 4k table: the
+    plan's 1,024-token splits cut to 256): the same attention as the twin and the uncapped plan,
+    < 1e-2 relative (other split points: other fp32 partial sums), in a graph replay too."""
+    page, hq, hk, d = 64, 16, 2, 256
+    lens = [2049 - 37 * (i % 5) for i in range(64)]
+    width = 64  # the 4,096-token power-of-two bucket a 2k row's graph table gets
+    num_pages = len(lens) * 33
+    k_pages = torch.randn(num_pages, page, hk, d, device="cuda", generator=gen).bfloat16()
+    v_pages = torch.randn(num_pages, page, hk, d, device="cuda", generator=gen).bfloat16()
+    table = torch.randperm(num_pages, device="cuda", generator=gen).view(len(lens), 33)
+    table = torch.cat((table, table[:, :1].expand(-1, width - 33)), dim=1)  # stale tail pages
+    q = torch.randn(len(lens), hq, d, device="cuda", generator=gen).bfloat16()
+    args = (q, k_pages, v_pages, table, torch.tensor(lens, device="cuda"))
+    plan = paged_cuda.plan_splits(64, hk, hq // hk, width * page, paged_cuda.MMA_MAX_BLOCKS,
+                                  width * page // 2)  # fmt: skip
+    assert plan.tokens_per_split > paged_cuda.MMA_MAX_SPLIT_TOKENS  # the cap changes this plan
+    uncapped = paged_cuda.paged_decode_attention(*args, scale=d**-0.5)
+    monkeypatch.setenv("NINFER_KERNELS_ON", "paged_split_cap")
+    capped = paged_cuda.paged_decode_attention(*args, scale=d**-0.5)
+    want = paged_ref.paged_decode_attention(*args, scale=d**-0.5)
+    assert rel(capped, want) < 1e-2 and rel(capped, uncapped) < 1e-2
+    graph, out = capture_graph(lambda: paged_cuda.paged_decode_attention(*args, scale=d**-0.5))
+    graph.replay()
+    assert torch.equal(out, capped)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
     "tokens,hq,hk,d,rotary",

@@ -16,6 +16,7 @@ import torch
 from ninfer.kernels import runtime as rt
 from ninfer.kernels.kv_quant import formats as kvf
 from ninfer.kernels.kv_quant.formats import KvPages, QuantPages
+from ninfer.kernels.switches import switched_on
 
 OP = "paged_decode_attention"
 HEADERS = ("kv_quant/kv_codec.cu",)  # the KV codecs the kernel dequantizes with
@@ -36,6 +37,12 @@ MAX_BLOCKS = 2048  # partial blocks over the table's capacity: ~15 per SM on an 
 # blocks, one per SM, where the sweep's best was ~260 (run T2: 8k x 1 row, 21.9 µs at 132 vs
 # 17.2 at 260).
 MMA_MAX_BLOCKS = 320
+# Opt-in (`NINFER_KERNELS_ON=paged_split_cap`, not yet measured in a model): no mma split longer
+# than this many tokens. Many rows at a few thousand tokens (35B-A3B, 64 rows at 2k: 128 (row,
+# KV head) pairs) reach the block cap with 1,024-token splits, ~2 blocks per SM each walking
+# 1,024 tokens one dependent tile at a time: run Y2 (H100) timed that partial at 162 µs per layer
+# for 134 MB of KV (0.83 TB/s). Capped, the same KV is cut into 4x more, shorter blocks.
+MMA_MAX_SPLIT_TOKENS = 256
 
 # Token tiles (phase 1) and k-steps (phase 3) whose loads a warp issues together: 1 ran in run
 # T2; 2 doubles the bytes in flight at ~2 blocks per SM (bit-equal results; not yet measured).
@@ -142,6 +149,14 @@ def plan_splits(
     return SplitPlan(size, -(-capacity // size))
 
 
+def cap_split(plan: SplitPlan, capacity: int, max_tokens: int) -> SplitPlan:
+    """`plan` with splits of at most `max_tokens` (a power of two >= MIN_SPLIT_TOKENS) covering
+    the same capacity; a plan already within it is returned as is."""
+    if plan.tokens_per_split <= max_tokens:
+        return plan
+    return SplitPlan(max_tokens, -(-max(capacity, 1) // max_tokens))
+
+
 def partial_smem_bytes(group: int, head_dim: int, tokens_per_split: int) -> int:
     """The partial block's dynamic shared memory: the scores, later the warps' accumulators."""
     return 4 * max(group * tokens_per_split, WARPS * group * head_dim)
@@ -193,6 +208,8 @@ def paged_decode_attention(
     capacity = table_width * page_size
     if mma:  # counted over half the table: graph tables are power-of-two page buckets
         plan = plan_splits(num_seqs, num_kv_heads, group, capacity, MMA_MAX_BLOCKS, capacity // 2)
+        if switched_on("paged_split_cap"):
+            plan = cap_split(plan, capacity, MMA_MAX_SPLIT_TOKENS)
     else:
         plan = plan_splits(num_seqs, num_kv_heads, group, capacity)
     if tokens_per_split is not None:
