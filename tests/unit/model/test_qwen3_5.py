@@ -299,6 +299,12 @@ def test_fused_projections_match_separate(tiny, prompt_300):
     if hasattr(ffn, "router_and_gate"):  # MoE: router and shared-expert gate in one matrix
         assert ffn.router_and_gate is not None
         assert ffn.router.data_ptr() == ffn.router_and_gate.data_ptr()
+        # zero rows pad it to a multiple of 8 (16-byte aligned output rows for cuBLAS)
+        num_real = ffn.router.shape[0] + 1
+        assert ffn.router_and_gate.shape[0] % 8 == 0
+        assert ffn.router_and_gate.shape[0] - num_real < 8
+        assert torch.equal(ffn.router_and_gate[num_real - 1 : num_real], ffn.shared_gate)
+        assert not ffn.router_and_gate[num_real:].any()
     rows = {}
     for name, model in (("fused", fused), ("plain", plain)):
         cache = new_cache(config)

@@ -50,7 +50,8 @@ class MoeWeights:
     shared_gate: torch.Tensor  # [1, H]
     # optional [2 Is, H]: gate and up as one matrix
     shared_gate_up: torch.Tensor | Fp8Weight | None = None
-    # optional [E + 1, H]: router rows then the shared gate row, one GEMV for both
+    # optional [E + 1 + pad, H]: router rows, the shared gate row, zero rows to a multiple of 8
+    # (aligned output rows); one GEMV for both
     router_and_gate: torch.Tensor | None = None
 
 
@@ -260,8 +261,9 @@ def sparse_moe(x: torch.Tensor, w: MoeWeights, *, top_k: int, norm_topk_prob: bo
         [T, H].
     """
     if w.router_and_gate is not None:
-        both = dispatch.linear(x, w.router_and_gate)  # [T, E + 1]
-        router_logits, gate_logits = both[:, :-1], both[:, -1:]
+        both = dispatch.linear(x, w.router_and_gate)  # [T, E + 1 + zero padding]
+        num_experts = w.router.shape[0]
+        router_logits, gate_logits = both[:, :num_experts], both[:, num_experts : num_experts + 1]
     else:
         router_logits, gate_logits = F.linear(x, w.router), F.linear(x, w.shared_gate)
     weights, ids = dispatch.route_topk(router_logits, top_k, normalize=norm_topk_prob)
