@@ -867,8 +867,7 @@ def attention_sweep(
             lens = torch.full((b,), context + 1, dtype=torch.int64, device=device)
             q = torch.randn(b, 24, dim, device=device).bfloat16()
             capacity = num_pages * page_size
-            mma_blocks = paged_cuda.MMA_MAX_BLOCKS
-            auto = paged_cuda.plan_splits(b, heads, 6, capacity, mma_blocks, capacity // 2)[0]
+            auto = paged_cuda.mma_plan(b, heads, 6, capacity).tokens_per_split
             for kv_dtype in kv_dtypes:
                 k_fmt, v_fmt = kv_formats.kv_formats(kv_dtype)
                 k_pages, v_pages = _quant_pages(base, k_fmt), _quant_pages(v_base, v_fmt)

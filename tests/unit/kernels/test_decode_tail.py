@@ -125,8 +125,8 @@ def test_dispatch_passes_the_tiles_switch_to_the_kernel(
 
 
 def test_split_cap_keeps_short_plans_and_cuts_long_ones() -> None:
-    """The opt-in cap (`paged_split_cap`): a plan within it is unchanged; a longer one becomes
-    splits of the cap covering the same capacity, within the block's score memory."""
+    """`cap_split`: a plan within the cap is unchanged; a longer one becomes splits of the cap
+    covering the same capacity, within the block's score memory."""
     cap = paged_launch.MMA_MAX_SPLIT_TOKENS
     assert cap >= paged_launch.MIN_SPLIT_TOKENS and cap & (cap - 1) == 0
     assert cap * paged_launch.MMA_MAX_GROUP <= paged_launch.SCORE_FLOATS
@@ -137,3 +137,19 @@ def test_split_cap_keeps_short_plans_and_cuts_long_ones() -> None:
     assert long == (1024, 4)
     assert paged_launch.cap_split(long, 4096, cap) == (256, 16)
     assert paged_launch.cap_split(long, 4000, cap) == (256, 16)  # the last split partly past
+
+
+def test_mma_plan_caps_only_many_pairs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launcher's plan: the small batches the block cap was measured on keep their plans
+    (1 row at 32k: 512-token splits); 64 rows of the 35B (128 pairs) and of the 27B (256) get
+    256-token splits; `NINFER_KERNELS_OFF=paged_split_cap` restores the uncapped plan."""
+    plan = paged_launch.mma_plan
+    monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
+    assert plan(1, 4, 6, 65536) == (512, 128)  # 4 pairs: as plan_splits alone
+    assert plan(8, 4, 6, 2048) == (128, 16)  # 32 pairs
+    assert plan(8, 4, 6, 65536) == paged_launch.plan_splits(8, 4, 6, 65536, 320, 32768)
+    assert plan(64, 2, 8, 4096) == (256, 16)  # 128 pairs: capped from (1024, 4)
+    assert plan(64, 4, 6, 2048) == (256, 8)  # 256 pairs: capped from (1024, 2)
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "paged_split_cap")
+    assert plan(64, 2, 8, 4096) == (1024, 4)
+    assert plan(64, 4, 6, 2048) == (1024, 2)

@@ -258,9 +258,10 @@ def test_paged_decode_tensor_cores_match_cuda_cores(lens, hq, hk, d, gen) -> Non
 
 
 def test_paged_decode_split_cap_matches_the_twin(monkeypatch: pytest.MonkeyPatch, gen) -> None:
-    """`NINFER_KERNELS_ON=paged_split_cap` (35B-A3B heads, 64 rows at ~2k in a 4k table: the
-    plan's 1,024-token splits cut to 256): the same attention as the twin and the uncapped plan,
-    < 1e-2 relative (other split points: other fp32 partial sums), in a graph replay too."""
+    """The split cap (35B-A3B heads, 64 rows at ~2k in a 4k table: the plan's 1,024-token splits
+    cut to 256): the same attention as the twin and as the uncapped plan (`NINFER_KERNELS_OFF=
+    paged_split_cap`), < 1e-2 relative (other split points: other fp32 partial sums), in a graph
+    replay too."""
     page, hq, hk, d = 64, 16, 2, 256
     lens = [2049 - 37 * (i % 5) for i in range(64)]
     width = 64  # the 4,096-token power-of-two bucket a 2k row's graph table gets
@@ -274,8 +275,10 @@ def test_paged_decode_split_cap_matches_the_twin(monkeypatch: pytest.MonkeyPatch
     plan = paged_cuda.plan_splits(64, hk, hq // hk, width * page, paged_cuda.MMA_MAX_BLOCKS,
                                   width * page // 2)  # fmt: skip
     assert plan.tokens_per_split > paged_cuda.MMA_MAX_SPLIT_TOKENS  # the cap changes this plan
+    assert paged_cuda.mma_plan(64, hk, hq // hk, width * page).tokens_per_split == 256
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "paged_split_cap")
     uncapped = paged_cuda.paged_decode_attention(*args, scale=d**-0.5)
-    monkeypatch.setenv("NINFER_KERNELS_ON", "paged_split_cap")
+    monkeypatch.delenv("NINFER_KERNELS_OFF")
     capped = paged_cuda.paged_decode_attention(*args, scale=d**-0.5)
     want = paged_ref.paged_decode_attention(*args, scale=d**-0.5)
     assert rel(capped, want) < 1e-2 and rel(capped, uncapped) < 1e-2

@@ -16,7 +16,7 @@ import torch
 from ninfer.kernels import runtime as rt
 from ninfer.kernels.kv_quant import formats as kvf
 from ninfer.kernels.kv_quant.formats import KvPages, QuantPages
-from ninfer.kernels.switches import switched_on
+from ninfer.kernels.switches import switched_off
 
 OP = "paged_decode_attention"
 HEADERS = ("kv_quant/kv_codec.cu",)  # the KV codecs the kernel dequantizes with
@@ -37,12 +37,15 @@ MAX_BLOCKS = 2048  # partial blocks over the table's capacity: ~15 per SM on an 
 # blocks, one per SM, where the sweep's best was ~260 (run T2: 8k x 1 row, 21.9 µs at 132 vs
 # 17.2 at 260).
 MMA_MAX_BLOCKS = 320
-# Opt-in (`NINFER_KERNELS_ON=paged_split_cap`, not yet measured in a model): no mma split longer
-# than this many tokens. Many rows at a few thousand tokens (35B-A3B, 64 rows at 2k: 128 (row,
-# KV head) pairs) reach the block cap with 1,024-token splits, ~2 blocks per SM each walking
-# 1,024 tokens one dependent tile at a time: run Y2 (H100) timed that partial at 162 µs per layer
-# for 134 MB of KV (0.83 TB/s). Capped, the same KV is cut into 4x more, shorter blocks.
+# Many rows at a few thousand tokens (35B-A3B, 64 rows at 2k: 128 (row, KV head) pairs) reach the
+# block cap with 1,024-token splits, ~2 blocks per SM each walking its tokens one dependent tile
+# at a time (run Y2, H100: 162 µs per layer for 134 MB of KV, 0.83 TB/s). From CAP_MIN_PAIRS
+# pairs up no mma split is longer than MMA_MAX_SPLIT_TOKENS: run Y3 (H100) measured 64 rows 0.7 %
+# (35B, 2k) and 0.4-1.0 % (27B, 1k) faster per step, 8 rows unchanged. Fewer pairs (the small
+# batches the block cap was tuned on, run T2) keep their plans. `NINFER_KERNELS_OFF=
+# paged_split_cap` turns it off.
 MMA_MAX_SPLIT_TOKENS = 256
+CAP_MIN_PAIRS = 64
 
 # Token tiles (phase 1) and k-steps (phase 3) whose loads a warp issues together: 1 ran in run
 # T2; 2 doubles the bytes in flight at ~2 blocks per SM (bit-equal results; not yet measured).
@@ -149,6 +152,17 @@ def plan_splits(
     return SplitPlan(size, -(-capacity // size))
 
 
+def mma_plan(num_seqs: int, num_kv_heads: int, group: int, capacity: int) -> SplitPlan:
+    """The tensor-core partial's plan: `plan_splits` with its own block cap, counted over half
+    the table (graph tables are power-of-two page buckets the longest row fills between half
+    and all of), then from CAP_MIN_PAIRS (row, KV head) pairs splits of at most
+    MMA_MAX_SPLIT_TOKENS (unless `paged_split_cap` is in NINFER_KERNELS_OFF)."""
+    plan = plan_splits(num_seqs, num_kv_heads, group, capacity, MMA_MAX_BLOCKS, capacity // 2)
+    if num_seqs * num_kv_heads >= CAP_MIN_PAIRS and not switched_off("paged_split_cap"):
+        plan = cap_split(plan, capacity, MMA_MAX_SPLIT_TOKENS)
+    return plan
+
+
 def cap_split(plan: SplitPlan, capacity: int, max_tokens: int) -> SplitPlan:
     """`plan` with splits of at most `max_tokens` (a power of two >= MIN_SPLIT_TOKENS) covering
     the same capacity; a plan already within it is returned as is."""
@@ -206,10 +220,8 @@ def paged_decode_attention(
     table_width = table.shape[1]
     mma = tensor_cores and uses_tensor_cores(q, group, k_code, v_code)
     capacity = table_width * page_size
-    if mma:  # counted over half the table: graph tables are power-of-two page buckets
-        plan = plan_splits(num_seqs, num_kv_heads, group, capacity, MMA_MAX_BLOCKS, capacity // 2)
-        if switched_on("paged_split_cap"):
-            plan = cap_split(plan, capacity, MMA_MAX_SPLIT_TOKENS)
+    if mma:
+        plan = mma_plan(num_seqs, num_kv_heads, group, capacity)
     else:
         plan = plan_splits(num_seqs, num_kv_heads, group, capacity)
     if tokens_per_split is not None:
