@@ -374,6 +374,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="Instead: the paged decode attention per KV dtype and split size at these contexts.",
     )
     parser.add_argument(
+        "--attention-batches",
+        default="1,8",
+        help="With --attention-contexts: the rows (sequences) per call.",
+    )
+    parser.add_argument(
+        "--attention-heads",
+        default="24x4",
+        help="With --attention-contexts: QxKV heads of 256 (24x4 the 27B, 16x2 the 35B-A3B).",
+    )
+    parser.add_argument(
         "--int4-rows",
         default="",
         help="Instead: the int4 kernels (CUDA cores up to 8 rows, tensor cores up to 64) vs bf16 "
@@ -451,7 +461,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     if opts.attention_contexts:
         contexts = [int(x) for x in opts.attention_contexts.split(",") if x.strip()]
-        print(attention_sweep(contexts, torch.device("cuda", opts.device)))
+        batches = [int(x) for x in opts.attention_batches.split(",") if x.strip()]
+        q_heads, kv_heads = _heads(opts.attention_heads, parser)
+        print(attention_sweep(contexts, torch.device("cuda", opts.device), batches,
+                              heads=(q_heads, kv_heads)))  # fmt: skip
         return
     if opts.int4_rows:
         rows = [int(x) for x in opts.int4_rows.split(",") if x.strip()]
@@ -841,37 +854,53 @@ def _quant_pages(pages: torch.Tensor, fmt: str) -> kv_formats.KvPages:
     return kv_formats.QuantPages(fmt, values, scale, blocks)
 
 
+def _heads(text: str, parser: argparse.ArgumentParser) -> tuple[int, int]:
+    """'QxKV' (e.g. 16x2) as (q heads, KV heads), KV dividing Q; else a usage error."""
+    parts = text.lower().split("x")
+    if len(parts) == 2 and all(p.strip().isdigit() for p in parts):
+        q_heads, kv_heads = int(parts[0]), int(parts[1])
+        if kv_heads > 0 and q_heads % kv_heads == 0:
+            return q_heads, kv_heads
+    parser.error(f"--attention-heads takes QxKV with KV dividing Q (e.g. 16x2), got {text!r}")
+    raise AssertionError  # parser.error exits
+
+
 def attention_sweep(
     contexts: Sequence[int],
     device: torch.device,
     batches: Sequence[int] = (1, 8),
     kv_dtypes: Sequence[str] = ("bf16", "fp8", "int8"),
-    splits: Sequence[int | None] = (None, 64, 128, 256),
+    splits: Sequence[int | None] = (None, 64, 128, 256, 512),
+    heads: tuple[int, int] = (24, 4),
 ) -> str:
-    """µs per call (graphs) of the paged decode attention at the 27B shape (24 q heads over 4 KV
-    heads of 256), tensor-core and CUDA-core partial kernels, for each KV dtype and split size
-    (None: each kernel's own plan; the "auto" label shows the mma kernel's), with the KV bytes
-    it must read over that time; each output is compared with the CUDA-core kernel at its plan."""
-    lines = ["paged decode attention, 27B shape: 24 q / 4 KV heads x 256, page 64"]
+    """µs per call (graphs) of the paged decode attention, `heads` = (q, KV) heads of 256 (the
+    27B's 24 over 4 by default; the 35B-A3B's 16 over 2), tensor-core and CUDA-core partial
+    kernels, for each KV dtype and split size (None: each kernel's own plan; the "auto" label
+    shows the mma kernel's), with the KV bytes it must read over that time; each output is
+    compared with the CUDA-core kernel at its plan. Splits the score memory cannot hold for
+    the group are skipped."""
+    q_heads, kv_heads = heads
+    group = q_heads // kv_heads
+    lines = [f"paged decode attention: {q_heads} q / {kv_heads} KV heads x 256, page 64"]
     lines.append(
         "| kv dtype | batch | context | split | mma µs | mma x2 µs | core µs | mma GB/s | mma err |"
     )
     lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    page_size, heads, dim = 64, 4, 256
+    page_size, dim = 64, 256
     for context in contexts:
         for b in batches:
             num_pages = -(-(context + 1) // page_size)
-            base = torch.randn(b * num_pages, page_size, heads, dim, device=device).bfloat16()
+            base = torch.randn(b * num_pages, page_size, kv_heads, dim, device=device).bfloat16()
             v_base = torch.randn_like(base)
             table = torch.arange(b * num_pages, device=device).view(b, num_pages)
             lens = torch.full((b,), context + 1, dtype=torch.int64, device=device)
-            q = torch.randn(b, 24, dim, device=device).bfloat16()
+            q = torch.randn(b, q_heads, dim, device=device).bfloat16()
             capacity = num_pages * page_size
-            auto = paged_cuda.mma_plan(b, heads, 6, capacity).tokens_per_split
+            auto = paged_cuda.mma_plan(b, kv_heads, group, capacity).tokens_per_split
             for kv_dtype in kv_dtypes:
                 k_fmt, v_fmt = kv_formats.kv_formats(kv_dtype)
                 k_pages, v_pages = _quant_pages(base, k_fmt), _quant_pages(v_base, v_fmt)
-                per_token = kv_formats.bytes_per_token(kv_dtype, heads, dim, torch.bfloat16)
+                per_token = kv_formats.bytes_per_token(kv_dtype, kv_heads, dim, torch.bfloat16)
                 moved = b * (context + 1) * per_token
                 attend = functools.partial(
                     paged_cuda.paged_decode_attention,
@@ -880,6 +909,8 @@ def attention_sweep(
                 )
                 want = attend(tensor_cores=False)
                 for split in splits:
+                    if split is not None and split * group > paged_cuda.SCORE_FLOATS:
+                        continue
                     us = {}
                     for variant in ("mma", "mma2", "core"):
                         call = functools.partial(
