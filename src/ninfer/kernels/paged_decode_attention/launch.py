@@ -48,7 +48,8 @@ MMA_MAX_SPLIT_TOKENS = 256
 CAP_MIN_PAIRS = 64
 
 # Token tiles (phase 1) and k-steps (phase 3) whose loads a warp issues together: 1 ran in run
-# T2; 2 doubles the bytes in flight at ~2 blocks per SM (bit-equal results; not yet measured).
+# T2; 2 doubles the bytes in flight at ~2 blocks per SM (bit-equal results; in a 27B step within
+# the run's drift, run Y1 on an H100: `NINFER_KERNELS_ON=paged_mma_tiles2` selects it).
 MMA_TILES = 1
 SCORE_FLOATS = 8192  # shared-memory scores per block (32 KiB): G x tokens_per_split
 COMBINE_DIMS = 32  # head dims per combine block
