@@ -493,6 +493,39 @@ def gather_kv_pages(pages: KvPages, page_ids: torch.Tensor, dtype: torch.dtype) 
     return _kv_ref.gather_pages(pages, page_ids, dtype)
 
 
+def qk_norm_rope_store(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+    k_pages: KvPages,
+    v_pages: KvPages,
+    slot_mapping: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`qk_norm_rope`, then the step's K (its result) and V into their page slots (`store_kv`);
+    returns (q, k). With `qk_rope_store` in NINFER_KERNELS_ON (opt-in: compile-checked, not yet
+    run on a GPU), plain pages on CUDA take one launch for all three instead of three
+    (kernels/qk_norm_rope: `qk_norm_rope_store`, the same values)."""
+    if (
+        switches.switched_on("qk_rope_store")
+        and not isinstance(k_pages, QuantPages)
+        and not isinstance(v_pages, QuantPages)
+        and use_cuda_kernels(q, "qk_norm_rope")
+        and _qk_cuda.store_problem(q, k, v, cos, k_pages, v_pages, slot_mapping) is None
+    ):
+        return _qk_cuda.qk_norm_rope_store(
+            q, k, v, q_weight, k_weight, cos, sin, eps, k_pages, v_pages, slot_mapping
+        )
+    q, k = qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps)
+    store_kv(k, k_pages, slot_mapping)
+    store_kv(v, v_pages, slot_mapping)
+    return q, k
+
+
 def qk_norm_rope(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -42,6 +42,43 @@ __global__ void qk_norm_rope(T* __restrict__ q_out, T* __restrict__ k_out,
 // launcher checks), one shuffle per slot. Why: a prefill launches T * (Hq + Hk) rows (2,048 x 28
 // for the 27B), and the block version spent each 256-thread block on two barriers and a
 // shared-memory round trip for 256 values (~0.3 TB/s in the 2k prefill profile).
+//
+// The warp form's body for one head row (lane l: dims l * E .. l * E + E - 1): norm + RoPE into
+// dst and, when cache_dst is not null, the same values into cache_dst (the row's KV page slot).
+template <typename T, int E>
+__device__ __forceinline__ void qk_warp_row(T* __restrict__ dst, T* __restrict__ cache_dst,
+                                            const T* __restrict__ src, const T* __restrict__ w,
+                                            const float* __restrict__ cos_t,
+                                            const float* __restrict__ sin_t, long long t,
+                                            int rotary, float eps, int lane) {
+  constexpr int D = 32 * E;
+  float x[E];
+  float sq = 0.0f;
+#pragma unroll
+  for (int j = 0; j < E; ++j) {
+    x[j] = to_float(src[lane * E + j]);
+    sq += x[j] * x[j];
+  }
+  const float inv = rsqrtf(warp_sum(sq) / static_cast<float>(D) + eps);
+  const int half = rotary / 2;
+  const int first = lane * E;  // this lane's first dim
+  const int partner_lane = first < half ? lane + half / E : (first < rotary ? lane - half / E : lane);
+#pragma unroll
+  for (int j = 0; j < E; ++j) {
+    const int i = first + j;
+    const float normed = to_float(from_float<T>((x[j] * inv) * (1.0f + to_float(w[i]))));
+    const float other = __shfl_sync(0xffffffffu, normed, partner_lane);
+    float out = normed;
+    if (i < rotary) {
+      const float partner = i < half ? -other : other;
+      out = normed * cos_t[t * rotary + i] + partner * sin_t[t * rotary + i];
+    }
+    const T r = from_float<T>(out);
+    dst[i] = r;
+    if (cache_dst != nullptr) cache_dst[i] = r;
+  }
+}
+
 template <typename T, int E>
 __global__ void __launch_bounds__(256) qk_norm_rope_warp(
     T* __restrict__ q_out, T* __restrict__ k_out, const T* __restrict__ q, long long q_tok_stride,
@@ -59,29 +96,45 @@ __global__ void __launch_bounds__(256) qk_norm_rope_warp(
   const int head = is_q ? head_row : head_row - num_q_heads;
   const T* src = is_q ? q + t * q_tok_stride + head * q_head_stride
                       : k + t * k_tok_stride + head * k_head_stride;
-  const T* w = is_q ? q_w : k_w;
-  float x[E];
-  float sq = 0.0f;
-#pragma unroll
-  for (int j = 0; j < E; ++j) {
-    x[j] = to_float(src[lane * E + j]);
-    sq += x[j] * x[j];
-  }
-  const float inv = rsqrtf(warp_sum(sq) / static_cast<float>(D) + eps);
-  const int half = rotary / 2;
-  const int first = lane * E;  // this lane's first dim
-  const int partner_lane = first < half ? lane + half / E : (first < rotary ? lane - half / E : lane);
   T* dst = is_q ? q_out + (t * num_q_heads + head) * D : k_out + (t * num_k_heads + head) * D;
+  qk_warp_row<T, E>(dst, nullptr, src, is_q ? q_w : k_w, cos_t, sin_t, t, rotary, eps, lane);
+}
+
+// qk_norm_rope_store: qk_norm_rope_warp and the step's KV store in one launch (plain pages in T,
+// [pages, P, Hk, D] contiguous, token t's slot = slots[t] = page * P + offset). k rows go to
+// k_out and to their page slot; Hk more warps per token copy the v rows to theirs unchanged.
+// Grid (ceil((Hq + 2 Hk) / 8), T). Why: the store was two index_copy launches per attention layer
+// (32 per 27B step, 20 per 35B-A3B step) between this kernel and the attention; the values are
+// the ones index_copy would write (k_out's bits; v as given).
+template <typename T, int E>
+__global__ void __launch_bounds__(256) qk_norm_rope_store(
+    T* __restrict__ q_out, T* __restrict__ k_out, T* __restrict__ k_cache, T* __restrict__ v_cache,
+    const T* __restrict__ q, long long q_tok_stride, long long q_head_stride,
+    const T* __restrict__ k, long long k_tok_stride, long long k_head_stride,
+    const T* __restrict__ v, long long v_tok_stride, long long v_head_stride,
+    const long long* __restrict__ slots, const T* __restrict__ q_w, const T* __restrict__ k_w,
+    const float* __restrict__ cos_t, const float* __restrict__ sin_t, int num_q_heads,
+    int num_k_heads, int rotary, float eps) {
+  pdl_begin();
+  constexpr int D = 32 * E;
+  const int lane = threadIdx.x & 31;
+  const int head_row = blockIdx.x * 8 + (threadIdx.x >> 5);
+  if (head_row >= num_q_heads + 2 * num_k_heads) return;  // warp-uniform
+  const long long t = blockIdx.y;
+  const long long slot = slots[t];
+  if (head_row >= num_q_heads + num_k_heads) {  // a v row: copied to its slot as is
+    const int head = head_row - num_q_heads - num_k_heads;
+    const T* src = v + t * v_tok_stride + head * v_head_stride;
+    T* dst = v_cache + (slot * num_k_heads + head) * D;
 #pragma unroll
-  for (int j = 0; j < E; ++j) {
-    const int i = first + j;
-    const float normed = to_float(from_float<T>((x[j] * inv) * (1.0f + to_float(w[i]))));
-    const float other = __shfl_sync(0xffffffffu, normed, partner_lane);
-    float out = normed;
-    if (i < rotary) {
-      const float partner = i < half ? -other : other;
-      out = normed * cos_t[t * rotary + i] + partner * sin_t[t * rotary + i];
-    }
-    dst[i] = from_float<T>(out);
+    for (int j = 0; j < E; ++j) dst[lane * E + j] = src[lane * E + j];
+    return;
   }
+  const bool is_q = head_row < num_q_heads;
+  const int head = is_q ? head_row : head_row - num_q_heads;
+  const T* src = is_q ? q + t * q_tok_stride + head * q_head_stride
+                      : k + t * k_tok_stride + head * k_head_stride;
+  T* dst = is_q ? q_out + (t * num_q_heads + head) * D : k_out + (t * num_k_heads + head) * D;
+  T* cache_dst = is_q ? nullptr : k_cache + (slot * num_k_heads + head) * D;
+  qk_warp_row<T, E>(dst, cache_dst, src, is_q ? q_w : k_w, cos_t, sin_t, t, rotary, eps, lane);
 }

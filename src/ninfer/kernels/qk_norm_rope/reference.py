@@ -1,4 +1,4 @@
-"""Torch twin of the fused q/k RMSNorm + RoPE kernel.
+"""Torch twins of the fused q/k RMSNorm + RoPE kernel and of its form with the KV store.
 
 Imports only torch. Restates, op for op, the model's `apply_rope(rms_norm(x, w, eps), cos, sin)`
 for q and for k (model/layers/norm.py and rope.py), because kernels/ may not import model/; a CPU
@@ -47,3 +47,26 @@ def qk_norm_rope(
         _rope(_rms_norm(q, q_weight, eps), cos, sin),
         _rope(_rms_norm(k, k_weight, eps), cos, sin),
     )
+
+
+def qk_norm_rope_store(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+    k_pages: torch.Tensor,
+    v_pages: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`qk_norm_rope`, then k's result and v written to their flat page slots (page * P +
+    offset) of plain pages [pages, P, Hk, D], as the model's separate store does (index_copy).
+    Returns (q, k) as `qk_norm_rope`."""
+    q_out, k_out = qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps)
+    for pages, rows in ((k_pages, k_out), (v_pages, v)):
+        flat = pages.view(-1, pages.shape[2], pages.shape[3])
+        flat.index_copy_(0, slot_mapping, rows.to(pages.dtype))
+    return q_out, k_out

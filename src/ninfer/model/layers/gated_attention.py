@@ -185,10 +185,11 @@ def gated_attention(
     q, gate = qg[:, :, 0], qg[:, :, 1]
     k = k.reshape(num_tokens, num_kv_heads, head_dim)
     v = v.reshape(num_tokens, num_kv_heads, head_dim)
-    # apply_rope(rms_norm(.)) for q and k: one kernel on CUDA, the same torch ops elsewhere
-    q, k = dispatch.qk_norm_rope(q, k, w.q_norm, w.k_norm, cos, sin, eps)
-
-    store_kv(k, v, k_pages, v_pages, meta.slot_mapping)
+    # apply_rope(rms_norm(.)) for q and k (one kernel on CUDA, the same torch ops elsewhere),
+    # then the step's K and V into their pages
+    q, k = dispatch.qk_norm_rope_store(
+        q, k, v, w.q_norm, w.k_norm, cos, sin, eps, k_pages, v_pages, meta.slot_mapping
+    )
     scale = head_dim**-0.5
     quantized = isinstance(k_pages, QuantPages) or isinstance(v_pages, QuantPages)
     fresh = not meta.static and _is_fresh_single_sequence(x, meta)
