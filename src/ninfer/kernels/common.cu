@@ -173,6 +173,11 @@ __device__ __forceinline__ uint4 ld_stream16(const unsigned char* p) {
   return v;
 }
 
+// ld_stream16 of model weights, which no kernel writes: the one load a kernel may issue before
+// pdl_wait() besides L2 prefetches and cp.async weight copies (tests/unit/kernels/test_pdl.py
+// allows it there by this name), so its first loads overlap the previous kernel's tail.
+__device__ __forceinline__ uint4 ld_weight16(const unsigned char* p) { return ld_stream16(p); }
+
 // e4m3 (fn: no infinities, S.1111.111 is NaN) to fp32, exact.
 __device__ __forceinline__ float e4m3_to_float(unsigned int v) {
   const unsigned int sign = (v & 0x80u) << 24;

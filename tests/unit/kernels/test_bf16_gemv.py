@@ -280,3 +280,18 @@ def test_source_instances_match_the_launcher() -> None:
     assert f"constexpr int BF16_GEMV_WARPS = {bf16_cuda.WARPS};" in source
     assert bf16_cuda.THREADS == 256
     assert all(bf16_cuda.UNROLL[m] == (2 if m <= 4 else 1) for m in range(1, 9))
+
+
+@pytest.mark.parametrize(
+    ("on", "want"),
+    [("", 0), ("gemv_prefetch", 1), ("gemv_early_loads", 2), ("gemv_early_loads,gemv_prefetch", 3)],
+)
+def test_launch_options_follow_the_opt_in_switches(
+    monkeypatch: pytest.MonkeyPatch, on: str, want: int
+) -> None:
+    """Both load options are opt-in (NINFER_KERNELS_ON), and their bits are the .cu's."""
+    monkeypatch.setenv("NINFER_KERNELS_ON", on)
+    assert bf16_cuda.launch_options() == want
+    source = (runtime.KERNEL_DIR / "bf16_gemv" / "bf16_gemv.cu").read_text()
+    assert f"constexpr int BF16_GEMV_L2_PREFETCH = {bf16_cuda.OPTION_L2_PREFETCH};" in source
+    assert f"constexpr int BF16_GEMV_EARLY_LOADS = {bf16_cuda.OPTION_EARLY_LOADS};" in source

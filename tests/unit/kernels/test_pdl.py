@@ -41,8 +41,9 @@ def _kernel_bodies(source: str) -> list[tuple[str, str]]:
 
 def _waits_first(body: str) -> bool:
     """pdl_begin() first; or pdl_trigger() first, then only declarations, arithmetic, L2
-    prefetches and the tensor-core GEMVs' weight copies (`issue_tile`: weights are never a
-    predecessor's output) before pdl_wait(): no other loads or stores through pointers."""
+    prefetches, the tensor-core GEMVs' weight copies (`issue_tile`) and weight loads
+    (`ld_weight16`; weights are never a predecessor's output) before pdl_wait(): no other loads
+    or stores through pointers."""
     first = body.lstrip().split(";")[0]
     if first == "pdl_begin()":
         return True
@@ -50,7 +51,7 @@ def _waits_first(body: str) -> bool:
         return False
     before = body[: body.index("pdl_wait();")]
     touches = re.findall(r"(?:ld_\w+|__ldg|atomic\w*|\w+\s*\[[^\]]*\]\s*=[^=])", before)
-    return not [t for t in touches if not t.startswith(("acc[", "wrow["))]
+    return not [t for t in touches if not t.startswith(("acc[", "wrow[", "ld_weight16"))]
 
 
 def test_every_kernel_begins_with_the_dependency_wait():
@@ -69,6 +70,8 @@ def test_the_check_catches_a_kernel_that_reads_first():
     assert not _waits_first("pdl_trigger(); float v = __ldg(x); pdl_wait();")
     assert not _waits_first("pdl_trigger(); out[0] = 1; pdl_wait();")
     assert _waits_first("pdl_trigger(); prefetch_l2(w + 8); pdl_wait(); out[0] = x[0];")
+    assert _waits_first("pdl_trigger(); v = ld_weight16(w + 16); pdl_wait(); out[0] = x[0];")
+    assert not _waits_first("pdl_trigger(); v = ld_stream16(x + 16); pdl_wait();")
 
 
 def test_driver_struct_layouts():

@@ -62,12 +62,19 @@ __host__ __device__ constexpr int bf16_gemv_pow2(int v) {
 // above, where the M * R accumulators need the room; with the launcher's U (2 up to 4 rows of x,
 // else 1) no instance spills (nvcc -Xptxas -v, sm_90).
 // INPUT: BF16_GEMV_PLAIN, _SWIGLU or _SIGMOID_GATE (gate, gate_stride, gate_head_stride and
-// head_dim are read only by the last).
+// head_dim are read only by the last). options: bit 0 (BF16_GEMV_L2_PREFETCH) hints this lane's
+// first weight lines into L2 before pdl_wait; bit 1 (BF16_GEMV_EARLY_LOADS) issues its first U
+// steps of weight loads into registers before pdl_wait (the weights do not depend on the
+// previous kernel; x is read only after the wait), so they overlap the predecessor's tail. The
+// same loads in the same order either way: the results do not change.
+constexpr int BF16_GEMV_L2_PREFETCH = 1;
+constexpr int BF16_GEMV_EARLY_LOADS = 2;
+
 template <int M, int R, int U, int INPUT = BF16_GEMV_PLAIN>
 __global__ void __launch_bounds__(256, M <= 2 ? 4 : M <= 4 ? 3 : 2) bf16_gemv(
     bf16* __restrict__ out, const bf16* __restrict__ x, long long x_stride,
     const bf16* __restrict__ w, int n, int k, int ks_log2, const bf16* __restrict__ gate,
-    long long gate_stride, long long gate_head_stride, int head_dim, int prefetch) {
+    long long gate_stride, long long gate_head_stride, int head_dim, int options) {
   pdl_trigger();
   constexpr int V = M * R;  // sums per lane, index m * R + r
   constexpr int P = bf16_gemv_pow2(V);
@@ -89,7 +96,7 @@ __global__ void __launch_bounds__(256, M <= 2 ? 4 : M <= 4 ? 3 : 2) bf16_gemv(
   for (int i = 0; i < P; ++i) acc[i] = 0.0f;
 
   // While the previous kernel drains: the lines this lane loads first, into L2.
-  if (prefetch && row0 < n) {
+  if ((options & BF16_GEMV_L2_PREFETCH) && row0 < n) {
     const int c = slice * 32 + lane;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -101,25 +108,32 @@ __global__ void __launch_bounds__(256, M <= 2 ? 4 : M <= 4 ? 3 : 2) bf16_gemv(
       }
     }
   }
+  const unsigned char* wrow[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int row = row0 + r < n ? row0 + r : n - 1;  // past N: computed, never stored
+    wrow[r] = reinterpret_cast<const unsigned char*>(w + static_cast<long long>(row) * k);
+  }
+  uint4 wv[U][R];
+  // U steps of this lane's weight loads from chunk c0 (past K: zeros, never read)
+  auto load_steps = [&](int c0) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int c = c0 + u * step;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        wv[u][r] = c < chunks ? ld_weight16(wrow[r] + 16ll * c) : bf16_gemv_zero16();
+      }
+    }
+  };
+  const int c_first = slice * 32 + lane;
+  const bool early = (options & BF16_GEMV_EARLY_LOADS) != 0 && row0 < n;
+  if (early) load_steps(c_first);
   pdl_wait();
 
   if (row0 < n) {  // a group past N still takes part in the block's reduction below
-    const unsigned char* wrow[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int row = row0 + r < n ? row0 + r : n - 1;  // past N: computed, never stored
-      wrow[r] = reinterpret_cast<const unsigned char*>(w + static_cast<long long>(row) * k);
-    }
-    for (int c0 = slice * 32 + lane; c0 < chunks; c0 += U * step) {
-      uint4 wv[U][R];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int c = c0 + u * step;
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          wv[u][r] = c < chunks ? ld_stream16(wrow[r] + 16ll * c) : bf16_gemv_zero16();
-        }
-      }
+    for (int c0 = c_first; c0 < chunks; c0 += U * step) {
+      if (!early || c0 != c_first) load_steps(c0);
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int c = c0 + u * step;

@@ -24,6 +24,7 @@ WARPS = THREADS // 32
 MAX_ROWS = 8  # x rows per launch (one template instance per count)
 CHUNK = 8  # bf16 weights per 16-byte load
 INPUT_SWIGLU, INPUT_SIGMOID_GATE = 1, 2  # the .cu's BF16_GEMV_SWIGLU, BF16_GEMV_SIGMOID_GATE
+OPTION_L2_PREFETCH, OPTION_EARLY_LOADS = 1, 2  # the .cu's BF16_GEMV_L2_PREFETCH, _EARLY_LOADS
 MAX_ROWS_PER_GROUP = 4  # R: M * R accumulators must fit one per lane (M * R <= 32)
 MIN_BLOCKS_PER_SM = 2  # R is halved (down to 1) until the grid has this many blocks per SM
 # U, 16-byte load steps per lane issued together, by x row count: the .cu's launch bounds give
@@ -74,6 +75,16 @@ def plan(num_rows: int, n: int, k: int, num_sms: int) -> Plan:
     while rows > 1 and -(-n // (groups * rows)) < MIN_BLOCKS_PER_SM * num_sms:
         rows //= 2
     return Plan(rows, ks_log2, UNROLL[num_rows], -(-n // (groups * rows)))
+
+
+def launch_options() -> int:
+    """The kernel's `options` bits, both opt-in: `gemv_prefetch` (the first weight lines into L2
+    before the dependency wait: slower in run V2) and `gemv_early_loads` (the first U steps of
+    weight loads into registers before the wait; compile-checked, not yet run on a GPU). Neither
+    changes a result: the same loads in the same order."""
+    return (OPTION_L2_PREFETCH if switched_on("gemv_prefetch") else 0) | (
+        OPTION_EARLY_LOADS if switched_on("gemv_early_loads") else 0
+    )
 
 
 def bf16_gemv_preferred(num_rows: int, out_features: int, in_features: int) -> bool:
@@ -198,7 +209,7 @@ def bf16_linear(
         rt.i64(gate.stride(0) if gate is not None else 0),
         rt.i64(gate.stride(1) if gate is not None else 0),
         rt.i32(gate.shape[2] if gate is not None else 0),
-        rt.i32(1 if switched_on("gemv_prefetch") else 0),  # opt-in: slower in run V2
+        rt.i32(launch_options()),
     )
     rt.launch(kernel, (p.blocks,), (THREADS,), args, device)
     return out
