@@ -48,6 +48,24 @@ def per_warp_dims(head_dim: int, rotary: int) -> int | None:
     return dims if (rotary // 2) % dims == 0 else None
 
 
+def _prepare(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    device: torch.device,
+) -> tuple[torch.Tensor, ...]:
+    """Both launchers' outputs (q_out, k_out: dense [T, H, D]) and kernel-ready operands (norm
+    weights in q's dtype, dense cos / sin)."""
+    q_out = torch.empty(q.shape, dtype=q.dtype, device=device)
+    k_out = torch.empty(k.shape, dtype=k.dtype, device=device)
+    q_weight = q_weight.to(q.dtype).contiguous()
+    k_weight = k_weight.to(q.dtype).contiguous()
+    return q_out, k_out, q_weight, k_weight, cos.contiguous(), sin.contiguous()
+
+
 def qk_norm_rope(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -68,13 +86,11 @@ def qk_norm_rope(
         )
     num_tokens, num_q_heads, head_dim = q.shape
     num_k_heads = k.shape[1]
-    q_out = torch.empty((num_tokens, num_q_heads, head_dim), dtype=q.dtype, device=device)
-    k_out = torch.empty((num_tokens, num_k_heads, head_dim), dtype=k.dtype, device=device)
+    q_out, k_out, q_weight, k_weight, cos, sin = _prepare(
+        q, k, q_weight, k_weight, cos, sin, device
+    )
     if num_tokens == 0:
         return q_out, k_out
-    q_weight = q_weight.to(q.dtype).contiguous()
-    k_weight = k_weight.to(q.dtype).contiguous()
-    cos, sin = cos.contiguous(), sin.contiguous()
     dims = per_warp_dims(head_dim, cos.shape[-1]) if per_warp else None
     common = (  # the arguments both kernels start with
         rt.ptr(q_out),
@@ -160,13 +176,11 @@ def qk_norm_rope_store(
         raise rt.KernelInputError(f"qk_norm_rope_store: {problem}")
     num_tokens, num_q_heads, head_dim = q.shape
     num_k_heads = k.shape[1]
-    q_out = torch.empty((num_tokens, num_q_heads, head_dim), dtype=q.dtype, device=device)
-    k_out = torch.empty((num_tokens, num_k_heads, head_dim), dtype=k.dtype, device=device)
+    q_out, k_out, q_weight, k_weight, cos, sin = _prepare(
+        q, k, q_weight, k_weight, cos, sin, device
+    )
     if num_tokens == 0:
         return q_out, k_out
-    q_weight = q_weight.to(q.dtype).contiguous()
-    k_weight = k_weight.to(q.dtype).contiguous()
-    cos, sin = cos.contiguous(), sin.contiguous()
     dims = per_warp_dims(head_dim, cos.shape[-1])
     kernel = rt.get_kernel(OP, f"qk_norm_rope_store<{rt.cuda_type(q, 'q')}, {dims}>", device)
     args = (
