@@ -13,15 +13,15 @@ from __future__ import annotations
 import torch
 
 from ninfer.kernels import runtime as rt
-from ninfer.kernels.fp8_gemv.launch_tc import SPLITS, choose_splits
+from ninfer.kernels.fp8_gemv.launch_tc import MAX_ROWS, SPLITS, choose_splits, tc_operands_ok
 from ninfer.kernels.switches import switched_on
 
 OP = "bf16_tc_gemv"
 HEADERS = ("fp8_gemv/tc_common.cu",)  # the cluster reduction and the cp.async ring
 THREADS = 256  # 8 warps x 16 weight rows = 128 rows per block
+# MAX_ROWS (imported): x rows per launch, the mma's n = 8, as the fp8 kernel's
 ROWS_PER_BLOCK = 128
 K_PER_BLOCK = 64  # k per ring stage: 128 bytes of each weight row
-MAX_ROWS = 8  # x rows per launch: the mma's n = 8
 STAGES = (2, 3, 4)  # ring depths compiled (16 KiB of weights each per block)
 DEFAULT_STAGES = 4  # 64 KiB: three blocks per SM still fit (the launch bounds' 3)
 LONG_ROW_RATIO = 3  # tc_preferred: K / N from which the kernel beats cuBLAS
@@ -38,20 +38,7 @@ def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
         return False
     if x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16:
         return False
-    n, k = weight.shape
-    return (
-        1 <= x.shape[0] <= MAX_ROWS
-        and n >= 1
-        and x.shape[1] == k
-        and k >= 8
-        and k % 8 == 0
-        and x.stride(1) == 1
-        and (x.stride(0) * 2) % 16 == 0
-        and x.data_ptr() % 16 == 0
-        and weight.is_contiguous()
-        and weight.data_ptr() % 16 == 0
-        and torch.cuda.get_device_capability(x.device) >= (9, 0)
-    )
+    return tc_operands_ok(x, weight, k_multiple=8)
 
 
 def tc_preferred(num_rows: int, out_features: int, in_features: int) -> bool:

@@ -53,19 +53,30 @@ def supports(x: torch.Tensor, weight: Fp8Weight) -> bool:
         return False
     n, k = w.shape
     return (
+        s.dtype == torch.float32
+        and s.is_contiguous()
+        and tuple(s.shape) == (-(-n // BLOCK), -(-k // BLOCK))
+        and tc_operands_ok(x, w, k_multiple=16)
+    )
+
+
+def tc_operands_ok(x: torch.Tensor, w: torch.Tensor, *, k_multiple: int) -> bool:
+    """The rules both tensor-core GEMVs (this one and `bf16_tc_gemv`) share for 2-D CUDA x and a
+    2-D weight of their dtypes: 1..MAX_ROWS x rows of the weight's row length K, a multiple of
+    `k_multiple`, dense 16-byte-aligned x rows, a contiguous 16-byte-aligned weight, an sm_90+
+    GPU (clusters; asked last, the one device query)."""
+    n, k = w.shape
+    return (
         1 <= x.shape[0] <= MAX_ROWS
         and n >= 1
         and x.shape[1] == k
-        and k >= 16
-        and k % 16 == 0
+        and k >= k_multiple
+        and k % k_multiple == 0
         and x.stride(1) == 1
         and (x.stride(0) * x.element_size()) % 16 == 0
         and x.data_ptr() % 16 == 0
         and w.is_contiguous()
         and w.data_ptr() % 16 == 0
-        and s.dtype == torch.float32
-        and s.is_contiguous()
-        and tuple(s.shape) == (-(-n // BLOCK), -(-k // BLOCK))
         and torch.cuda.get_device_capability(x.device) >= (9, 0)
     )
 
