@@ -42,3 +42,20 @@ def rotating(fn: Callable[[W], object], weights: Sequence[W]) -> Callable[[], ob
     a sweep reads its weights from DRAM, as a decode step does, not from L2."""
     counter = itertools.count()
     return lambda: fn(weights[next(counter) % len(weights)])
+
+
+def copies_for(nbytes: int, rotate_bytes: int, max_copies: int) -> int:
+    """How many copies of an `nbytes` weight a sweep cycles through so that they span
+    `rotate_bytes` (several times the L2), at most `max_copies`."""
+    return min(max_copies, -(-rotate_bytes // nbytes))
+
+
+def bf16_weight_copies(
+    n: int, k: int, device: torch.device, *, rotate_bytes: int, max_copies: int
+) -> list[torch.Tensor]:
+    """Random bf16 [n, k] weights (scaled by k^-0.5), `copies_for` many, for `rotating`: the
+    first drawn as float then rounded, the others drawn in bf16 (as the GEMV sweeps did)."""
+    weights = [(torch.randn(n, k, device=device) * k**-0.5).to(torch.bfloat16)]
+    copies = copies_for(2 * n * k, rotate_bytes, max_copies)
+    weights += [torch.randn_like(weights[0]) * k**-0.5 for _ in range(copies - 1)]
+    return weights

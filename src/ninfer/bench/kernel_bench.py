@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from ninfer.bench.gpu_timing import CALLS_PER_GRAPH
+from ninfer.bench.gpu_timing import CALLS_PER_GRAPH, bf16_weight_copies
 from ninfer.bench.gpu_timing import graph_us as _graph_us
 from ninfer.bench.gpu_timing import rotating as _rotating
 from ninfer.bench.prefill_attention_sweep import first_call_sweep, prefill_attention_sweep
@@ -1041,10 +1041,10 @@ def bf16_gemv_sweep(
     sms = torch.cuda.get_device_properties(index).multi_processor_count
     for n, k in shapes:
         moved = n * k * 2
-        copies = min(GEMV_MAX_COPIES, -(-GEMV_ROTATE_BYTES // moved))
-        weights = [(torch.randn(n, k, device=device) * k**-0.5).to(torch.bfloat16)]
-        weights += [torch.randn_like(weights[0]) * k**-0.5 for _ in range(copies - 1)]
-        calls = max(CALLS_PER_GRAPH, copies)
+        weights = bf16_weight_copies(
+            n, k, device, rotate_bytes=GEMV_ROTATE_BYTES, max_copies=GEMV_MAX_COPIES
+        )
+        calls = max(CALLS_PER_GRAPH, len(weights))
         for m in row_counts:
             x = torch.randn(m, k, device=device).to(torch.bfloat16)
             exact = x.double() @ weights[0].double().T

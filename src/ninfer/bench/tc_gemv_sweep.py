@@ -15,7 +15,13 @@ from collections.abc import Sequence
 import torch
 
 from ninfer.artifact.quantize import quantize_fp8_block
-from ninfer.bench.gpu_timing import CALLS_PER_GRAPH, graph_us, rotating
+from ninfer.bench.gpu_timing import (
+    CALLS_PER_GRAPH,
+    bf16_weight_copies,
+    copies_for,
+    graph_us,
+    rotating,
+)
 from ninfer.kernels.bf16_gemv import launch as gemv_cuda
 from ninfer.kernels.bf16_tc_gemv import launch as bf16_tc_cuda
 from ninfer.kernels.fp8_gemv import launch_tc as tc_cuda
@@ -49,7 +55,7 @@ def fp8_gemv_sweep(
         weights = [Fp8Weight(*quantize_fp8_block(w))]
         del w
         moved = n * k
-        copies = min(MAX_COPIES, -(-ROTATE_BYTES // moved))
+        copies = copies_for(moved, ROTATE_BYTES, MAX_COPIES)
         for _ in range(copies - 1):
             first = weights[0]
             weights.append(Fp8Weight(first.weight.clone(), first.scale_inv.clone()))
@@ -100,10 +106,8 @@ def bf16_tc_sweep(
     ]
     for n, k in shapes:
         moved = 2 * n * k
-        copies = min(MAX_COPIES, -(-ROTATE_BYTES // moved))
-        weights = [(torch.randn(n, k, device=device) * k**-0.5).to(torch.bfloat16)]
-        weights += [torch.randn_like(weights[0]) * k**-0.5 for _ in range(copies - 1)]
-        calls = max(CALLS_PER_GRAPH, copies)
+        weights = bf16_weight_copies(n, k, device, rotate_bytes=ROTATE_BYTES, max_copies=MAX_COPIES)
+        calls = max(CALLS_PER_GRAPH, len(weights))
         for m in row_counts:
             x = torch.randn(m, k, device=device).to(torch.bfloat16)
             exact = x.double() @ weights[0].double().T
