@@ -458,7 +458,8 @@ def paged_decode_attention(
     """One query per sequence over its paged KV; see kernels/paged_decode_attention/reference.py.
     On CUDA the tensor-core partial serves bf16 models over bf16 / int8 / fp8 pages;
     `paged_decode_mma` in NINFER_KERNELS_OFF keeps the CUDA-core one, `paged_mma_tiles2` in
-    NINFER_KERNELS_ON runs its two-tiles-per-iteration form (bit-equal; for an A/B)."""
+    NINFER_KERNELS_ON runs its two-tiles-per-iteration form (bit-equal; for an A/B; the launcher
+    reads the switches of its V prefetch and combine itself)."""
     if paged_decode_supported(q, k_pages, v_pages):
         return _paged_cuda.paged_decode_attention(
             q, k_pages, v_pages, page_table, kv_lens, scale=scale,
@@ -507,11 +508,11 @@ def qk_norm_rope_store(
     slot_mapping: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`qk_norm_rope`, then the step's K (its result) and V into their page slots (`store_kv`);
-    returns (q, k). With `qk_rope_store` in NINFER_KERNELS_ON (opt-in: compile-checked, not yet
-    run on a GPU), plain pages on CUDA take one launch for all three instead of three
-    (kernels/qk_norm_rope: `qk_norm_rope_store`, the same values)."""
+    returns (q, k). Plain pages on CUDA take one launch for all three instead of three
+    (kernels/qk_norm_rope: `qk_norm_rope_store`, the same bits; 1-2 % of a 27B decode step on
+    an H100, docs/perf.md run Z1); `NINFER_KERNELS_OFF=qk_rope_store` runs the separate ops."""
     if (
-        switches.switched_on("qk_rope_store")
+        not switches.switched_off("qk_rope_store")
         and not isinstance(k_pages, QuantPages)
         and not isinstance(v_pages, QuantPages)
         and use_cuda_kernels(q, "qk_norm_rope")

@@ -1,5 +1,5 @@
-"""q/k norm + RoPE with the step's KV store in one launch (`qk_norm_rope_store`, opt-in:
-`NINFER_KERNELS_ON=qk_rope_store`): operand checks and routing on the CPU, the kernel against
+"""q/k norm + RoPE with the step's KV store in one launch (`qk_norm_rope_store`, on by default,
+`NINFER_KERNELS_OFF=qk_rope_store` off): operand checks and routing on the CPU, the kernel against
 the separate ops on the GPU (the same bits: the same rounding, then plain copies)."""
 
 from __future__ import annotations
@@ -67,15 +67,15 @@ def test_twin_is_the_separate_norm_rope_and_store() -> None:
     assert torch.equal(flat[slots], k_rows) and not torch.equal(flat[written], old[written])
 
 
-@pytest.mark.parametrize(("on", "fused"), [("qk_rope_store", True), ("", False)])
-def test_dispatch_runs_the_fused_form_only_when_switched_on(
-    monkeypatch: pytest.MonkeyPatch, on: str, fused: bool
+@pytest.mark.parametrize(("off", "fused"), [("", True), ("qk_rope_store", False)])
+def test_dispatch_runs_the_fused_form_unless_switched_off(
+    monkeypatch: pytest.MonkeyPatch, off: str, fused: bool
 ) -> None:
-    """As on a GPU (the device checks stubbed): `NINFER_KERNELS_ON=qk_rope_store` sends plain
-    pages to the one-launch kernel; without it the separate ops run, with the same results."""
+    """As on a GPU (the device checks stubbed): plain pages go to the one-launch kernel;
+    with `NINFER_KERNELS_OFF=qk_rope_store` the separate ops run, with the same results."""
     ops = _operands(2, 4, 2, 64, 16, torch.float32, "cpu")
     calls: list[str] = []
-    monkeypatch.setenv("NINFER_KERNELS_ON", on)
+    monkeypatch.setenv("NINFER_KERNELS_OFF", off)
     monkeypatch.setattr(dispatch, "use_cuda_kernels", lambda t, op=None: op == "qk_norm_rope")
 
     def fused_kernel(*a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
