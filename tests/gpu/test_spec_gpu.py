@@ -176,6 +176,9 @@ def test_spec_bench_core_on_the_gpu() -> None:
                             context=256, prompt_tokens=64, output_tokens=32, steps=4)  # fmt: skip
     for r in report["rows"]:
         assert r["rounds"] > 0 and r["round_ms"] > 0 and r["plain_decode_ms"] > 0
+        # the pieces are timed as the round's graph runs them: captured, and a part of it
+        assert r["eager_pieces"] == []
+        assert r["verify_ms"] < r["round_ms"]
 
 
 def test_spec_with_lm_head_draft_equals_plain_fp32(artifact: Path, plain) -> None:

@@ -271,6 +271,8 @@ def _step_costs(
     )
     verify_ids = torch.ones((batch, k + 1), dtype=torch.int64, device=device)
     verify_batch = spec._batch(spec_rows, verify_ids, k + 1, verify=True)
+    # as the round's graph runs it: lengths from the device, no host-synced MoE or attention
+    verify_batch.static_shapes = True
 
     def verify() -> None:
         model.compute_logits(model.forward_hidden(verify_batch, cache))
@@ -287,12 +289,20 @@ def _step_costs(
     def draft_step() -> None:
         spec._propose(head.forward_hidden(step_batch, cache, hidden))
 
+    verify_fn, verify_graphed = _graphed(verify, cuda)
+    draft_fn, draft_graphed = _graphed(draft_step, cuda)
     costs: dict[str, Any] = {
         "plain_decode_ms": _median_ms(lambda: decode.run(plain_rows), steps, cuda),
-        "verify_ms": _median_ms(_graphed(verify, cuda), steps, cuda),
-        "draft_step_ms": _median_ms(_graphed(draft_step, cuda), steps, cuda),
+        "verify_ms": _median_ms(verify_fn, steps, cuda),
+        "draft_step_ms": _median_ms(draft_fn, steps, cuda),
         "round_ms": _median_ms(lambda: spec.run(spec_rows), steps, cuda),
         "round_sampled_ms": _median_ms(lambda: spec.run(sampled_rows), steps, cuda),
+        # pieces timed eagerly because their capture failed: their times include launches
+        "eager_pieces": [
+            name
+            for name, graphed in (("verify", verify_graphed), ("draft_step", draft_graphed))
+            if cuda and not graphed
+        ],
     }
     if profile:
         # the padded body the graph holds, run eagerly (a replay hides its kernels from the
@@ -306,11 +316,11 @@ def _step_costs(
     return costs
 
 
-def _graphed(fn: Callable[[], Any], cuda: bool) -> Callable[[], Any]:
-    """`fn` captured in a CUDA graph (timed as a replay, as the engine would run it); eager
-    elsewhere, or when it cannot be captured."""
+def _graphed(fn: Callable[[], Any], cuda: bool) -> tuple[Callable[[], Any], bool]:
+    """`fn` captured in a CUDA graph (timed as a replay, as the engine would run it), and
+    True; `fn` itself and False on the CPU or when it cannot be captured."""
     if not cuda:
-        return fn
+        return fn, False
     with torch.no_grad():
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -322,8 +332,8 @@ def _graphed(fn: Callable[[], Any], cuda: bool) -> Callable[[], Any]:
             with torch.cuda.graph(graph):
                 fn()
         except RuntimeError:
-            return fn
-    return graph.replay
+            return fn, False
+    return graph.replay, True
 
 
 def _median_ms(fn: Callable[[], Any], steps: int, cuda: bool) -> float:

@@ -294,9 +294,7 @@ def _spec(
         return
     con = Console()
     shortlist = ", lm-head-draft" if lm_head_draft else ""
-    con.print(
-        f"MTP k={draft_tokens}{shortlist}, {synthetic} {weights} (random weights: {report['note']})"
-    )
+    con.print(f"MTP k={draft_tokens}{shortlist}, {synthetic} {weights} ({report['note']})")
     for r in report["rows"]:
         proj = ", ".join(f"L={k}: {v:.0f}" for k, v in r["projected_tok_s"].items())
         con.print(
@@ -307,6 +305,8 @@ def _spec(
             f"{r['draft_step_ms']:.2f} ms, round {r['round_ms']:.2f} ms (sampled rows "
             f"{r['round_sampled_ms']:.2f} ms) -> tok/s {proj}"
         )
+        if r.get("eager_pieces"):
+            con.print(f"  timed eagerly (capture failed): {', '.join(r['eager_pieces'])}")
         if "round_profile" in r:
             print_profile(r["round_profile"], con)
 

@@ -51,6 +51,7 @@ def test_spec_bench_report_on_the_cpu() -> None:
                     "e2e_tok_s"):  # fmt: skip
             assert r[key] > 0, key
         assert r["projected_tok_s"]["3.2"] > r["projected_tok_s"]["1"]
+        assert r["eager_pieces"] == []  # nothing to capture on the CPU: nothing fell back
         # --profile: one eager round's ops (CPU time here), a verify's worth and more
         prof = r["round_profile"]
         assert (prof.kind, prof.batch, prof.context) == ("round", 2, 24)
