@@ -878,14 +878,17 @@ def attention_sweep(
     kernels, for each KV dtype and split size (None: each kernel's own plan; the "auto" label
     shows the mma kernel's), with the KV bytes it must read over that time; each output is
     compared with the CUDA-core kernel at its plan. Splits the score memory cannot hold for
-    the group are skipped."""
+    the group are skipped. Beside the default mma call: two tiles per iteration ("x2"), the V
+    prefetch forced on ("pf") and off ("no pf"), and the block combine where the warp one
+    serves ("blk comb")."""
     q_heads, kv_heads = heads
     group = q_heads // kv_heads
     lines = [f"paged decode attention: {q_heads} q / {kv_heads} KV heads x 256, page 64"]
     lines.append(
-        "| kv dtype | batch | context | split | mma µs | mma x2 µs | core µs | mma GB/s | mma err |"
+        "| kv dtype | batch | context | split | mma µs | mma x2 µs | mma pf µs | mma no pf µs | "
+        "mma blk comb µs | core µs | mma GB/s | mma err |"
     )
-    lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    lines.append("| --- | ---: | ---: | ---: " + "| ---: " * 8 + "|")
     page_size, dim = 64, 256
     for context in contexts:
         for b in batches:
@@ -912,20 +915,22 @@ def attention_sweep(
                     if split is not None and split * group > paged_cuda.SCORE_FLOATS:
                         continue
                     us = {}
-                    for variant in ("mma", "mma2", "core"):
+                    for variant in ("mma", "mma2", "pf", "nopf", "blk", "core"):
                         call = functools.partial(
                             attend,
                             tokens_per_split=split,
                             tensor_cores=variant != "core",
                             mma_tiles=2 if variant == "mma2" else 1,
+                            prefetch_v={"pf": True, "nopf": False}.get(variant),
+                            warp_combine=variant != "blk",
                         )
                         us[variant] = _graph_us(call, replays=5)
                     err = _rel(attend(tokens_per_split=split), want)
                     label = f"{auto} (auto)" if split is None else str(split)
                     lines.append(
                         f"| {kv_dtype} | {b} | {context} | {label} | {us['mma']:.1f} | "
-                        f"{us['mma2']:.1f} | {us['core']:.1f} | {moved / us['mma'] / 1e3:.0f} | "
-                        f"{err:.1e} |"
+                        f"{us['mma2']:.1f} | {us['pf']:.1f} | {us['nopf']:.1f} | {us['blk']:.1f} | "
+                        f"{us['core']:.1f} | {moved / us['mma'] / 1e3:.0f} | {err:.1e} |"
                     )
     return "\n".join(lines)
 

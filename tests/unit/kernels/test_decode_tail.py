@@ -153,3 +153,83 @@ def test_mma_plan_caps_only_many_pairs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NINFER_KERNELS_OFF", "paged_split_cap")
     assert plan(64, 2, 8, 4096) == (1024, 4)
     assert plan(64, 4, 6, 2048) == (1024, 2)
+
+
+def test_warp_combine_serves_plans_of_at_most_32_splits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One warp per (row, head) needs one split per lane and whole float4s per lane."""
+    monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
+    use = paged_launch.uses_warp_combine
+    assert use(1, 256) and use(32, 256) and use(16, 128) and use(8, 512)
+    assert not use(33, 256) and not use(128, 256)
+    assert not use(4, 64) and not use(4, 96)  # D / 32 not a multiple of 4
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "paged_combine_warp")
+    assert not use(16, 256)
+
+
+def test_v_prefetch_stops_from_64_pairs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mma partial prefetches V below PREFETCH_MAX_PAIRS (row, KV head) pairs: 8 rows of
+    either model do, 64 rows (128 or 256 pairs) do not; the two switches force either way."""
+    monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
+    pf = paged_launch.prefetches_v
+    assert paged_launch.PREFETCH_MAX_PAIRS == 64
+    assert pf(1, 4) and pf(8, 4) and pf(8, 2) and pf(31, 2)
+    assert not pf(16, 4) and not pf(32, 2) and not pf(64, 2) and not pf(64, 4)
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "paged_prefetch_rule")
+    assert pf(64, 4) and pf(1, 4)
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "paged_v_prefetch")
+    assert not pf(1, 4) and not pf(64, 4)
+
+
+def _parameter_count(source: str, kernel: str) -> int:
+    """Parameters of `kernel`'s __global__ definition in `source` (its parenthesised list)."""
+    start = source.index("(", source.index(f" {kernel}("))
+    depth, i = 0, start
+    while True:
+        depth += {"(": 1, ")": -1}.get(source[i], 0)
+        i += 1
+        if depth == 0:
+            return source[start:i].count(",") + 1
+
+
+@pytest.mark.parametrize(
+    ("rows", "width", "kw", "partial", "combine"),
+    [
+        (64, 64, {}, "paged_decode_mma<256, 8, 0, 1, false>", "warp"),  # (256, 16): 16 splits
+        (64, 64, {"prefetch_v": True}, "paged_decode_mma<256, 8, 0, 1, true>", "warp"),
+        (64, 64, {"warp_combine": False}, "paged_decode_mma<256, 8, 0, 1, false>", "block"),
+        (1, 512, {}, "paged_decode_mma<256, 8, 0, 1, true>", "block"),  # 32k: (512, 64)
+        (8, 64, {"mma_tiles": 2}, "paged_decode_mma<256, 8, 0, 2, true>", "warp"),
+    ],
+    ids=["35b-b64", "prefetch", "block-combine", "35b-b1-32k", "35b-b8-tiles2"],
+)
+def test_paged_attention_launches_on_mocked_kernels(
+    monkeypatch: pytest.MonkeyPatch, rows: int, width: int, kw: dict, partial: str, combine: str
+) -> None:
+    """The launcher with the device checks and launches stubbed (35B-A3B heads, bf16): the
+    instances and grids it picks, and as many arguments as each kernel has parameters."""
+    from ninfer.kernels import runtime as rt
+
+    calls: list[tuple] = []
+    monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
+    monkeypatch.setattr(rt, "check_cuda", lambda *t: torch.device("cpu"))
+    monkeypatch.setattr(rt, "get_kernel", lambda op, instance, device, headers=(): instance)
+    monkeypatch.setattr(rt, "launch", lambda *a, **kw: calls.append(a))
+    page, hq, hk, d = 64, 16, 2, 256
+    q = torch.zeros(rows, hq, d, dtype=torch.bfloat16)
+    pages = torch.zeros(rows * width, page, hk, d, dtype=torch.bfloat16)
+    table = torch.arange(rows * width, dtype=torch.int32).view(rows, width)
+    lens = torch.full((rows,), width * page // 2 + 1)
+    out = paged_launch.paged_decode_attention(q, pages, pages, table, lens, scale=0.0625, **kw)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    source = (rt.KERNEL_DIR / "paged_decode_attention" / "paged_decode_attention.cu").read_text()
+    (k1, grid1, block1, args1), (k2, grid2, block2, args2) = (c[:4] for c in calls)
+    plan = paged_launch.mma_plan(rows, hk, hq // hk, width * page)
+    assert (k1, grid1, block1) == (partial, (plan.num_splits, hk, rows), (128,))
+    assert len(args1) == _parameter_count(source, "paged_decode_mma")
+    if combine == "warp":
+        assert (k2, grid2) == ("paged_decode_combine_warp<bf16, 256>", (-(-rows * hq // 8), 1, 1))
+        assert len(args2) == _parameter_count(source, "paged_decode_combine_warp")
+    else:
+        assert (k2, grid2) == ("paged_decode_combine<bf16>", (hq, rows, d // 32))
+        assert len(args2) == _parameter_count(source, "paged_decode_combine")
+    assert block2 == (256,)

@@ -249,12 +249,48 @@ def test_paged_decode_tensor_cores_match_cuda_cores(lens, hq, hk, d, gen) -> Non
     core = paged_cuda.paged_decode_attention(*args, scale=d**-0.5, tensor_cores=False)
     want = paged_ref.paged_decode_attention(*args, scale=d**-0.5)
     assert rel(got, core) < 1e-2 and rel(got, want) < 1e-2
-    # two tiles per warp iteration: the same products in the same order, so the same bits
-    assert torch.equal(paged_cuda.paged_decode_attention(*args, scale=d**-0.5, mma_tiles=2), got)
+    # two tiles per warp iteration, no V prefetch, the block combine: the same products in the
+    # same order, so the same bits
+    for variant in ({"mma_tiles": 2}, {"prefetch_v": False}, {"warp_combine": False}):
+        again = paged_cuda.paged_decode_attention(*args, scale=d**-0.5, **variant)
+        assert torch.equal(again, got), variant
     graph, out = capture_graph(lambda: paged_cuda.paged_decode_attention(*args, scale=d**-0.5))
     q.copy_(torch.randn(q.shape, device="cuda", generator=gen))
     graph.replay()
     assert torch.equal(out, paged_cuda.paged_decode_attention(*args, scale=d**-0.5))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "lens,hq,hk,d,split",
+    [((2049, 0, 1900, 2048, 1, 257), 16, 2, 256, 256), ((1025,), 24, 4, 256, 64),
+     ((300, 9, 4000), 8, 2, 128, 128), ((700, 64, 3), 24, 4, 256, 64)],
+    ids=["35b-rows", "27b-b1", "d128-32-splits", "27b-stale-splits"],
+)  # fmt: skip
+def test_paged_decode_warp_combine_gives_the_block_combines_bits(
+    dtype, lens, hq, hk, d, split, gen
+) -> None:
+    """Plans of at most 32 splits combine one warp per (row, head): bit-equal to the block
+    combine (both partial kernels, rows of zero length, splits past the lengths) and < TOL of
+    the twin."""
+    page = 64
+    width = -(-max(lens) // page) + 1
+    num_pages = len(lens) * width
+    k_pages = torch.randn(num_pages, page, hk, d, device="cuda", generator=gen).to(dtype)
+    v_pages = torch.randn(num_pages, page, hk, d, device="cuda", generator=gen).to(dtype)
+    table = torch.randperm(num_pages, device="cuda", generator=gen).view(len(lens), width)
+    q = torch.randn(len(lens), hq, d, device="cuda", generator=gen).to(dtype)
+    args = (q, k_pages, v_pages, table, torch.tensor(lens, device="cuda"))
+    assert paged_cuda.uses_warp_combine(-(-width * page // split), d)
+    want = paged_ref.paged_decode_attention(*args, scale=d**-0.5)
+    for cores in (True, False):
+        kw = {"scale": d**-0.5, "tokens_per_split": split, "tensor_cores": cores}
+        warp = paged_cuda.paged_decode_attention(*args, **kw)
+        block = paged_cuda.paged_decode_attention(*args, warp_combine=False, **kw)
+        assert torch.equal(warp, block), cores
+        assert rel(warp, want) < TOL[dtype]
+    if 0 in lens:
+        assert not warp[lens.index(0)].any()  # nothing to attend to: zeros, as the block form
 
 
 def test_paged_decode_split_cap_matches_the_twin(monkeypatch: pytest.MonkeyPatch, gen) -> None:

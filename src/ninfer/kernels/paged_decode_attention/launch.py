@@ -47,12 +47,23 @@ MMA_MAX_BLOCKS = 320
 MMA_MAX_SPLIT_TOKENS = 256
 CAP_MIN_PAIRS = 64
 
+# The mma partial prefetches each scored tile's V rows into L2 for phase 3. From
+# PREFETCH_MAX_PAIRS (row, KV head) pairs up it does not: with hundreds of blocks in flight the
+# prefetched V outgrows the L2 before phase 3 reads it and is fetched twice (run Z3, H100, 64 rows
+# at 2k: 35B-A3B heads 149.9 -> 116.6 µs per call, 27B heads 268.6 -> 207.1; 8 rows unchanged).
+# `NINFER_KERNELS_OFF=paged_prefetch_rule` prefetches at every batch, `paged_v_prefetch` at none.
+PREFETCH_MAX_PAIRS = 64
+
 # Token tiles (phase 1) and k-steps (phase 3) whose loads a warp issues together: 1 ran in run
 # T2; 2 doubles the bytes in flight at ~2 blocks per SM (bit-equal results; in a 27B step within
 # the run's drift, run Y1 on an H100: `NINFER_KERNELS_ON=paged_mma_tiles2` selects it).
 MMA_TILES = 1
 SCORE_FLOATS = 8192  # shared-memory scores per block (32 KiB): G x tokens_per_split
 COMBINE_DIMS = 32  # head dims per combine block
+# Plans of at most this many splits combine one warp per (sequence, query head)
+# (`paged_decode_combine_warp`, the same bits) instead of D / 32 blocks of 256 threads each;
+# `NINFER_KERNELS_OFF=paged_combine_warp` keeps the block form.
+WARP_COMBINE_MAX_SPLITS = 32
 
 
 class SplitPlan(NamedTuple):
@@ -172,6 +183,26 @@ def cap_split(plan: SplitPlan, capacity: int, max_tokens: int) -> SplitPlan:
     return SplitPlan(max_tokens, -(-max(capacity, 1) // max_tokens))
 
 
+def prefetches_v(num_seqs: int, num_kv_heads: int) -> bool:
+    """Whether the mma partial prefetches V into L2: below PREFETCH_MAX_PAIRS (row, KV head)
+    pairs (or always, with `paged_prefetch_rule` in NINFER_KERNELS_OFF); never with
+    `paged_v_prefetch` there."""
+    if switched_off("paged_v_prefetch"):
+        return False
+    return num_seqs * num_kv_heads < PREFETCH_MAX_PAIRS or switched_off("paged_prefetch_rule")
+
+
+def uses_warp_combine(num_splits: int, head_dim: int) -> bool:
+    """Whether a plan of `num_splits` combines one warp per (sequence, query head): at most
+    WARP_COMBINE_MAX_SPLITS splits (one per lane, added in split order, as the block form does
+    then), whole float4s per lane (D a multiple of 128), unless switched off."""
+    return (
+        num_splits <= WARP_COMBINE_MAX_SPLITS
+        and head_dim % 128 == 0
+        and not switched_off("paged_combine_warp")
+    )
+
+
 def partial_smem_bytes(group: int, head_dim: int, tokens_per_split: int) -> int:
     """The partial block's dynamic shared memory: the scores, later the warps' accumulators."""
     return 4 * max(group * tokens_per_split, WARPS * group * head_dim)
@@ -188,11 +219,16 @@ def paged_decode_attention(
     tokens_per_split: int | None = None,
     tensor_cores: bool = True,
     mma_tiles: int = MMA_TILES,
+    prefetch_v: bool | None = None,
+    warp_combine: bool = True,
 ) -> torch.Tensor:
     """See `reference.paged_decode_attention`. `tokens_per_split` (a power of two >= 32 within
     the block's score memory) overrides `plan_splits` for benchmark sweeps; `tensor_cores`
     False keeps the CUDA-core partial kernel where the mma one would serve; `mma_tiles` (1 or 2)
-    sets the mma kernel's tiles per warp iteration."""
+    sets the mma kernel's tiles per warp iteration, `prefetch_v` whether it prefetches V into
+    L2 while it scores (None: `prefetches_v`); `warp_combine` False keeps the block combine
+    where the warp one would serve (`uses_warp_combine`). None of these three changes the
+    bits."""
     k_tensors, v_tensors = kvf.page_tensors(k_pages), kvf.page_tensors(v_pages)
     device = rt.check_cuda(q, *k_tensors, *v_tensors, page_table, kv_lens)
     if not supports(q, k_pages, v_pages):
@@ -243,7 +279,10 @@ def paged_decode_attention(
     if mma:
         if mma_tiles not in (1, 2):
             raise rt.KernelInputError(f"mma_tiles must be 1 or 2, got {mma_tiles}")
-        instance = f"paged_decode_mma<{head_dim}, {group}, {k_code}, {mma_tiles}>"
+        if prefetch_v is None:
+            prefetch_v = prefetches_v(num_seqs, num_kv_heads)
+        pfv = "true" if prefetch_v else "false"
+        instance = f"paged_decode_mma<{head_dim}, {group}, {k_code}, {mma_tiles}, {pfv}>"
         smem = 4 * group * plan.tokens_per_split
     else:
         instance = f"paged_decode_partial<{dtype}, {head_dim}, {group}, {k_code}, {v_code}>"
@@ -267,19 +306,24 @@ def paged_decode_attention(
     )
     grid = (plan.num_splits, num_kv_heads, num_seqs)
     rt.launch(partial, grid, (32 * WARPS,), args, device, shared_mem=smem)
-    combine = rt.get_kernel(OP, f"paged_decode_combine<{dtype}>", device, HEADERS)
-    args = (
-        rt.ptr(out),
-        rt.ptr(ws_acc),
-        rt.ptr(ws_ml),
-        rt.ptr(lens),
+    common = (
         rt.i32(plan.num_splits),
         rt.i32(plan.tokens_per_split),
         rt.i32(table_width),
         rt.i32(page_size),
-        rt.i32(head_dim),
     )
-    grid = (num_q_heads, num_seqs, head_dim // COMBINE_DIMS)
+    rows = num_seqs * num_q_heads
+    if warp_combine and uses_warp_combine(plan.num_splits, head_dim):
+        instance = f"paged_decode_combine_warp<{dtype}, {head_dim}>"
+        combine = rt.get_kernel(OP, instance, device, HEADERS)
+        args = (rt.ptr(out), rt.ptr(ws_acc), rt.ptr(ws_ml), rt.ptr(lens), rt.i64(rows))
+        args += (rt.i32(num_q_heads), *common)
+        grid = (-(-rows // 8), 1, 1)
+    else:
+        combine = rt.get_kernel(OP, f"paged_decode_combine<{dtype}>", device, HEADERS)
+        args = (rt.ptr(out), rt.ptr(ws_acc), rt.ptr(ws_ml), rt.ptr(lens), *common)
+        args += (rt.i32(head_dim),)
+        grid = (num_q_heads, num_seqs, head_dim // COMBINE_DIMS)
     rt.launch(combine, grid, (256,), args, device)
     return out
 

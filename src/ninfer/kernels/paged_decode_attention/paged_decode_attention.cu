@@ -283,6 +283,57 @@ __global__ void __launch_bounds__(256) paged_decode_combine(
   }
 }
 
+// paged_decode_combine_warp: the combine of a plan of at most 32 splits, one warp per (sequence,
+// query head) where paged_decode_combine spends D / 32 blocks of 256 threads, each with two
+// block-wide reductions, on 32 dims (at 64 rows x 16 heads x 8 dim blocks that is 8,192 short
+// blocks per layer). Lane s holds split s's (m, l); lane i owns dims i V .. i V + V - 1 (V = D /
+// 32, a multiple of 4) and walks the live splits in order. Same bits as paged_decode_combine: at
+// most 32 splits, that kernel's groups hold one split each (acc = w a, the product rounded once)
+// and it adds them in split order; its max and its denominator's sum (one term per lane of warp
+// 0, zeros elsewhere) reduce as this warp does.
+template <typename T, int D>
+__global__ void __launch_bounds__(256) paged_decode_combine_warp(
+    T* __restrict__ out, const float* __restrict__ ws_acc, const float* __restrict__ ws_ml,
+    const long long* __restrict__ kv_lens, long long num_rows, int num_q_heads, int num_splits,
+    int tokens_per_split, int table_width, int page_size) {
+  pdl_begin();
+  static_assert(D % 128 == 0, "a lane's dims are whole float4s");
+  constexpr int V = D / 32;
+  const long long row = static_cast<long long>(blockIdx.x) * 8 + (threadIdx.x >> 5);  // b Hq + h
+  if (row >= num_rows) return;  // the whole warp leaves together
+  const int lane = threadIdx.x & 31;
+  const long long capacity = static_cast<long long>(table_width) * page_size;
+  const long long len = max(0LL, min(kv_lens[row / num_q_heads], capacity));
+  const int num_live = static_cast<int>(
+      min(static_cast<long long>(num_splits), (len + tokens_per_split - 1) / tokens_per_split));
+  const float* ml = ws_ml + row * num_splits * 2;
+  const float m = lane < num_live ? ml[2 * lane] : __int_as_float(0xff800000);
+  const float top = pda_warp_max(m);
+  float den = 0.0f;
+  if (lane < num_live) den += __expf(ml[2 * lane] - top) * ml[2 * lane + 1];
+  den = warp_sum(den);
+  const float w_lane = lane < num_live ? __expf(ml[2 * lane] - top) : 0.0f;
+  float acc[V];
+#pragma unroll
+  for (int i = 0; i < V; ++i) acc[i] = 0.0f;
+  const float* base = ws_acc + row * num_splits * D + lane * V;
+#pragma unroll 4
+  for (int s = 0; s < num_live; ++s) {
+    const float w = __shfl_sync(0xffffffffu, w_lane, s);
+#pragma unroll
+    for (int i = 0; i < V; i += 4) {
+      const float4 a = *reinterpret_cast<const float4*>(base + static_cast<long long>(s) * D + i);
+      acc[i] = __fadd_rn(acc[i], __fmul_rn(w, a.x));
+      acc[i + 1] = __fadd_rn(acc[i + 1], __fmul_rn(w, a.y));
+      acc[i + 2] = __fadd_rn(acc[i + 2], __fmul_rn(w, a.z));
+      acc[i + 3] = __fadd_rn(acc[i + 3], __fmul_rn(w, a.w));
+    }
+  }
+  T* o = out + row * D + lane * V;
+#pragma unroll
+  for (int i = 0; i < V; ++i) o[i] = from_float<T>(den > 0.0f ? acc[i] / den : 0.0f);
+}
+
 // ---------------------------------------------------------------------------------------------
 // paged_decode_mma: the partial launch on tensor cores, for a bf16 model with K and V both plain
 // bf16, both int8 or both fp8 (FMT), G <= 8 query heads per KV head, D a multiple of 64. Same
@@ -356,7 +407,10 @@ __device__ __forceinline__ void pdm_load_words(const unsigned char* p, unsigned 
   }
 }
 
-template <int D, int G, int FMT, int TILES>
+// PFV: phase 1 prefetches each tile's V rows into L2 (a block's V is read in phase 3, after its
+// softmax). With many blocks in flight their prefetched V can outgrow the L2 before it is used
+// (64 rows x 2k tokens: ~500 blocks x 128 KiB of V); PFV = false leaves V to phase 3's loads.
+template <int D, int G, int FMT, int TILES, bool PFV>
 __global__ void __launch_bounds__(PDA_WARPS * 32, TILES == 1 ? 4 : 2) paged_decode_mma(
     float* __restrict__ ws_acc, float* __restrict__ ws_ml, const bf16* __restrict__ q,
     const void* __restrict__ k_values, const float* __restrict__ k_scale,
@@ -431,7 +485,7 @@ __global__ void __launch_bounds__(PDA_WARPS * 32, TILES == 1 ? 4 : 2) paged_deco
 #pragma unroll
           for (int i = 0; i < 4; ++i) kw[u][4 * c + i] = w4[i];
         }
-        if (tq < (D * EB) / 128) prefetch_l2(kv_v + rows[u] * D * EB + tq * 128);
+        if (PFV && tq < (D * EB) / 128) prefetch_l2(kv_v + rows[u] * D * EB + tq * 128);
       }
 #pragma unroll
       for (int u = 0; u < TILES; ++u) {
