@@ -204,7 +204,13 @@ class Launches:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, *, mma: bool = True) -> None:
         self.calls: list[dict[str, Any]] = []
+        self.opted_in: list[tuple[str, int]] = []
+        monkeypatch.delenv("NINFER_KERNELS_ON", raising=False)
         monkeypatch.setattr(rt, "check_cuda", lambda *t: torch.device("cpu"))
+        monkeypatch.setattr(rt, "device_index", lambda device: 0)
+        monkeypatch.setattr(
+            rt, "allow_shared", lambda op, instance, index, n: self.opted_in.append((instance, n))
+        )
         monkeypatch.setattr(rt, "get_kernel", lambda op, instance, device: instance)
         monkeypatch.setattr(rt, "launch", self.launch)
         monkeypatch.setattr(expert_launch, "_mma_capable", lambda device: mma)
@@ -231,18 +237,26 @@ def down_call(**kw: Any) -> None:
 
 def test_mma_launch_at_35b_shapes(monkeypatch) -> None:
     """Gate-up: passes of 8 inputs (16 would need 65 KiB), 8 row tiles of 128; down: passes of
-    16 (17 KiB), 16 row tiles; both at depth GROUP_MMA_DEPTH unless asked otherwise."""
+    16 (17 KiB), 16 row tiles; both at depth GROUP_MMA_DEPTH unless asked otherwise; with
+    `group_mma_wide` switched on the gate-up takes passes of 16 (65 KiB, opted in)."""
     launches = Launches(monkeypatch)
     gate_up_call()
     down_call()
     down_call(depth=2)
+    monkeypatch.setenv("NINFER_KERNELS_ON", "group_mma_wide")
+    gate_up_call()
     depth = expert_launch.GROUP_MMA_DEPTH
-    up, down, shallow = launches.calls
+    up, down, shallow, wide = launches.calls
     assert up["instance"] == f"expert_group_mma<{depth}, 1, false>"
     assert up["grid"] == (8, 3) and up["block"] == (256,) and up["smem"] == 8 * 2080 * 2
     assert down["instance"] == f"expert_group_mma<{depth}, 2, true>"
     assert down["grid"] == (16, 3) and down["smem"] == 16 * 544 * 2
     assert shallow["instance"] == "expert_group_mma<2, 2, true>"
+    assert wide["instance"] == f"expert_group_mma<{depth}, 2, false>"
+    assert wide["smem"] == 16 * 2080 * 2
+    # every mma launch asks for its shared memory (allow_shared does nothing up to 48 KiB)
+    assert [i for i, _ in launches.opted_in] == [c["instance"] for c in launches.calls]
+    assert [n for _, n in launches.opted_in] == [c["smem"] for c in launches.calls]
     with pytest.raises(rt.KernelInputError, match="depth"):
         down_call(depth=3)
 
@@ -269,7 +283,8 @@ def test_fma_kernel_where_the_mma_does_not_serve(kw, mma, monkeypatch) -> None:
 
 
 def test_uses_group_mma_rules(monkeypatch) -> None:
-    """bf16 and one n-tile of staged rows within 48 KiB (K <= 3,040) on an sm_80+ device."""
+    """bf16 and one n-tile of staged rows within 48 KiB (K <= 3,040) on an sm_80+ device; two
+    n-tiles within 48 KiB (GROUP_MMA_WIDE_SMEM with `group_mma_wide` switched on)."""
     monkeypatch.setattr(expert_launch, "_mma_capable", lambda device: True)
     uses = expert_launch.uses_group_mma
     bf16 = torch.bfloat16
@@ -277,10 +292,16 @@ def test_uses_group_mma_rules(monkeypatch) -> None:
     assert uses(x, torch.zeros(2, 4, 3040, dtype=bf16))
     assert not uses(x, torch.zeros(2, 4, 3048, dtype=bf16))
     assert not uses(x.float(), torch.zeros(2, 4, 512))
-    assert expert_launch.group_mma_tiles(512) == 2
-    assert expert_launch.group_mma_tiles(1504) == 2  # 16 x 1536 x 2 bytes = 48 KiB
-    assert expert_launch.group_mma_tiles(1512) == 1
-    assert expert_launch.group_mma_tiles(2048) == 1
+    monkeypatch.delenv("NINFER_KERNELS_ON", raising=False)
+    tiles = expert_launch.group_mma_tiles
+    assert tiles(512) == 2
+    assert tiles(1504) == 2  # 16 x 1536 x 2 bytes = 48 KiB
+    assert tiles(1512) == 1
+    assert tiles(2048) == 1
+    monkeypatch.setenv("NINFER_KERNELS_ON", "group_mma_wide")
+    assert tiles(512) == 2 and tiles(2048) == 2  # 16 x 2080 x 2 bytes = 65 KiB, opted in
+    assert tiles(3040) == 2 and tiles(3048) == 1  # 16 x 3072 x 2 bytes = 96 KiB
+    monkeypatch.delenv("NINFER_KERNELS_ON")
     monkeypatch.setattr(expert_launch, "_mma_capable", lambda device: False)
     assert not uses(x, torch.zeros(2, 4, 512, dtype=bf16))
     monkeypatch.undo()

@@ -397,10 +397,13 @@ def skewed_ids(gen: torch.Generator, tokens: int) -> tuple[torch.Tensor, dict[in
 
 @pytest.mark.parametrize("tokens", [17, 64, 96])
 @pytest.mark.parametrize("swiglu", [False, True], ids=["gate-up", "down-swiglu"])
-def test_expert_group_mma_at_35b_shapes(tokens: int, swiglu: bool, big_moe, gen) -> None:
+def test_expert_group_mma_at_35b_shapes(
+    tokens: int, swiglu: bool, big_moe, gen, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The tensor-core grouped GEMV against the twin and the CUDA-core kernel (bf16 outputs:
     within 1e-2 relative), the hot experts' rows also on their own (a relative error over all rows
-    could hide them); both load depths give equal bits (same step order)."""
+    could hide them); both load depths, and two n-tiles per pass for the gate-up
+    (`group_mma_wide` on), give equal bits (same step order)."""
     ids, _ = skewed_ids(gen, tokens)
     flat = ids.reshape(-1)
     if swiglu:  # the down projection of SwiGLU'd gate-up rows, one input per assignment
@@ -429,6 +432,10 @@ def test_expert_group_mma_at_35b_shapes(tokens: int, swiglu: bool, big_moe, gen)
         assert rel(mma[rows], want[rows]) < TOL[torch.bfloat16], expert
     first, *others = got.values()
     assert all(torch.equal(first, other) for other in others)
+    monkeypatch.setenv("NINFER_KERNELS_ON", "group_mma_wide")
+    assert expert_cuda.group_mma_tiles(w.shape[2]) == 2
+    wide = expert_cuda.expert_group_gemv(x, w, flat, groups=groups, **kw)
+    assert torch.equal(wide, mma)
 
 
 def test_expert_group_mma_switch_and_odd_shapes(gen, monkeypatch) -> None:

@@ -19,6 +19,7 @@ import torch
 
 from ninfer.kernels import runtime as rt
 from ninfer.kernels.expert_gemv.reference import expert_groups
+from ninfer.kernels.switches import switched_on
 
 OP = "expert_gemv"
 THREADS = 256
@@ -298,11 +299,24 @@ def group_mma_smem(k: int, tiles: int) -> int:
     return 8 * tiles * (k + GROUP_MMA_PAD) * 2
 
 
+# With `group_mma_wide` in NINFER_KERNELS_ON: two n-tiles (16 inputs per pass) where their
+# staging fits this, past the 48 KiB a launch gets without opting in, so the 35B gate-up (K =
+# 2,048: 65 KiB for 16 inputs) reads an expert chosen by 9..16 of the step's rows once, not twice.
+# Opt-in because it measured slower (run Z5, H100, 35B-A3B at 64 rows and 2k: 30.30 / 30.80 ms
+# per step against 28.99 with one n-tile; the grouped kernel alone 461.9 against 456.4 µs): the
+# synthetic model's routing is near uniform (~222 experts touched per layer, the largest group 7
+# rows), so the second pass it saves almost never happens. The same bits either way (each input's
+# column of the product is summed in the same order).
+GROUP_MMA_WIDE_SMEM = 96 * 1024
+
+
 def group_mma_tiles(k: int) -> int:
     """n-tiles per pass of expert_group_mma: two (16 inputs, so an expert chosen by up to 16 rows
     is read once) where their staging fits GROUP_SMEM (the 35B down projection, K = 512: 17 KiB),
-    else one (its gate-up, K = 2,048: 16 rows would need 65 KiB; 8 take 33 KiB)."""
-    return 2 if group_mma_smem(k, 2) <= GROUP_SMEM else 1
+    else one (its gate-up, K = 2,048: 16 rows need 65 KiB; 8 take 33 KiB); GROUP_MMA_WIDE_SMEM
+    with `group_mma_wide` in NINFER_KERNELS_ON."""
+    limit = GROUP_MMA_WIDE_SMEM if switched_on("group_mma_wide") else GROUP_SMEM
+    return 2 if group_mma_smem(k, 2) <= limit else 1
 
 
 @functools.cache
@@ -386,6 +400,7 @@ def expert_group_gemv(
         instance = f"expert_group_mma<{depth}, {tiles}, {swiglu}>"
         grid = (-(-n // GROUP_MMA_ROWS), num_experts)
         smem = group_mma_smem(k, tiles)
+        rt.allow_shared(OP, instance, rt.device_index(device), smem)
     else:
         rows = rows_per_warp(k)
         instance = (
