@@ -396,7 +396,23 @@ def _fused(w: _W) -> _W:
     # (257 of them sent cuBLAS to an align-1 kernel above 8 rows: 9 µs per 35B layer at 64)
     pad = -(w.router.shape[0] + w.shared_gate.shape[0]) % 8
     zeros = w.router.new_zeros((pad, w.router.shape[1]))
-    if m := _fuse_rows((w.router, w.shared_gate, zeros) if pad else (w.router, w.shared_gate)):
+    head = (w.router, w.shared_gate, zeros) if pad else (w.router, w.shared_gate)
+    # and the shared expert's gate-up reads it too: one matrix holding all three, the two
+    # narrower fused matrices as views into it (where the shared expert is plain, as the router)
+    if m := _fuse_rows((*head, w.shared_gate_proj, w.shared_up_proj)):
+        fused, views = m
+        rows = sum(p.shape[0] for p in head)
+        return replace(
+            w,
+            router=views[0],
+            shared_gate=views[1],
+            shared_gate_proj=views[-2],
+            shared_up_proj=views[-1],
+            router_and_gate=fused[:rows],
+            shared_gate_up=fused[rows:],
+            router_gate_shared=fused,
+        )
+    if m := _fuse_rows(head):
         router_and_gate, (router, shared_gate, *_) = m
         w = replace(w, router=router, shared_gate=shared_gate, router_and_gate=router_and_gate)
     if (m := _fuse_rows((w.shared_gate_proj, w.shared_up_proj))) is None:

@@ -305,6 +305,13 @@ def test_fused_projections_match_separate(tiny, prompt_300):
         assert ffn.router_and_gate.shape[0] - num_real < 8
         assert torch.equal(ffn.router_and_gate[num_real - 1 : num_real], ffn.shared_gate)
         assert not ffn.router_and_gate[num_real:].any()
+        # and the shared expert's gate-up after them: one matrix, both narrower ones its views
+        whole = ffn.router_gate_shared
+        assert whole is not None and whole.data_ptr() == ffn.router_and_gate.data_ptr()
+        head = ffn.router_and_gate.shape[0]
+        assert whole.shape[0] == head + ffn.shared_gate_up.shape[0]
+        assert ffn.shared_gate_up.data_ptr() == whole[head:].data_ptr()
+        assert torch.equal(whole[head:], torch.cat((ffn.shared_gate_proj, ffn.shared_up_proj)))
     rows = {}
     for name, model in (("fused", fused), ("plain", plain)):
         cache = new_cache(config)
@@ -427,3 +434,37 @@ def test_cuda_decode_step_is_graph_capturable(tiny, prompt_300):
     graph.replay()
     torch.cuda.synchronize()
     assert rel_err(logits.cpu(), eager) < 1e-5
+
+
+def test_moe_router_and_shared_expert_in_one_gemm(tiny_moe, prompt_300, monkeypatch) -> None:
+    """Where the shared expert runs outside the expert kernels (grouped steps; here forced with
+    `shared_expert_in_kernels` off), the router, the shared gate and the shared gate-up are one
+    GEMM over `router_gate_shared` in every MoE layer; with `router_shared_gemm` in
+    NINFER_KERNELS_OFF they are apart again; the same step either way (< 1e-5 relative: the same
+    products, other GEMM calls)."""
+    from ninfer.kernels import dispatch
+
+    config = TextConfig.from_hf(tiny_moe.hf_config)
+    model = Qwen3_5Model(config, tiny_moe.weights, fuse_projections=True)
+    whole = {id(layer.ffn.router_gate_shared) for layer in model.layers}
+    assert None not in whole and len(whole) == len(model.layers)
+    linear = dispatch.linear
+    used: list[bool] = []
+
+    def spy(x, weight, *a, **kw):
+        used.append(id(weight) in whole)
+        return linear(x, weight, *a, **kw)
+
+    monkeypatch.setattr(dispatch, "linear", spy)
+    rows = {}
+    for off in ("", "router_shared_gemm"):
+        monkeypatch.setenv("NINFER_KERNELS_OFF", f"shared_expert_in_kernels,{off}")
+        used.clear()
+        cache = new_cache(config)
+        pages = shuffled_pages(pages_for(21), seed=5)
+        out = [prefill(model, cache, prompt_300[:20], pages=pages, slot=1)]
+        out.append(decode(model, cache, [9], num_computed=[20], pages=[pages], slots=[1]))
+        rows[off] = torch.cat(out)
+        # two forwards (prefill, decode), one such GEMM per layer each, or none
+        assert sum(used) == (0 if off else 2 * len(model.layers))
+    assert rel_err(rows[""], rows["router_shared_gemm"]) < 1e-5

@@ -53,6 +53,10 @@ class MoeWeights:
     # optional [E + 1 + pad, H]: router rows, the shared gate row, zero rows to a multiple of 8
     # (aligned output rows); one GEMV for both
     router_and_gate: torch.Tensor | None = None
+    # optional [E + 1 + pad + 2 Is, H]: router_and_gate's rows then shared_gate_up's, both views
+    # into it, for steps whose shared expert runs outside the expert kernels: the three GEMMs
+    # that read x (router, shared gate, shared gate-up) as one
+    router_gate_shared: torch.Tensor | None = None
 
 
 class ExpertPath(enum.Enum):
@@ -260,19 +264,28 @@ def sparse_moe(x: torch.Tensor, w: MoeWeights, *, top_k: int, norm_topk_prob: bo
     Returns:
         [T, H].
     """
-    if w.router_and_gate is not None:
-        both = dispatch.linear(x, w.router_and_gate)  # [T, E + 1 + zero padding]
-        num_experts = w.router.shape[0]
-        router_logits, gate_logits = both[:, :num_experts], both[:, num_experts : num_experts + 1]
-    else:
-        router_logits, gate_logits = F.linear(x, w.router), F.linear(x, w.shared_gate)
-    weights, ids = dispatch.route_topk(router_logits, top_k, normalize=norm_topk_prob)
-    path = expert_path(x, w.experts_gate_up, w.experts_down, ids.numel())
+    num_experts = w.router.shape[0]
+    path = expert_path(x, w.experts_gate_up, w.experts_down, x.shape[0] * top_k)
     # `shared_expert_in_kernels` in NINFER_KERNELS_OFF keeps the separate mlp (a device A/B)
     fuse = path is ExpertPath.GATHERED and not dispatch.switched_off("shared_expert_in_kernels")
     in_kernels = shared_expert_in_kernels(w) if fuse else None
     shared = None
-    if in_kernels is None:
+    one_gemm = w.router_gate_shared is not None and w.router_and_gate is not None
+    if in_kernels is None and one_gemm and not dispatch.switched_off("router_shared_gemm"):
+        # one GEMM for the router, the shared gate and the shared expert's gate-up (three small
+        # latency-bound ones at 64 rows of the 35B-A3B: ~16 µs a layer); `router_shared_gemm`
+        # in NINFER_KERNELS_OFF keeps them apart (a device A/B)
+        out = dispatch.linear(x, w.router_gate_shared)
+        both = out[:, : w.router_and_gate.shape[0]]
+        shared = dispatch.swiglu_linear(out[:, both.shape[1] :], w.shared_down_proj)
+    elif w.router_and_gate is not None:
+        both = dispatch.linear(x, w.router_and_gate)  # [T, E + 1 + zero padding]
+    if w.router_and_gate is not None:
+        router_logits, gate_logits = both[:, :num_experts], both[:, num_experts : num_experts + 1]
+    else:
+        router_logits, gate_logits = F.linear(x, w.router), F.linear(x, w.shared_gate)
+    weights, ids = dispatch.route_topk(router_logits, top_k, normalize=norm_topk_prob)
+    if in_kernels is None and shared is None:
         shared = mlp(
             x,
             MlpWeights(w.shared_gate_proj, w.shared_up_proj, w.shared_down_proj, w.shared_gate_up),
