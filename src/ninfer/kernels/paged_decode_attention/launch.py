@@ -39,7 +39,7 @@ MAX_BLOCKS = 2048  # partial blocks over the table's capacity: ~15 per SM on an 
 MMA_MAX_BLOCKS = 320
 # Many rows at a few thousand tokens (35B-A3B, 64 rows at 2k: 128 (row, KV head) pairs) reach the
 # block cap with 1,024-token splits, ~2 blocks per SM each walking its tokens one dependent tile
-# at a time (run Y2, H100: 162 µs per layer for 134 MB of KV, 0.83 TB/s). From CAP_MIN_PAIRS
+# at a time (run Y2, H100: 162 µs per layer for 268 MB of KV, 1.65 TB/s). From CAP_MIN_PAIRS
 # pairs up no mma split is longer than MMA_MAX_SPLIT_TOKENS: run Y3 (H100) measured 64 rows 0.7 %
 # (35B, 2k) and 0.4-1.0 % (27B, 1k) faster per step, 8 rows unchanged. Fewer pairs (the small
 # batches the block cap was tuned on, run T2) keep their plans. `NINFER_KERNELS_OFF=
