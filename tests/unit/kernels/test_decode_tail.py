@@ -141,18 +141,27 @@ def test_split_cap_keeps_short_plans_and_cuts_long_ones() -> None:
 
 def test_mma_plan_caps_only_many_pairs(monkeypatch: pytest.MonkeyPatch) -> None:
     """The launcher's plan: the small batches the block cap was measured on keep their plans
-    (1 row at 32k: 512-token splits); 64 rows of the 35B (128 pairs) and of the 27B (256) get
-    256-token splits; `NINFER_KERNELS_OFF=paged_split_cap` restores the uncapped plan."""
+    (1 row at 32k: 512-token splits); 64 (row, KV head) pairs get 256-token splits (16 rows of
+    the 27B), 128 and more 512 (64 rows of the 35B, 32 or 64 of the 27B);
+    `NINFER_KERNELS_OFF=paged_wide_split_cap` keeps 256 there, `paged_split_cap` restores the
+    uncapped plan."""
     plan = paged_launch.mma_plan
     monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
     assert plan(1, 4, 6, 65536) == (512, 128)  # 4 pairs: as plan_splits alone
     assert plan(8, 4, 6, 2048) == (128, 16)  # 32 pairs
     assert plan(8, 4, 6, 65536) == paged_launch.plan_splits(8, 4, 6, 65536, 320, 32768)
-    assert plan(64, 2, 8, 4096) == (256, 16)  # 128 pairs: capped from (1024, 4)
-    assert plan(64, 4, 6, 2048) == (256, 8)  # 256 pairs: capped from (1024, 2)
+    assert plan(16, 4, 6, 4096) == (256, 16)  # 64 pairs: capped from (512, 8)
+    assert plan(32, 4, 6, 4096) == (512, 8)  # 128 pairs: capped from (1024, 4)
+    assert plan(64, 2, 8, 4096) == (512, 8)  # 128 pairs: capped from (1024, 4)
+    assert plan(64, 4, 6, 2048) == (512, 4)  # 256 pairs: capped from (1024, 2)
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "paged_wide_split_cap")
+    assert plan(64, 2, 8, 4096) == (256, 16)
+    assert plan(64, 4, 6, 2048) == (256, 8)
+    assert plan(16, 4, 6, 4096) == (256, 16)
     monkeypatch.setenv("NINFER_KERNELS_OFF", "paged_split_cap")
     assert plan(64, 2, 8, 4096) == (1024, 4)
     assert plan(64, 4, 6, 2048) == (1024, 2)
+    assert plan(16, 4, 6, 4096) == (512, 8)
 
 
 def test_warp_combine_serves_plans_of_at_most_32_splits(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -166,16 +175,17 @@ def test_warp_combine_serves_plans_of_at_most_32_splits(monkeypatch: pytest.Monk
     assert not use(16, 256)
 
 
-def test_v_prefetch_stops_from_64_pairs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The mma partial prefetches V below PREFETCH_MAX_PAIRS (row, KV head) pairs: 8 rows of
-    either model do, 64 rows (128 or 256 pairs) do not; the two switches force either way."""
+def test_v_prefetch_stops_from_32_pairs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mma partial prefetches V below PREFETCH_MAX_PAIRS (row, KV head) pairs: 8 rows of the
+    35B-A3B (16 pairs) do, 8 of the 27B (32) and 16 of the 35B-A3B do not; the two switches
+    force either way."""
     monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
     pf = paged_launch.prefetches_v
-    assert paged_launch.PREFETCH_MAX_PAIRS == 64
-    assert pf(1, 4) and pf(8, 4) and pf(8, 2) and pf(31, 2)
-    assert not pf(16, 4) and not pf(32, 2) and not pf(64, 2) and not pf(64, 4)
+    assert paged_launch.PREFETCH_MAX_PAIRS == 32
+    assert pf(1, 4) and pf(4, 4) and pf(8, 2) and pf(15, 2)
+    assert not pf(8, 4) and not pf(16, 2) and not pf(64, 2) and not pf(64, 4)
     monkeypatch.setenv("NINFER_KERNELS_OFF", "paged_prefetch_rule")
-    assert pf(64, 4) and pf(1, 4)
+    assert pf(64, 4) and pf(8, 4) and pf(1, 4)
     monkeypatch.setenv("NINFER_KERNELS_OFF", "paged_v_prefetch")
     assert not pf(1, 4) and not pf(64, 4)
 
