@@ -141,9 +141,8 @@ def test_split_cap_keeps_short_plans_and_cuts_long_ones() -> None:
 
 def test_mma_plan_caps_only_many_pairs(monkeypatch: pytest.MonkeyPatch) -> None:
     """The launcher's plan: the small batches the block cap was measured on keep their plans
-    (1 row at 32k: 512-token splits); 64 (row, KV head) pairs get 256-token splits (16 rows of
-    the 27B), 128 and more 512 (64 rows of the 35B, 32 or 64 of the 27B);
-    `NINFER_KERNELS_OFF=paged_wide_split_cap` keeps 256 there, `paged_split_cap` restores the
+    (1 row at 32k: 512-token splits); 64 rows of the 35B (128 pairs) and of the 27B (256), and
+    16 of the 27B (64), get 256-token splits; `NINFER_KERNELS_OFF=paged_split_cap` restores the
     uncapped plan."""
     plan = paged_launch.mma_plan
     monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
@@ -151,13 +150,8 @@ def test_mma_plan_caps_only_many_pairs(monkeypatch: pytest.MonkeyPatch) -> None:
     assert plan(8, 4, 6, 2048) == (128, 16)  # 32 pairs
     assert plan(8, 4, 6, 65536) == paged_launch.plan_splits(8, 4, 6, 65536, 320, 32768)
     assert plan(16, 4, 6, 4096) == (256, 16)  # 64 pairs: capped from (512, 8)
-    assert plan(32, 4, 6, 4096) == (512, 8)  # 128 pairs: capped from (1024, 4)
-    assert plan(64, 2, 8, 4096) == (512, 8)  # 128 pairs: capped from (1024, 4)
-    assert plan(64, 4, 6, 2048) == (512, 4)  # 256 pairs: capped from (1024, 2)
-    monkeypatch.setenv("NINFER_KERNELS_OFF", "paged_wide_split_cap")
-    assert plan(64, 2, 8, 4096) == (256, 16)
-    assert plan(64, 4, 6, 2048) == (256, 8)
-    assert plan(16, 4, 6, 4096) == (256, 16)
+    assert plan(64, 2, 8, 4096) == (256, 16)  # 128 pairs: capped from (1024, 4)
+    assert plan(64, 4, 6, 2048) == (256, 8)  # 256 pairs: capped from (1024, 2)
     monkeypatch.setenv("NINFER_KERNELS_OFF", "paged_split_cap")
     assert plan(64, 2, 8, 4096) == (1024, 4)
     assert plan(64, 4, 6, 2048) == (1024, 2)

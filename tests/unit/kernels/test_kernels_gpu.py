@@ -295,7 +295,7 @@ def test_paged_decode_warp_combine_gives_the_block_combines_bits(
 
 def test_paged_decode_split_cap_matches_the_twin(monkeypatch: pytest.MonkeyPatch, gen) -> None:
     """The split cap (35B-A3B heads, 64 rows at ~2k in a 4k table: the plan's 1,024-token splits
-    cut to 512): the same attention as the twin and as the uncapped plan (`NINFER_KERNELS_OFF=
+    cut to 256): the same attention as the twin and as the uncapped plan (`NINFER_KERNELS_OFF=
     paged_split_cap`), < 1e-2 relative (other split points: other fp32 partial sums), in a graph
     replay too."""
     page, hq, hk, d = 64, 16, 2, 256
@@ -310,8 +310,8 @@ def test_paged_decode_split_cap_matches_the_twin(monkeypatch: pytest.MonkeyPatch
     args = (q, k_pages, v_pages, table, torch.tensor(lens, device="cuda"))
     plan = paged_cuda.plan_splits(64, hk, hq // hk, width * page, paged_cuda.MMA_MAX_BLOCKS,
                                   width * page // 2)  # fmt: skip
-    assert plan.tokens_per_split > paged_cuda.MMA_WIDE_SPLIT_TOKENS  # the cap changes this plan
-    assert paged_cuda.mma_plan(64, hk, hq // hk, width * page).tokens_per_split == 512
+    assert plan.tokens_per_split > paged_cuda.MMA_MAX_SPLIT_TOKENS  # the cap changes this plan
+    assert paged_cuda.mma_plan(64, hk, hq // hk, width * page).tokens_per_split == 256
     monkeypatch.setenv("NINFER_KERNELS_OFF", "paged_split_cap")
     uncapped = paged_cuda.paged_decode_attention(*args, scale=d**-0.5)
     monkeypatch.delenv("NINFER_KERNELS_OFF")

@@ -43,24 +43,20 @@ MMA_MAX_BLOCKS = 320
 # pairs up no mma split is longer than MMA_MAX_SPLIT_TOKENS: run Y3 (H100) measured 64 rows 0.7 %
 # (35B, 2k) and 0.4-1.0 % (27B, 1k) faster per step, 8 rows unchanged. Fewer pairs (the small
 # batches the block cap was tuned on, run T2) keep their plans. `NINFER_KERNELS_OFF=
-# paged_split_cap` turns it off. From CAP_WIDE_PAIRS pairs the cap is MMA_WIDE_SPLIT_TOKENS: once
-# the V prefetch stopped there (below), the kernel sweep's best plan at 2k context kept ~512
-# splits live, about four per SM (run Z8, H100, µs per call: 35B heads x 64 rows 116.2 at 256
-# tokens / 110.1 at 512 / 137.0 at 1,024; 27B heads x 32 rows 110.1 / 105.9 / 136.0, x 64 rows
-# 205.4 / 197.4 / 196.8; at 64 pairs 256 stays best: 27B x 16 rows 62.5 / 74.4).
-# `NINFER_KERNELS_OFF=paged_wide_split_cap` keeps 256 there.
+# paged_split_cap` turns it off. A 512-token cap from 128 pairs, the kernel sweep's best at 2k
+# context once the V prefetch stopped there (run Z8, H100: 35B heads x 64 rows 116.2 -> 110.1 µs
+# per call), was not faster in the model step (run Z9: 35B-A3B batch 64 29.37 / 29.33 ms against
+# 29.08 with 256), so 256 stays.
 MMA_MAX_SPLIT_TOKENS = 256
 CAP_MIN_PAIRS = 64
-MMA_WIDE_SPLIT_TOKENS = 512
-CAP_WIDE_PAIRS = 128
 
 # The mma partial prefetches each scored tile's V rows into L2 for phase 3. From
 # PREFETCH_MAX_PAIRS (row, KV head) pairs up it does not: with hundreds of blocks in flight the
 # prefetched V outgrows the L2 before phase 3 reads it and is fetched twice (run Z3, H100, 64 rows
 # at 2k: 35B-A3B heads 149.9 -> 116.6 µs per call, 27B heads 268.6 -> 207.1), and at 32 pairs
-# too (run Z8: 35B heads x 16 rows 47.6 -> 43.7, 27B heads x 8 rows 43.8 -> 41.1); at 16 pairs it
-# is even (35B x 8 rows 27.2 / 26.7). `NINFER_KERNELS_OFF=paged_prefetch_rule` prefetches at
-# every batch, `paged_v_prefetch` at none.
+# too (run Z8: 35B heads x 16 rows 47.6 -> 43.7, 27B heads x 8 rows 43.8 -> 41.1; in the model
+# step within the drift, run Z9); at 16 pairs it is even (35B x 8 rows 27.2 / 26.7).
+# `NINFER_KERNELS_OFF=paged_prefetch_rule` prefetches at every batch, `paged_v_prefetch` at none.
 PREFETCH_MAX_PAIRS = 32
 
 # Token tiles (phase 1) and k-steps (phase 3) whose loads a warp issues together: 1 ran in run
@@ -177,13 +173,10 @@ def mma_plan(num_seqs: int, num_kv_heads: int, group: int, capacity: int) -> Spl
     """The tensor-core partial's plan: `plan_splits` with its own block cap, counted over half
     the table (graph tables are power-of-two page buckets the longest row fills between half
     and all of), then from CAP_MIN_PAIRS (row, KV head) pairs splits of at most
-    MMA_MAX_SPLIT_TOKENS, from CAP_WIDE_PAIRS of at most MMA_WIDE_SPLIT_TOKENS (unless
-    `paged_split_cap` / `paged_wide_split_cap` is in NINFER_KERNELS_OFF)."""
+    MMA_MAX_SPLIT_TOKENS (unless `paged_split_cap` is in NINFER_KERNELS_OFF)."""
     plan = plan_splits(num_seqs, num_kv_heads, group, capacity, MMA_MAX_BLOCKS, capacity // 2)
-    pairs = num_seqs * num_kv_heads
-    if pairs >= CAP_MIN_PAIRS and not switched_off("paged_split_cap"):
-        wide = pairs >= CAP_WIDE_PAIRS and not switched_off("paged_wide_split_cap")
-        plan = cap_split(plan, capacity, MMA_WIDE_SPLIT_TOKENS if wide else MMA_MAX_SPLIT_TOKENS)
+    if num_seqs * num_kv_heads >= CAP_MIN_PAIRS and not switched_off("paged_split_cap"):
+        plan = cap_split(plan, capacity, MMA_MAX_SPLIT_TOKENS)
     return plan
 
 
