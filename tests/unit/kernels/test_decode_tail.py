@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.support.kernel_sources import parameter_count
 
 from ninfer.kernels.add_rms_norm import launch as add_norm_launch
 from ninfer.kernels.paged_decode_attention import launch as paged_launch
@@ -184,17 +185,6 @@ def test_v_prefetch_stops_from_32_pairs(monkeypatch: pytest.MonkeyPatch) -> None
     assert not pf(1, 4) and not pf(64, 4)
 
 
-def _parameter_count(source: str, kernel: str) -> int:
-    """Parameters of `kernel`'s __global__ definition in `source` (its parenthesised list)."""
-    start = source.index("(", source.index(f" {kernel}("))
-    depth, i = 0, start
-    while True:
-        depth += {"(": 1, ")": -1}.get(source[i], 0)
-        i += 1
-        if depth == 0:
-            return source[start:i].count(",") + 1
-
-
 @pytest.mark.parametrize(
     ("rows", "width", "kw", "partial", "combine"),
     [
@@ -225,15 +215,14 @@ def test_paged_attention_launches_on_mocked_kernels(
     lens = torch.full((rows,), width * page // 2 + 1)
     out = paged_launch.paged_decode_attention(q, pages, pages, table, lens, scale=0.0625, **kw)
     assert out.shape == q.shape and out.dtype == q.dtype
-    source = (rt.KERNEL_DIR / "paged_decode_attention" / "paged_decode_attention.cu").read_text()
     (k1, grid1, block1, args1), (k2, grid2, block2, args2) = (c[:4] for c in calls)
     plan = paged_launch.mma_plan(rows, hk, hq // hk, width * page)
     assert (k1, grid1, block1) == (partial, (plan.num_splits, hk, rows), (128,))
-    assert len(args1) == _parameter_count(source, "paged_decode_mma")
+    assert len(args1) == parameter_count("paged_decode_attention", "paged_decode_mma")
     if combine == "warp":
         assert (k2, grid2) == ("paged_decode_combine_warp<bf16, 256>", (-(-rows * hq // 8), 1, 1))
-        assert len(args2) == _parameter_count(source, "paged_decode_combine_warp")
+        assert len(args2) == parameter_count("paged_decode_attention", "paged_decode_combine_warp")
     else:
         assert (k2, grid2) == ("paged_decode_combine<bf16>", (hq, rows, d // 32))
-        assert len(args2) == _parameter_count(source, "paged_decode_combine")
+        assert len(args2) == parameter_count("paged_decode_attention", "paged_decode_combine")
     assert block2 == (256,)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.support.kernel_sources import parameter_count
 
 from ninfer.kernels import dispatch
 from ninfer.kernels.kv_quant import reference as kv_ref
@@ -128,17 +129,6 @@ def test_kernel_equals_the_separate_ops(dtype, tokens, hq, hk, d, rotary, gen) -
     assert torch.equal(v_pages.view(-1, hk, d)[slots], ops[2])
 
 
-def _parameter_count(source: str, kernel: str) -> int:
-    """Parameters of `kernel`'s __global__ definition in `source` (its parenthesised list)."""
-    start = source.index("(", source.index(f" {kernel}("))
-    depth, i = 0, start
-    while True:
-        depth += {"(": 1, ")": -1}.get(source[i], 0)
-        i += 1
-        if depth == 0:
-            return source[start:i].count(",") + 1
-
-
 def test_launchers_on_mocked_launches(monkeypatch: pytest.MonkeyPatch) -> None:
     """Both launchers (device checks and launches stubbed): the instance, grid and block each
     kernel needs, as many arguments as the kernel has parameters, and dense outputs of q's and
@@ -153,12 +143,11 @@ def test_launchers_on_mocked_launches(monkeypatch: pytest.MonkeyPatch) -> None:
     q, k = ops[0], ops[1]
     plain = qk_cuda.qk_norm_rope(q, k, *ops[3:8])
     stored = qk_cuda.qk_norm_rope_store(*ops)
-    source = (rt.KERNEL_DIR / "qk_norm_rope" / "qk_norm_rope.cu").read_text()
     (k1, grid1, block1, args1, _), (k2, grid2, block2, args2, _) = calls
     assert (k1, grid1, block1) == ("qk_norm_rope_warp<bf16, 8>", (4, 3), (256,))  # 28 rows
     assert (k2, grid2, block2) == ("qk_norm_rope_store<bf16, 8>", (4, 3), (256,))  # 32 rows
-    assert len(args1) == _parameter_count(source, "qk_norm_rope_warp")
-    assert len(args2) == _parameter_count(source, "qk_norm_rope_store")
+    assert len(args1) == parameter_count("qk_norm_rope", "qk_norm_rope_warp")
+    assert len(args2) == parameter_count("qk_norm_rope", "qk_norm_rope_store")
     for q_out, k_out in (plain, stored):
         assert q_out.shape == q.shape and k_out.shape == k.shape
         assert q_out.is_contiguous() and k_out.is_contiguous() and q_out.dtype == q.dtype
