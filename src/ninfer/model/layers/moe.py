@@ -252,6 +252,32 @@ def _experts_loop(
     return y.view(num_tokens, top_k, -1)
 
 
+def _gate_logits(
+    x: torch.Tensor, w: MoeWeights, *, with_shared: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Router logits [T, E], the shared gate's logit [T, 1], and, when `with_shared` and the
+    matrices allow, the shared expert's output [T, H] from the same GEMM (else None).
+
+    With `router_gate_shared` bound the router, the shared gate and the shared expert's gate-up
+    are one GEMM (three small latency-bound ones at 64 rows of the 35B-A3B: ~16 µs a layer);
+    `router_shared_gemm` in NINFER_KERNELS_OFF keeps them apart (a device A/B)."""
+    num_experts = w.router.shape[0]
+    if w.router_and_gate is None:
+        return F.linear(x, w.router), F.linear(x, w.shared_gate), None
+    shared = None
+    if (
+        with_shared
+        and w.router_gate_shared is not None
+        and not dispatch.switched_off("router_shared_gemm")
+    ):
+        out = dispatch.linear(x, w.router_gate_shared)
+        both = out[:, : w.router_and_gate.shape[0]]
+        shared = dispatch.swiglu_linear(out[:, both.shape[1] :], w.shared_down_proj)
+    else:
+        both = dispatch.linear(x, w.router_and_gate)  # [T, E + 1 + zero padding]
+    return both[:, :num_experts], both[:, num_experts : num_experts + 1], shared
+
+
 def sparse_moe(x: torch.Tensor, w: MoeWeights, *, top_k: int, norm_topk_prob: bool) -> torch.Tensor:
     """Routed experts plus the shared expert scaled by sigmoid(shared_gate . x).
 
@@ -264,28 +290,13 @@ def sparse_moe(x: torch.Tensor, w: MoeWeights, *, top_k: int, norm_topk_prob: bo
     Returns:
         [T, H].
     """
-    num_experts = w.router.shape[0]
     path = expert_path(x, w.experts_gate_up, w.experts_down, x.shape[0] * top_k)
     # `shared_expert_in_kernels` in NINFER_KERNELS_OFF keeps the separate mlp (a device A/B)
     fuse = path is ExpertPath.GATHERED and not dispatch.switched_off("shared_expert_in_kernels")
     in_kernels = shared_expert_in_kernels(w) if fuse else None
-    shared = None
-    one_gemm = w.router_gate_shared is not None and w.router_and_gate is not None
-    if in_kernels is None and one_gemm and not dispatch.switched_off("router_shared_gemm"):
-        # one GEMM for the router, the shared gate and the shared expert's gate-up (three small
-        # latency-bound ones at 64 rows of the 35B-A3B: ~16 µs a layer); `router_shared_gemm`
-        # in NINFER_KERNELS_OFF keeps them apart (a device A/B)
-        out = dispatch.linear(x, w.router_gate_shared)
-        both = out[:, : w.router_and_gate.shape[0]]
-        shared = dispatch.swiglu_linear(out[:, both.shape[1] :], w.shared_down_proj)
-    elif w.router_and_gate is not None:
-        both = dispatch.linear(x, w.router_and_gate)  # [T, E + 1 + zero padding]
-    if w.router_and_gate is not None:
-        router_logits, gate_logits = both[:, :num_experts], both[:, num_experts : num_experts + 1]
-    else:
-        router_logits, gate_logits = F.linear(x, w.router), F.linear(x, w.shared_gate)
+    router_logits, gate_logits, shared = _gate_logits(x, w, with_shared=in_kernels is None)
     weights, ids = dispatch.route_topk(router_logits, top_k, normalize=norm_topk_prob)
-    if in_kernels is None and shared is None:
+    if in_kernels is None and shared is None:  # not from the router's GEMM
         shared = mlp(
             x,
             MlpWeights(w.shared_gate_proj, w.shared_up_proj, w.shared_down_proj, w.shared_gate_up),
