@@ -384,6 +384,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="With --attention-contexts: QxKV heads of 256 (24x4 the 27B, 16x2 the 35B-A3B).",
     )
     parser.add_argument(
+        "--attention-kv-dtypes",
+        default="bf16,fp8,int8",
+        help="With --attention-contexts: the KV dtypes (of --kv-dtype) to time.",
+    )
+    parser.add_argument(
+        "--attention-splits",
+        default="auto,64,128,256,512",
+        help="With --attention-contexts: tokens per split (powers of two >= 32; auto: the "
+        "launcher's plan).",
+    )
+    parser.add_argument(
         "--int4-rows",
         default="",
         help="Instead: the int4 kernels (CUDA cores up to 8 rows, tensor cores up to 64) vs bf16 "
@@ -463,8 +474,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         contexts = [int(x) for x in opts.attention_contexts.split(",") if x.strip()]
         batches = [int(x) for x in opts.attention_batches.split(",") if x.strip()]
         q_heads, kv_heads = _heads(opts.attention_heads, parser)
-        print(attention_sweep(contexts, torch.device("cuda", opts.device), batches,
-                              heads=(q_heads, kv_heads)))  # fmt: skip
+        kv_dtypes = _kv_dtypes(opts.attention_kv_dtypes, parser)
+        splits = _splits(opts.attention_splits, parser)
+        print(attention_sweep(contexts, torch.device("cuda", opts.device), batches, kv_dtypes,
+                              splits, heads=(q_heads, kv_heads)))  # fmt: skip
         return
     if opts.int4_rows:
         rows = [int(x) for x in opts.int4_rows.split(",") if x.strip()]
@@ -863,6 +876,31 @@ def _heads(text: str, parser: argparse.ArgumentParser) -> tuple[int, int]:
             return q_heads, kv_heads
     parser.error(f"--attention-heads takes QxKV with KV dividing Q (e.g. 16x2), got {text!r}")
     raise AssertionError  # parser.error exits
+
+
+def _kv_dtypes(text: str, parser: argparse.ArgumentParser) -> tuple[str, ...]:
+    """Comma-separated `--kv-dtype` names; an unknown one is a usage error."""
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    unknown = [n for n in names if n not in kv_formats.KV_DTYPES]
+    if unknown or not names:
+        known = ",".join(kv_formats.KV_DTYPES)
+        parser.error(f"--attention-kv-dtypes takes names of {known}, got {text!r}")
+    return names
+
+
+def _splits(text: str, parser: argparse.ArgumentParser) -> tuple[int | None, ...]:
+    """Comma-separated tokens per split (powers of two >= 32) or `auto` (None: the plan)."""
+    out: list[int | None] = []
+    for part in (x.strip().lower() for x in text.split(",") if x.strip()):
+        if part == "auto":
+            out.append(None)
+        elif part.isdigit() and int(part) >= 32 and int(part) & (int(part) - 1) == 0:
+            out.append(int(part))
+        else:
+            parser.error(f"--attention-splits takes auto or powers of two >= 32, got {part!r}")
+    if not out:
+        parser.error("--attention-splits needs at least one split")
+    return tuple(out)
 
 
 def attention_sweep(

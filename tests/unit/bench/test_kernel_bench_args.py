@@ -1,5 +1,6 @@
-"""`python -m ninfer.bench.kernel_bench --attention-heads`: the head shape of the attention
-sweep (the 35B-A3B's 16 over 2 beside the 27B's default 24 over 4)."""
+"""`python -m ninfer.bench.kernel_bench --attention-heads / --attention-kv-dtypes /
+--attention-splits`: the head shape of the attention sweep (the 35B-A3B's 16 over 2 beside the
+27B's default 24 over 4), its KV dtypes and its split sizes."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import argparse
 
 import pytest
 
-from ninfer.bench.kernel_bench import _heads
+from ninfer.bench.kernel_bench import _heads, _kv_dtypes, _splits
 
 
 @pytest.mark.parametrize(("text", "want"), [("24x4", (24, 4)), ("16X2", (16, 2)), ("8x8", (8, 8))])
@@ -21,3 +22,32 @@ def test_bad_heads_are_usage_errors(text: str, capsys: pytest.CaptureFixture[str
         _heads(text, argparse.ArgumentParser())
     assert exc.value.code == 2
     assert "--attention-heads takes QxKV" in capsys.readouterr().err
+
+
+def test_kv_dtypes_and_splits_parse() -> None:
+    parser = argparse.ArgumentParser()
+    assert _kv_dtypes("bf16", parser) == ("bf16",)
+    assert _kv_dtypes(" bf16, fp8 ,int8,", parser) == ("bf16", "fp8", "int8")
+    assert _splits("auto,256,512", parser) == (None, 256, 512)
+    assert _splits("AUTO", parser) == (None,)
+    assert _splits("32,1024", parser) == (32, 1024)
+
+
+@pytest.mark.parametrize(
+    ("parse", "text", "message"),
+    [
+        (_kv_dtypes, "bf16,fp4", "--attention-kv-dtypes takes names of"),
+        (_kv_dtypes, "", "--attention-kv-dtypes takes names of"),
+        (_splits, "auto,100", "--attention-splits takes auto or powers of two >= 32"),
+        (_splits, "16", "--attention-splits takes auto or powers of two >= 32"),
+        (_splits, "-64", "--attention-splits takes auto or powers of two >= 32"),
+        (_splits, ",", "--attention-splits needs at least one split"),
+    ],
+)
+def test_bad_kv_dtypes_and_splits_are_usage_errors(
+    parse, text: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse(text, argparse.ArgumentParser())
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
