@@ -513,9 +513,8 @@ def qk_norm_rope_store(
     an H100, docs/perf.md run Z1); `NINFER_KERNELS_OFF=qk_rope_store` runs the separate ops."""
     if (
         not switches.switched_off("qk_rope_store")
-        and not isinstance(k_pages, QuantPages)
-        and not isinstance(v_pages, QuantPages)
         and use_cuda_kernels(q, "qk_norm_rope")
+        # plain pages only (store_problem): QuantPages keep store_kv's kernels
         and _qk_cuda.store_problem(q, k, v, cos, k_pages, v_pages, slot_mapping) is None
     ):
         return _qk_cuda.qk_norm_rope_store(

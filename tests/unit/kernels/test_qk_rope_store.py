@@ -9,6 +9,7 @@ import torch
 from tests.support.kernel_sources import parameter_count
 
 from ninfer.kernels import dispatch
+from ninfer.kernels.kv_quant import formats as kvf
 from ninfer.kernels.kv_quant import reference as kv_ref
 from ninfer.kernels.qk_norm_rope import launch as qk_cuda
 from ninfer.kernels.qk_norm_rope import reference as qk_ref
@@ -47,6 +48,10 @@ def test_store_problem_takes_the_model_operands_and_names_what_it_refuses() -> N
     assert "k pages" in qk_cuda.store_problem(q, k, v, cos, k_pages[:, :, :2], v_pages, slots)
     assert "slot_mapping" in qk_cuda.store_problem(q, k, v, cos, k_pages, v_pages, slots.int())
     assert "slot_mapping" in qk_cuda.store_problem(q, k, v, cos, k_pages, v_pages, slots[:2])
+    # quantized pages keep store_kv's kernels (dispatch routes on this answer alone)
+    fp8 = kvf.QuantPages(kvf.FP8, *kv_ref.quantize(k_pages, kvf.FP8))
+    assert "k pages" in qk_cuda.store_problem(q, k, v, cos, fp8, v_pages, slots)
+    assert "v pages" in qk_cuda.store_problem(q, k, v, cos, k_pages, fp8, slots)
 
 
 def test_twin_is_the_separate_norm_rope_and_store() -> None:

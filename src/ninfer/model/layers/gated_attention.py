@@ -93,22 +93,6 @@ def build_attention_metadata(batch: ForwardBatch, page_size: int) -> AttentionMe
     )
 
 
-def store_kv(
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_pages: KvPages,
-    v_pages: KvPages,
-    slot_mapping: torch.Tensor,
-) -> None:
-    """Write new keys/values into their pages (quantizing them for a quantized KV), in place.
-
-    Args:
-        k, v: [T, Hk, D]; k_pages, v_pages: [num_pages, P, Hk, D]; slot_mapping: [T] int64.
-    """
-    dispatch.store_kv(k, k_pages, slot_mapping)
-    dispatch.store_kv(v, v_pages, slot_mapping)
-
-
 def paged_attention(
     q: torch.Tensor,
     k_pages: KvPages,

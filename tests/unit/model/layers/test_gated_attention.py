@@ -11,6 +11,7 @@ import random
 import pytest
 import torch
 
+from ninfer.kernels import dispatch
 from ninfer.model.batch import ForwardBatch
 from ninfer.model.layers.gated_attention import (
     AttentionWeights,
@@ -19,7 +20,6 @@ from ninfer.model.layers.gated_attention import (
     fresh_causal_attention,
     gated_attention,
     paged_attention,
-    store_kv,
 )
 from ninfer.model.layers.rope import mrope_axis_map, rope_cos_sin, rope_inv_freq
 
@@ -87,7 +87,8 @@ def test_paged_attention_matches_dense(num_computed, query_lens):
     meta = build_attention_metadata(batch, P)
     new_k = torch.cat([k[c:] for k, c in zip(full_k, num_computed, strict=True)])
     new_v = torch.cat([v[c:] for v, c in zip(full_v, num_computed, strict=True)])
-    store_kv(new_k, new_v, k_pages, v_pages, meta.slot_mapping)
+    dispatch.store_kv(new_k, k_pages, meta.slot_mapping)
+    dispatch.store_kv(new_v, v_pages, meta.slot_mapping)
     for k, v, pages in zip(full_k, full_v, tables, strict=True):  # the stored layout itself
         for pos in range(k.shape[0]):
             assert torch.equal(k_pages[pages[pos // P], pos % P], k[pos])
