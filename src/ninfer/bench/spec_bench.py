@@ -5,17 +5,19 @@ head's argmax rarely equals the target's), so a measured acceptance length near 
 about real checkpoints. The report therefore has two parts per decode batch B:
 
 - **measured end to end**: B greedy requests through `Engine.from_model(spec="mtp")`: output
-  tok/s over the decode phase, acceptance length (mean tokens committed per round) and the
-  accepted drafts per position, summed over the requests' `speculative` counters;
+  tok/s while all B decode (the steady window of `--e2e`), acceptance length (mean tokens
+  committed per round) and the accepted drafts per position, summed over the requests'
+  `speculative` counters;
 - **step costs and projections**: the plain decode step (the engine's `DecodeStep`, a CUDA
   graph when available), the verify forward of B rows of k + 1 tokens, one autoregressive head
   step, and a whole round as the engine runs it (verify, acceptance, head pass, k - 1 head
   steps; the fold of the kept columns runs after it, between steps) for greedy rows
   (`round_ms`, the argmax acceptance) and for sampled rows (`round_sampled_ms`: temperature
   0.7, top-p 0.95, the general acceptance walk), each the median of `steps` timed runs at
-  context `context`; from the greedy round the
-  tok/s a round implies at a stated acceptance length L: B * L / round time (and the plain
-  step's B / step time beside it).
+  context `context`, every row and verify column fed a distinct random id (fresh drafts before
+  each round: one id everywhere would send every MoE row to the same experts); from the greedy
+  round the tok/s a round implies at a stated acceptance length L: B * L / round time (and the
+  plain step's B / step time beside it).
 On CUDA every cost is a CUDA-graph replay (the round as the engine replays it, staging
 included; the verify forward and the head step captured here for timing). With `profile`, each
 batch also gets the kernels of one eager round over the same padded body the graph holds
@@ -146,9 +148,11 @@ def _e2e(
         stamps, finals = _drive(engine, batch, prompt_tokens, output_tokens, vocab)
     finally:
         engine.close()
-    first = min(s[0] for s in stamps)
-    last = max(s[-1] for s in stamps)
-    decoded = sum(len(s) - 1 for s in stamps)
+    # the steady state, as `--e2e` counts it: tokens committed while every request decodes
+    # (from the last first token to the first last token), so later requests' prefills stay out
+    first = max(s[0] for s in stamps)
+    last = min(s[-1] for s in stamps)
+    decoded = sum(1 for s in stamps for t in s if first < t <= last)
     spec = [f.stats.speculative for f in finals]
     rounds = sum(s["rounds"] for s in spec)
     accepted = sum(s["accepted_tokens"] for s in spec)
@@ -250,14 +254,24 @@ def _step_costs(
     )
     tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(batch)]
     reals, ints = GREEDY_FIELDS
+    # distinct random ids in every row and column: the same id everywhere would route every
+    # MoE row and verify column to the same experts and time a fraction of the expert reads
+    gen = torch.Generator().manual_seed(11)
+
+    def ids(*shape: int) -> torch.Tensor:
+        return torch.randint(0, vocab, shape, generator=gen)
+
+    feed = ids(batch).tolist()
     plain_rows = [
-        DecodeInput(token=1, position=context, slot=i, pages=tables[i], reals=reals, ints=ints)
+        DecodeInput(
+            token=feed[i], position=context, slot=i, pages=tables[i], reals=reals, ints=ints
+        )
         for i in range(batch)
     ]
     spec_rows, sampled_rows = (
         [
             SpecInput(
-                token=1,
+                token=feed[i],
                 position=context,
                 slot=i,
                 pages=tables[i],
@@ -269,7 +283,7 @@ def _step_costs(
         ]
         for fields in (GREEDY_FIELDS, SAMPLED_FIELDS)
     )
-    verify_ids = torch.ones((batch, k + 1), dtype=torch.int64, device=device)
+    verify_ids = ids(batch, k + 1).to(device)
     verify_batch = spec._batch(spec_rows, verify_ids, k + 1, verify=True)
     # as the round's graph runs it: lengths from the device, no host-synced MoE or attention
     verify_batch.static_shapes = True
@@ -279,7 +293,7 @@ def _step_costs(
 
     hidden = torch.zeros((batch, model.config.hidden_size), dtype=model.dtype, device=device)
     step_batch = ForwardBatch.decode(
-        [1] * batch,
+        feed,
         num_computed=[context] * batch,
         page_tables=tables,
         state_slots=list(range(batch)),
@@ -289,14 +303,21 @@ def _step_costs(
     def draft_step() -> None:
         spec._propose(head.forward_hidden(step_batch, cache, hidden))
 
+    def fresh_drafts() -> None:
+        """Distinct random drafts before each timed round (a random head proposes one id
+        over and over, which would shrink the verify's expert reads)."""
+        spec.drafts[:batch] = ids(batch, k).to(device)
+
     verify_fn, verify_graphed = _graphed(verify, cuda)
     draft_fn, draft_graphed = _graphed(draft_step, cuda)
     costs: dict[str, Any] = {
         "plain_decode_ms": _median_ms(lambda: decode.run(plain_rows), steps, cuda),
         "verify_ms": _median_ms(verify_fn, steps, cuda),
         "draft_step_ms": _median_ms(draft_fn, steps, cuda),
-        "round_ms": _median_ms(lambda: spec.run(spec_rows), steps, cuda),
-        "round_sampled_ms": _median_ms(lambda: spec.run(sampled_rows), steps, cuda),
+        "round_ms": _median_ms(lambda: spec.run(spec_rows), steps, cuda, before=fresh_drafts),
+        "round_sampled_ms": _median_ms(
+            lambda: spec.run(sampled_rows), steps, cuda, before=fresh_drafts
+        ),
         # pieces timed eagerly because their capture failed: their times include launches
         "eager_pieces": [
             name
@@ -309,7 +330,7 @@ def _step_costs(
         # profiler); the same cache, rows and shortlist
         spec.use_graphs, spec.static = False, True
         with torch.no_grad():
-            events = profile_steps(lambda: spec.run(spec_rows), 2, device.type)
+            events = profile_steps(lambda: (fresh_drafts(), spec.run(spec_rows)), 2, device.type)
         costs["round_profile"] = summarize(
             events, 2, batch=batch, context=context, top=16, kind="round"
         )
@@ -336,11 +357,17 @@ def _graphed(fn: Callable[[], Any], cuda: bool) -> tuple[Callable[[], Any], bool
     return graph.replay, True
 
 
-def _median_ms(fn: Callable[[], Any], steps: int, cuda: bool) -> float:
+def _median_ms(
+    fn: Callable[[], Any], steps: int, cuda: bool, *, before: Callable[[], None] = lambda: None
+) -> float:
+    """Median wall milliseconds of `fn` from an idle device to an idle device; `before` runs
+    ahead of each call, untimed."""
     with torch.no_grad():
+        before()
         fn()  # warm-up (graph capture, kernel compilation)
         times = []
         for _ in range(steps):
+            before()
             if cuda:
                 torch.cuda.synchronize()
             start = time.perf_counter()

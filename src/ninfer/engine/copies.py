@@ -61,7 +61,8 @@ class CopyEngine:
             row, records = self.cache.verify_records[slot]
             groups.setdefault(id(records), (records, []))[1].append((slot, row, num))
         for records, members in groups.values():
-            slots, rows, nums = (self._index(list(x)) for x in zip(*members, strict=True))
+            columns = [v for column in zip(*members, strict=True) for v in column]
+            slots, rows, nums = self._index(columns).view(3, len(members))  # one transfer
             most = max(m[2] for m in members)
             fold_verify_layers(
                 records, self.cache.conv_state, self.cache.ssm_state, slots, rows, nums, most

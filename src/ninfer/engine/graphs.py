@@ -180,9 +180,13 @@ class DecodeStep:
             ones = torch.full((len(uncount_slots),), -1, dtype=torch.int32, device=self.device)
             self.counts.index_put_((slots, self.last_token[slots]), ones, accumulate=True)
         if add:
-            index = torch.tensor(list(zip(*add, strict=True)), dtype=torch.int64).to(self.device)
-            ones = torch.ones(index.shape[1], dtype=torch.int32, device=self.device)
-            self.counts.index_put_((index[0], index[1]), ones, accumulate=True)
+            # flat (slot, id) indices into one index_add_: one transfer and one kernel, where
+            # index_put_ with accumulate sorts first (a speculative engine adds every round)
+            width = self.counts.shape[1]
+            flat = torch.tensor([s * width + t for s, t in add], dtype=torch.int64)
+            index = flat.to(self.device, non_blocking=True)
+            ones = torch.ones(len(add), dtype=torch.int32, device=self.device)
+            self.counts.view(-1).index_add_(0, index, ones)
 
     def record_samples(
         self, slots: torch.Tensor, sampled: torch.Tensor, mask: torch.Tensor | None = None

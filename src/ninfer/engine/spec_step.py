@@ -167,10 +167,12 @@ class SpecStep:
     def run(self, rows: Sequence[SpecInput]) -> torch.Tensor:
         """Rounds and fallback steps; returns [B, HEADER + k + 1] int64 on the device, in row
         order: (n, a, the n committed tokens, padding)."""
-        out = torch.zeros((len(rows), self.result_width), dtype=torch.int64, device=self.device)
         groups: dict[int, list[int]] = {}
         for i, r in enumerate(rows):
             groups.setdefault(r.num_drafts, []).append(i)
+        out = None
+        if len(groups) > 1:
+            out = torch.zeros((len(rows), self.result_width), dtype=torch.int64, device=self.device)
         for num_drafts, index in groups.items():
             picked = [rows[i] for i in index]
             if not num_drafts:
@@ -179,7 +181,11 @@ class SpecStep:
                 result = self._round_static(picked)
             else:
                 result = self._round(picked)
-            out.index_copy_(0, torch.tensor(index, device=self.device), result)
+            if out is None:  # one kind of row (the usual step): already in row order
+                return result
+            index_t = torch.tensor(index, dtype=torch.int64).to(self.device, non_blocking=True)
+            out.index_copy_(0, index_t, result)
+        assert out is not None
         return out
 
     def _round(self, rows: Sequence[SpecInput]) -> torch.Tensor:

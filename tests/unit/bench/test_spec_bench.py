@@ -59,3 +59,32 @@ def test_spec_bench_report_on_the_cpu() -> None:
         assert sum(k.us_per_step for k in prof.top) <= prof.kernel_us * (1 + 1e-9)
     saved = json.loads(json.dumps(report, default=dataclasses.asdict))
     assert saved["rows"][0]["round_profile"]["kind"] == "round"
+
+
+def test_step_costs_feed_distinct_ids(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every timed round sees distinct ids in its rows and fresh drafts: one id everywhere would
+    route every MoE row and verify column to the same experts and time a fraction of a real
+    round's expert reads (the 35B-A3B bench did so until 2026-12-06)."""
+    from ninfer.bench import spec_bench
+    from ninfer.engine.spec_step import SpecStep
+
+    config = synthetic_config("tiny-dense")
+    model = Qwen3_5Model(
+        config, random_weights("tiny-dense", device="cpu", dtype=torch.float32), device="cpu"
+    )
+    head = MtpHead(model, random_mtp_weights("tiny-dense", device="cpu", dtype=torch.float32))
+    seen: list[tuple[list[int], torch.Tensor]] = []
+    run = SpecStep.run
+
+    def spy(self: SpecStep, rows: list) -> torch.Tensor:
+        seen.append(([r.token for r in rows], self.drafts[: len(rows)].clone()))
+        return run(self, rows)
+
+    monkeypatch.setattr(SpecStep, "run", spy)
+    spec_bench._step_costs(model, head, 2, 2, 24, 3, False)
+    assert len(seen) == 8  # warm-up + 3 timed, greedy and sampled
+    for tokens, drafts in seen:
+        assert tokens[0] != tokens[1]
+        assert len(set(tokens) | set(drafts.flatten().tolist())) >= 4  # of 6 ids
+    # the drafts are drawn again before every round, not left as the last round proposed
+    assert all(not torch.equal(a[1], b[1]) for a, b in zip(seen, seen[1:], strict=False))

@@ -115,7 +115,7 @@ def test_kernel_equals_the_separate_ops(dtype, tokens, hq, hk, d, rotary, gen) -
     ops = _operands(tokens, hq, hk, d, rotary, dtype, "cuda", gen)
     k_pages, v_pages, slots = ops[8], ops[9], ops[10]
     k_want, v_want = k_pages.clone(), v_pages.clone()
-    q_want, k_rows = qk_cuda.qk_norm_rope(*ops[:8])
+    q_want, k_rows = qk_cuda.qk_norm_rope(ops[0], ops[1], *ops[3:8])  # no v: norm + RoPE only
     k_want.view(-1, hk, d).index_copy_(0, slots, k_rows)
     v_want.view(-1, hk, d).index_copy_(0, slots, ops[2])
     twin_k, twin_v = k_pages.clone(), v_pages.clone()

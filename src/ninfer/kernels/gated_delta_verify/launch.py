@@ -8,6 +8,7 @@ between steps, where each launch from Python costs tens of microseconds.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 
 import torch
@@ -107,19 +108,9 @@ def fold_layers(
     num_channels, hist = first.conv_state.shape[1:]
     if key_dim not in KEY_DIMS or key_dim_s != key_dim or hist + 1 > MAX_TAPS:
         raise rt.KernelInputError(f"key dim {key_dim} / conv taps {hist + 1} not supported")
-    for layer in layers:
-        _check_layer(layer, first)
     qkv_stride = first.qkv.stride(1)
     slots, rows, ncols = (t.to(torch.int64).contiguous() for t in (state_slots, rows, num_columns))
-    ptrs = torch.tensor(
-        [
-            [t.data_ptr() for t in (lay.ssm_state, lay.k, lay.v, lay.g, lay.beta, lay.conv_state)]
-            + [lay.qkv.data_ptr()]
-            for lay in layers
-        ],
-        dtype=torch.int64,
-    )
-    ptrs = ptrs.t().contiguous().to(device)  # [7, L]: one pointer array per operand
+    ptrs = _pointer_table(layers, device)
     num_layers = len(layers)
     delta = rt.get_kernel(OP, f"gated_delta_fold<{rt.cuda_type(first.v, 'v')}, {key_dim}>", device)
     rt.launch(
@@ -159,6 +150,40 @@ def fold_layers(
         ),
         device,
     )
+
+
+# (tensor ids of the layers) -> (the layers, their checked [7, L] pointer table on the device)
+_TABLES: OrderedDict[tuple[int, ...], tuple[Sequence[FoldLayer], torch.Tensor]] = OrderedDict()
+MAX_TABLES = 64  # a round graph's records per (batch bucket, page width, parity, acceptance)
+
+
+def _pointer_table(layers: Sequence[FoldLayer], device: torch.device) -> torch.Tensor:
+    """The layers' operand pointers, one array per operand ([7, L] int64 on the device), checked
+    and built once per set of tensors. Why: a fold runs between every two rounds, over the
+    verify records a round graph holds (the same tensors each time it replays), and checking
+    and copying 7 x L pointers from Python took most of the fold's host time. The entry holds
+    the tensors themselves, so their ids cannot be reused while it lives."""
+    key = tuple(id(t) for lay in layers for t in lay)
+    hit = _TABLES.get(key)
+    if hit is not None:
+        _TABLES.move_to_end(key)
+        return hit[1]
+    first = layers[0]
+    for layer in layers:
+        _check_layer(layer, first)
+    ptrs = torch.tensor(
+        [
+            [t.data_ptr() for t in (lay.ssm_state, lay.k, lay.v, lay.g, lay.beta, lay.conv_state)]
+            + [lay.qkv.data_ptr()]
+            for lay in layers
+        ],
+        dtype=torch.int64,
+    )
+    table = ptrs.t().contiguous().to(device)  # [7, L]: one pointer array per operand
+    _TABLES[key] = (tuple(layers), table)
+    if len(_TABLES) > MAX_TABLES:
+        _TABLES.popitem(last=False)
+    return table
 
 
 def _check_layer(layer: FoldLayer, first: FoldLayer) -> None:
