@@ -373,9 +373,7 @@ def test_expert_down_sum_launch_at_35b_shapes(with_shared, monkeypatch) -> None:
     )
     assert out.shape == (2, 2048)
     (call,) = launches.calls
-    assert call["instance"] == "expert_down_sum<bf16, 8, 1>"
-    monkeypatch.setenv("NINFER_KERNELS_ON", "down_sum_unroll")  # the opt-in form
-    assert expert_launch.down_sum_instance("bf16") == "expert_down_sum<bf16, 8, 2>"
+    assert call["instance"] == "expert_down_sum<bf16, 8>"
     assert call["grid"] == (256, 2) and call["block"] == (288 if with_shared else 256,)
     args = call["args"]
     assert args[2] == 1024  # gate-up row stride

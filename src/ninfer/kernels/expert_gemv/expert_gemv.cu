@@ -156,11 +156,7 @@ __global__ void __launch_bounds__(256) expert_gemv(
 // memory and are summed over j in order 0..k-1. Rounded like the twin: SwiGLU as silu_mul, each
 // expert output to T, the weighted sum in fp32 then to T, and the shared-expert combine op by op
 // in T (sigmoid, product, sum).
-// UNROLL > 1 (opt-in, NINFER_KERNELS_ON=down_sum_unroll): each lane issues UNROLL steps of ROWS
-// weight loads and their gate/up loads before using any. A unit is only k / (32 V) steps (2 at
-// the 35B-A3B's K = 512), so with UNROLL = 1 every unit waits out two dependent memory latencies;
-// the lane's chunk order, and so the sum, is the same for every UNROLL.
-template <typename T, int ROWS, int UNROLL>
+template <typename T, int ROWS>
 __global__ void __launch_bounds__(512) expert_down_sum(
     T* __restrict__ out, const T* __restrict__ gate_up, long long gu_stride,
     const T* __restrict__ w, const long long* __restrict__ ids, const float* __restrict__ route_w,
@@ -187,32 +183,21 @@ __global__ void __launch_bounds__(512) expert_down_sum(
     float acc[ROWS];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) acc[r] = 0.0f;
-    for (int c0 = lane; c0 < chunks; c0 += 32 * UNROLL) {
-      uint4 q[UNROLL][ROWS];
-      uint4 gq[UNROLL], uq[UNROLL];
-      load_steps<T, ROWS, UNROLL>(q, we, row0, n, k, c0, chunks);
+    for (int c = lane; c < chunks; c += 32) {
+      uint4 q[ROWS];
+      load_rows<T, ROWS>(q, we, row0, n, k, c);
+      const uint4 gq = *reinterpret_cast<const uint4*>(gr + c * V);
+      const uint4 uq = *reinterpret_cast<const uint4*>(gr + k + c * V);
+      const T* ge = reinterpret_cast<const T*>(&gq);
+      const T* ue = reinterpret_cast<const T*>(&uq);
+      float h[V];
 #pragma unroll
-      for (int s = 0; s < UNROLL; ++s) {
-        const int c = c0 + 32 * s;
-        if (s == 0 || c < chunks) {
-          gq[s] = *reinterpret_cast<const uint4*>(gr + c * V);
-          uq[s] = *reinterpret_cast<const uint4*>(gr + k + c * V);
-        }
-      }
+      for (int i = 0; i < V; ++i) h[i] = to_float(swiglu(ge[i], ue[i]));
 #pragma unroll
-      for (int s = 0; s < UNROLL; ++s) {
-        if (s > 0 && c0 + 32 * s >= chunks) continue;  // past the row's end: never loaded
-        const T* ge = reinterpret_cast<const T*>(&gq[s]);
-        const T* ue = reinterpret_cast<const T*>(&uq[s]);
-        float h[V];
+      for (int r = 0; r < ROWS; ++r) {
+        const T* e = reinterpret_cast<const T*>(&q[r]);
 #pragma unroll
-        for (int i = 0; i < V; ++i) h[i] = to_float(swiglu(ge[i], ue[i]));
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r) {
-          const T* e = reinterpret_cast<const T*>(&q[s][r]);
-#pragma unroll
-          for (int i = 0; i < V; ++i) acc[r] += to_float(e[i]) * h[i];
-        }
+        for (int i = 0; i < V; ++i) acc[r] += to_float(e[i]) * h[i];
       }
     }
     const float weight = is_shared ? 1.0f : route_w[a];

@@ -209,13 +209,6 @@ def down_sum_block(top_k: int, with_shared_down: bool) -> tuple[int, int]:
     return groups, 32 * warps
 
 
-def down_sum_instance(cuda_type: str) -> str:
-    """The expert_down_sum instance: 2 steps of loads in flight per lane with
-    `NINFER_KERNELS_ON=down_sum_unroll` (opt-in until measured in a model step), else 1."""
-    unroll = 2 if switched_on("down_sum_unroll") else 1
-    return f"expert_down_sum<{cuda_type}, {DOWN_ROWS}, {unroll}>"
-
-
 def expert_down_sum(
     gate_up_out: torch.Tensor,
     down: torch.Tensor,
@@ -247,7 +240,9 @@ def expert_down_sum(
     if route_w.numel() != ids.numel():
         raise rt.KernelInputError(f"{route_w.numel()} routing weights for {ids.numel()} experts")
     groups, threads = down_sum_block(top_k, shared_down is not None)
-    kernel = rt.get_kernel(OP, down_sum_instance(rt.cuda_type(gate_up_out, "gate_up_out")), device)
+    kernel = rt.get_kernel(
+        OP, f"expert_down_sum<{rt.cuda_type(gate_up_out, 'gate_up_out')}, {DOWN_ROWS}>", device
+    )
     args = (
         rt.ptr(out),
         rt.ptr(gate_up_out),
