@@ -271,8 +271,7 @@ def _spec(
                                 say=lambda msg: err.print(msg, style="dim"))  # fmt: skip
     except ValueError as e:  # an unknown model name or --weights
         raise UserError(str(e)) from None
-    head_weights = random_mtp_weights(synthetic, device=device, fp8=weights == "fp8")
-    head = MtpHead(model, head_weights)
+    head = MtpHead(model, random_mtp_weights(synthetic, device=device, fp8=weights == "fp8"))
     architecture = "qwen3_5_moe" if model.config.is_moe else "qwen3_5"
     report = run_spec_bench(
         model,

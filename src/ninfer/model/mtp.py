@@ -29,7 +29,14 @@ from ninfer.model.layers.gated_attention import (
 from ninfer.model.layers.mlp import MlpWeights, mlp
 from ninfer.model.layers.moe import MoeWeights, sparse_moe
 from ninfer.model.layers.rope import rope_cos_sin
-from ninfer.model.qwen3_5 import Qwen3_5Model, _bind_attention, _bind_mlp, _bind_moe, _Binder
+from ninfer.model.qwen3_5 import (
+    Qwen3_5Model,
+    _bind_attention,
+    _bind_mlp,
+    _bind_moe,
+    _Binder,
+    _fused,
+)
 
 NUM_LAYERS = 1  # every published Qwen3.5 / 3.6 checkpoint has one MTP layer
 
@@ -48,7 +55,11 @@ class MtpHead:
         self.target = target
         c = self.config = target.config
         h = c.hidden_size
-        take = _Binder(weights, target.dtype, target.device, keep_fp8=False)
+        # its layer bound as the target binds a layer of its own: fp8 projections kept in fp8
+        # and projections that read the same input fused, where the target does so. Why: the
+        # head runs three times a round; dequantized and unfused it read twice the bytes of an
+        # fp8 checkpoint's head and ran separate q/k/v, gate/up and router GEMVs.
+        take = _Binder(weights, target.dtype, target.device, keep_fp8=target.fp8_weights)
         self.fc = take("fc.weight", (h, 2 * h))
         self.pre_fc_norm_embedding = take("pre_fc_norm_embedding.weight", (h,))
         self.pre_fc_norm_hidden = take("pre_fc_norm_hidden.weight", (h,))
@@ -59,6 +70,8 @@ class MtpHead:
         self.ffn: MlpWeights | MoeWeights = (
             _bind_moe(take, p + "mlp.", c) if c.is_moe else _bind_mlp(take, p + "mlp.", c)
         )
+        if target.fuse_projections:
+            self.attention, self.ffn = _fused(self.attention), _fused(self.ffn)
         self.norm = take("norm.weight", (h,))
         if strict and (unused := sorted(set(weights) - take.used)):
             raise WeightError(f"{len(unused)} unexpected MTP weight(s), first '{unused[0]}'")

@@ -151,6 +151,7 @@ class Qwen3_5Model:
             self.device.type == "cuda" if fuse_projections is None else fuse_projections
         )
         keep_fp8 = self.device.type == "cuda" if fp8_weights is None else fp8_weights
+        self.fp8_weights = keep_fp8  # the MTP head binds its layer the same way (model/mtp.py)
         take = _Binder(weights, dtype, self.device, keep_fp8=keep_fp8, consume=consume_weights)
         c = config
         self.embed_tokens = take("embed_tokens.weight", (c.vocab_size, c.hidden_size))

@@ -123,3 +123,41 @@ def test_fp8_fusion_merges_aligned_rows_and_scales() -> None:
 def test_fp8_fusion_refuses_misaligned_or_mixed_parts() -> None:
     assert _fuse_rows([_fp8(100, 64, 1), _fp8(128, 64, 2)]) is None  # first part ends mid-block
     assert _fuse_rows([_fp8(128, 64, 1), torch.randn(48, 64)]) is None  # fp8 and plain mixed
+
+
+def test_mtp_head_binds_its_layer_as_the_target_binds_one(fp8_artifact: Path) -> None:
+    """The MTP head keeps fp8 and fuses its projections exactly where the target does for a
+    full-attention layer of the same shapes (it did neither, reading twice the bytes of an fp8
+    head three times a round), and gives the dequantized, unfused head's logits."""
+    from ninfer.model.config import LayerType
+    from ninfer.model.mtp import MtpHead
+
+    with Artifact(fp8_artifact) as art:
+        config = TextConfig.from_hf(art.config["text"])
+        text, mtp = art.load("text"), art.load("mtp")
+        assert any(t.dtype == torch.float8_e4m3fn for t in mtp.values())
+        kept = Qwen3_5Model(
+            config, text, dtype=torch.float32, fp8_weights=True, fuse_projections=True
+        )
+        plain = Qwen3_5Model(config, _dequantized(text), dtype=torch.float32)
+        head = MtpHead(kept, mtp)
+        reference = MtpHead(plain, _dequantized(mtp))
+    full = next(lay for lay in kept.layers if lay.layer_type is LayerType.FULL)
+    for mine, theirs in ((head.attention, full.mixer), (head.ffn, full.ffn)):
+        for field in ("o_proj", "qkv_fused", "gate_up", "down_proj", "router_and_gate",
+                      "router_gate_shared", "shared_down_proj"):  # fmt: skip
+            if hasattr(theirs, field):
+                assert type(getattr(mine, field)) is type(getattr(theirs, field)), field
+    assert isinstance(head.attention.o_proj, Fp8Weight)
+    g = torch.Generator().manual_seed(4)
+    ids = torch.randint(0, VOCAB, (11,), generator=g)
+    hidden = torch.randn((11, config.hidden_size), generator=g)
+    logits = []
+    for h in (head, reference):
+        cache = ModelCache.allocate(
+            config, num_pages=2, num_slots=1, page_size=16, dtype=torch.float32,
+            extra_attention_layers=1,
+        )  # fmt: skip
+        batch = ForwardBatch.prefill(ids, num_computed=0, page_ids=[1, 0], state_slot=0)
+        logits.append(h.compute_logits(h.forward_hidden(batch, cache, hidden)))
+    torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)
