@@ -3,6 +3,9 @@ kernels themselves are in test_verify_gpu.py)."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -39,6 +42,26 @@ def test_table_holds_each_operands_pointers_and_is_built_once() -> None:
     assert launch._pointer_table(again, CPU) is table
     # other tensors: another table
     assert launch._pointer_table([_layer(), _layer()], CPU) is not table
+
+
+def test_tables_keep_no_tensor_alive() -> None:
+    """An eager round's records are fresh tensors each round: a kept table must not hold them."""
+    layers = [_layer()]
+    launch._pointer_table(layers, CPU)
+    ref = weakref.ref(layers[0].k)
+    del layers
+    gc.collect()
+    assert ref() is None
+
+
+def test_a_dead_entry_is_not_a_hit() -> None:
+    """An entry whose tensors died is rebuilt, even under the same key (ids of dead objects can
+    be reused)."""
+    layers = [_layer()]
+    key = tuple(id(t) for lay in layers for t in lay)
+    launch._TABLES[key] = ([lambda: None], torch.zeros(7, 1, dtype=torch.int64))  # a dead entry
+    table = launch._pointer_table(layers, CPU)
+    assert table[1].tolist() == [layers[0].k.data_ptr()]
 
 
 def test_layers_that_differ_are_refused_before_a_table_is_kept() -> None:

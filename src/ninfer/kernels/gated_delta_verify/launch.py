@@ -8,6 +8,7 @@ between steps, where each launch from Python costs tens of microseconds.
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -152,8 +153,9 @@ def fold_layers(
     )
 
 
-# (tensor ids of the layers) -> (the layers, their checked [7, L] pointer table on the device)
-_TABLES: OrderedDict[tuple[int, ...], tuple[Sequence[FoldLayer], torch.Tensor]] = OrderedDict()
+# (tensor ids of the layers) -> (weak references to those tensors, their checked [7, L] pointer
+# table on the device)
+_TABLES: OrderedDict[tuple[int, ...], tuple[list[weakref.ref], torch.Tensor]] = OrderedDict()
 MAX_TABLES = 64  # a round graph's records per (batch bucket, page width, parity, acceptance)
 
 
@@ -161,11 +163,13 @@ def _pointer_table(layers: Sequence[FoldLayer], device: torch.device) -> torch.T
     """The layers' operand pointers, one array per operand ([7, L] int64 on the device), checked
     and built once per set of tensors. Why: a fold runs between every two rounds, over the
     verify records a round graph holds (the same tensors each time it replays), and checking
-    and copying 7 x L pointers from Python took most of the fold's host time. The entry holds
-    the tensors themselves, so their ids cannot be reused while it lives."""
+    and copying 7 x L pointers from Python took most of the fold's host time. The entry keeps
+    weak references only (an eager round's records are fresh tensors each round, ~80 MB for
+    the 27B at batch 8, and must not outlive it); an entry whose tensors are all alive is
+    theirs, since live objects never share an id."""
     key = tuple(id(t) for lay in layers for t in lay)
     hit = _TABLES.get(key)
-    if hit is not None:
+    if hit is not None and all(ref() is not None for ref in hit[0]):
         _TABLES.move_to_end(key)
         return hit[1]
     first = layers[0]
@@ -180,7 +184,7 @@ def _pointer_table(layers: Sequence[FoldLayer], device: torch.device) -> torch.T
         dtype=torch.int64,
     )
     table = ptrs.t().contiguous().to(device)  # [7, L]: one pointer array per operand
-    _TABLES[key] = (tuple(layers), table)
+    _TABLES[key] = ([weakref.ref(t) for lay in layers for t in lay], table)
     if len(_TABLES) > MAX_TABLES:
         _TABLES.popitem(last=False)
     return table
