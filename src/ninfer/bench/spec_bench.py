@@ -5,9 +5,10 @@ head's argmax rarely equals the target's), so a measured acceptance length near 
 about real checkpoints. The report therefore has two parts per decode batch B:
 
 - **measured end to end**: B greedy requests through `Engine.from_model(spec="mtp")`: output
-  tok/s while all B decode (the steady window of `--e2e`), acceptance length (mean tokens
-  committed per round) and the accepted drafts per position, summed over the requests'
-  `speculative` counters;
+  tok/s while all B decode (the steady window of `--e2e`), what a round takes there
+  (`e2e_round_ms`, host work between rounds included; `e2e_round_over_round` against the
+  round's graph alone), acceptance length (mean tokens committed per round) and the accepted
+  drafts per position, summed over the requests' `speculative` counters;
 - **step costs and projections**: the plain decode step (the engine's `DecodeStep`, a CUDA
   graph when available), the verify forward of B rows of k + 1 tokens, one autoregressive head
   step, and a whole round as the engine runs it (verify, acceptance, head pass, k - 1 head
@@ -94,6 +95,9 @@ def run_spec_bench(
         }
         costs["plain_tok_s"] = batch / (costs["plain_decode_ms"] / 1000.0)
         costs["verify_over_plain_decode"] = costs["verify_ms"] / costs["plain_decode_ms"]
+        # the host's share of a round end to end: the engine cannot overlap a round with the
+        # host work before the next (the next round needs this one's accepted length)
+        costs["e2e_round_over_round"] = e2e["e2e_round_ms"] / costs["round_ms"]
         rows.append({"batch": batch, **e2e, **costs})
     return {
         "draft_tokens": draft_tokens,
@@ -153,12 +157,17 @@ def _e2e(
     first = max(s[0] for s in stamps)
     last = min(s[-1] for s in stamps)
     decoded = sum(1 for s in stamps for t in s if first < t <= last)
+    # a round's tokens arrive in one event (one stamp): each request's distinct stamps in the
+    # window count the rounds it took part in, every row of every round
+    rounds_seen = statistics.mean(len({t for t in s if first < t <= last}) for s in stamps)
     spec = [f.stats.speculative for f in finals]
     rounds = sum(s["rounds"] for s in spec)
     accepted = sum(s["accepted_tokens"] for s in spec)
     per_position = [sum(s["accepted_per_position"][i] for s in spec) for i in range(k)]
     return {
         "e2e_tok_s": decoded / (last - first) if last > first else 0.0,
+        # what a round costs end to end, host work between rounds included (beside round_ms)
+        "e2e_round_ms": 1000.0 * (last - first) / rounds_seen if rounds_seen else 0.0,
         "rounds": rounds,
         "fallback_steps": sum(s["fallback_steps"] for s in spec),
         "acceptance_length": (rounds + accepted) / rounds if rounds else 0.0,

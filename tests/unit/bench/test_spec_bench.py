@@ -51,6 +51,10 @@ def test_spec_bench_report_on_the_cpu() -> None:
                     "e2e_tok_s"):  # fmt: skip
             assert r[key] > 0, key
         assert r["projected_tok_s"]["3.2"] > r["projected_tok_s"]["1"]
+        # a round end to end: the window over the rounds seen, so tokens per round = L
+        committed = r["e2e_tok_s"] * r["e2e_round_ms"] / 1000.0 / 2  # per request (batch 2)
+        assert committed == pytest.approx(r["acceptance_length"], rel=0.5)
+        assert r["e2e_round_over_round"] == pytest.approx(r["e2e_round_ms"] / r["round_ms"])
         assert r["eager_pieces"] == []  # nothing to capture on the CPU: nothing fell back
         # --profile: one eager round's ops (CPU time here), a verify's worth and more
         prof = r["round_profile"]
