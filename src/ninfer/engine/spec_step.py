@@ -170,23 +170,20 @@ class SpecStep:
         groups: dict[int, list[int]] = {}
         for i, r in enumerate(rows):
             groups.setdefault(r.num_drafts, []).append(i)
-        out = None
-        if len(groups) > 1:
-            out = torch.zeros((len(rows), self.result_width), dtype=torch.int64, device=self.device)
-        for num_drafts, index in groups.items():
-            picked = [rows[i] for i in index]
-            if not num_drafts:
-                result = self._fallback(picked)
-            elif self.static:
-                result = self._round_static(picked)
-            else:
-                result = self._round(picked)
-            if out is None:  # one kind of row (the usual step): already in row order
-                return result
+        if len(groups) == 1:  # one kind of row (the usual step): already in row order
+            return self._group(rows)
+        out = torch.zeros((len(rows), self.result_width), dtype=torch.int64, device=self.device)
+        for index in groups.values():
+            result = self._group([rows[i] for i in index])
             index_t = torch.tensor(index, dtype=torch.int64).to(self.device, non_blocking=True)
             out.index_copy_(0, index_t, result)
-        assert out is not None
         return out
+
+    def _group(self, rows: Sequence[SpecInput]) -> torch.Tensor:
+        """Rows of one draft count: fallback steps, or rounds (static or eager)."""
+        if not rows[0].num_drafts:
+            return self._fallback(rows)
+        return self._round_static(rows) if self.static else self._round(rows)
 
     def _round(self, rows: Sequence[SpecInput]) -> torch.Tensor:
         """Rounds at their exact batch size (eager)."""

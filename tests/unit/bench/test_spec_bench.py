@@ -25,12 +25,18 @@ def _one_intra_op_thread() -> Iterator[None]:
     torch.set_num_threads(previous)
 
 
-def test_spec_bench_report_on_the_cpu() -> None:
+def _tiny() -> tuple[Qwen3_5Model, MtpHead]:
+    """The tiny dense synthetic model (fp32, CPU) and a random MTP head for it."""
     config = synthetic_config("tiny-dense")
     model = Qwen3_5Model(
         config, random_weights("tiny-dense", device="cpu", dtype=torch.float32), device="cpu"
     )
-    head = MtpHead(model, random_mtp_weights("tiny-dense", device="cpu", dtype=torch.float32))
+    head = random_mtp_weights("tiny-dense", device="cpu", dtype=torch.float32)
+    return model, MtpHead(model, head)
+
+
+def test_spec_bench_report_on_the_cpu() -> None:
+    model, head = _tiny()
     report = run_spec_bench(
         model,
         head,
@@ -72,11 +78,7 @@ def test_step_costs_feed_distinct_ids(monkeypatch: pytest.MonkeyPatch) -> None:
     from ninfer.bench import spec_bench
     from ninfer.engine.spec_step import SpecStep
 
-    config = synthetic_config("tiny-dense")
-    model = Qwen3_5Model(
-        config, random_weights("tiny-dense", device="cpu", dtype=torch.float32), device="cpu"
-    )
-    head = MtpHead(model, random_mtp_weights("tiny-dense", device="cpu", dtype=torch.float32))
+    model, head = _tiny()
     seen: list[tuple[list[int], torch.Tensor]] = []
     run = SpecStep.run
 
