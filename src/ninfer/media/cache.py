@@ -89,7 +89,13 @@ class MediaCache:
         assert claim.build is not None
         with self._lock:
             del self._inflight[claim.key]
-            if error is None and payload is not None:
+            entry = self._entries.get(claim.key)
+            if error is None and entry is not None:
+                # a late waiter of an earlier build of this key re-admitted the same bytes while
+                # this one ran: lease that entry (never overwrite it, see `join`)
+                entry.leases += 1
+                payload = entry.payload
+            elif error is None and payload is not None:
                 error = self._admit(claim.key, payload)
             if error is None:
                 self.stats.builds += 1
@@ -99,17 +105,24 @@ class MediaCache:
             claim.build.set_result(payload)  # type: ignore[arg-type]
 
     def join(self, claim: Claim, payload: PreparedMedia) -> PreparedMedia:
-        """A waiter of an in-flight build takes its own lease on the built payload."""
+        """A waiter of an in-flight build takes its own lease on the built payload.
+
+        By the time the waiter wakes, the build may already be gone (released by everyone with the
+        cache off or evicted) and a later build of the same key may have taken its place. The
+        waiter then leases the entry that is there, the same bytes under the same digest, rather
+        than overwriting it: an overwritten entry's bytes would stay live with no holder able to
+        release them."""
         with self._lock:
             entry = self._entries.get(claim.key)
-            if entry is None or entry.payload is not payload:
-                # already released by everyone (cache off): account it again for this holder
+            if entry is None:
                 error = self._admit(claim.key, payload)
                 if error is not None:
                     raise error
-            else:
-                entry.leases += 1
-        return payload
+                return payload
+            entry.leases += 1
+            if entry.retained:
+                self._lru.move_to_end(claim.key)
+            return entry.payload
 
     def release(self, payload: PreparedMedia) -> None:
         key = (payload.digest, payload.modality)

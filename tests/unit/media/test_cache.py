@@ -87,6 +87,58 @@ def test_cache_zero_retains_nothing_and_returns_live_bytes() -> None:
     assert cache.snapshot()["live_bytes"] == 0 and cache.snapshot()["entries"] == 0
 
 
+def test_a_late_waiter_leases_the_rebuilt_entry_and_leaks_nothing() -> None:
+    """The interleaving the soak once hit: a waiter wakes after its build was dropped and a second
+    build of the same key took its place. Overwriting that entry left its bytes live forever."""
+    cache = MediaCache(cache_bytes=0, live_bytes=1000)  # nothing retained: a release drops
+    first = cache.claim(("a", "image"))
+    waiter = cache.claim(("a", "image"))
+    assert first.build is not None and waiter.wait is first.build
+    built = _payload("a", 100)
+    cache.finish(first, built, None)
+    cache.release(built)  # the builder lets go before the waiter wakes: the entry is gone
+    second = cache.claim(("a", "image"))
+    assert second.build is not None
+    rebuilt = _payload("a", 100)
+    cache.finish(second, rebuilt, None)
+    held = cache.join(waiter, waiter.wait.result())
+    assert held is rebuilt and cache.live_bytes == 100
+    cache.release(held)
+    cache.release(rebuilt)
+    assert cache.snapshot()["live_bytes"] == 0 and cache.snapshot()["entries"] == 0
+
+
+def test_a_waiter_whose_build_was_dropped_accounts_it_again() -> None:
+    cache = MediaCache(cache_bytes=0, live_bytes=1000)
+    first = cache.claim(("a", "image"))
+    waiter = cache.claim(("a", "image"))
+    built = _payload("a", 100)
+    cache.finish(first, built, None)
+    cache.release(built)
+    assert cache.live_bytes == 0
+    held = cache.join(waiter, waiter.wait.result())
+    assert held is built and cache.live_bytes == 100
+    cache.release(held)
+    assert cache.snapshot()["live_bytes"] == 0
+
+
+def test_a_build_that_lands_after_a_late_waiter_readmitted_its_key_leases_that_entry() -> None:
+    cache = MediaCache(cache_bytes=0, live_bytes=1000)
+    first = cache.claim(("a", "image"))
+    waiter = cache.claim(("a", "image"))
+    built = _payload("a", 100)
+    cache.finish(first, built, None)
+    cache.release(built)  # dropped
+    second = cache.claim(("a", "image"))  # a second build starts
+    held = cache.join(waiter, waiter.wait.result())  # the late waiter re-admits the first bytes
+    assert held is built and cache.live_bytes == 100
+    cache.finish(second, _payload("a", 100), None)
+    assert second.build.result() is built and cache.live_bytes == 100
+    cache.release(held)
+    cache.release(second.build.result())
+    assert cache.snapshot()["live_bytes"] == 0 and cache.snapshot()["entries"] == 0
+
+
 def _uri(data: bytes, mime: str) -> str:
     return f"data:{mime};base64,{base64.b64encode(data).decode()}"
 
