@@ -9,6 +9,7 @@ almost nothing, which would leave the acceptance and rollback paths untested.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ from ninfer import Engine
 from ninfer.artifact.reader import Artifact
 from ninfer.chat.template import ChatTemplate
 from ninfer.engine.build import assemble, presets_of
+from ninfer.engine.handles import RequestHandle
 from ninfer.engine.options import EngineOptions
 from ninfer.engine.request import EngineEvent, EventKind
 from ninfer.model.config import TextConfig
@@ -76,6 +78,21 @@ def bind_artifact(path: Path) -> Tiny:
         tok = _TOKENIZERS["qwen"] = Tokenizer.from_json(artifact.tokenizer_json)
     presets = presets_of(artifact.header.generation, str(artifact.metadata.get("architecture")))
     return Tiny(artifact, model, head, tok, ChatTemplate(artifact.chat_template()), presets)
+
+
+def run_requests(engine: Engine, requests: dict[str, tuple[list[int], dict]]) -> dict[str, list]:
+    """Submit every (prompt, options) at once under its id and drain them: id -> its events.
+    `stop_token_ids` in the options replaces the request's stop ids (no public option sets
+    them)."""
+    handles = {}
+    for rid, (p, kw) in requests.items():
+        kw = dict(kw)
+        stop_ids = kw.pop("stop_token_ids", None)
+        request = engine.make_request(p, request_id=rid, **kw)
+        if stop_ids is not None:
+            request = dataclasses.replace(request, stop_token_ids=stop_ids)
+        handles[rid] = RequestHandle(engine.core, request)
+    return {rid: list(h) for rid, h in handles.items()}
 
 
 def tokens(events: list[EngineEvent]) -> list[int]:

@@ -298,7 +298,9 @@ def _spec(
         proj = ", ".join(f"L={k}: {v:.0f}" for k, v in r["projected_tok_s"].items())
         con.print(
             f"batch {r['batch']}: e2e {r['e2e_tok_s']:.1f} tok/s ({r['e2e_round_ms']:.2f} ms a "
-            f"round, {r['e2e_round_over_round']:.2f}x the round's graph), acceptance length "
+            f"round, {r['e2e_round_over_round']:.2f}x the round's graph; unchained "
+            f"{r['e2e_unchained_tok_s']:.1f} tok/s, {r['e2e_unchained_round_ms']:.2f} ms), "
+            f"acceptance length "
             f"{r['acceptance_length']:.2f}, per position {r['accepted_per_position']}; "
             f"plain step {r['plain_decode_ms']:.2f} ms ({r['plain_tok_s']:.0f} tok/s), verify "
             f"{r['verify_ms']:.2f} ms ({r['verify_over_plain_decode']:.2f}x), draft step "

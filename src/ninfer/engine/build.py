@@ -236,10 +236,9 @@ def assemble(
         tokenizer,
         eos_token_ids=eos_token_ids,
         resolve_sampling=resolver.resolve,
-        # NOTE: a speculative sequence waits for its round to land before its next row, so the
-        # overlapped loop would split the running sequences into two groups alternating between
-        # steps (half-size batches); speculative engines land each step before planning the next.
-        overlap=not options.no_overlap and not k,
+        # a speculative engine plans ahead only over steps whose rounds all chain their next
+        # one (`Scheduler.may_plan_ahead`); it lands any other step before planning the next
+        overlap=not options.no_overlap,
     )
     return EngineParts(
         config,

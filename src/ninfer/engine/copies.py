@@ -55,18 +55,8 @@ class CopyEngine:
 
     # -- speculative rounds --------------------------------------------------------------------
     def _fold(self, op: CopyOp) -> None:
-        """Advance slots over their kept verify columns (grouped by the verify step recorded)."""
-        groups: dict[int, tuple[list[Any], list[tuple[int, int, int]]]] = {}
-        for slot, num in zip(op.dst, op.src, strict=True):
-            row, records = self.cache.verify_records[slot]
-            groups.setdefault(id(records), (records, []))[1].append((slot, row, num))
-        for records, members in groups.values():
-            columns = [v for column in zip(*members, strict=True) for v in column]
-            slots, rows, nums = self._index(columns).view(3, len(members))  # one transfer
-            most = max(m[2] for m in members)
-            fold_verify_layers(
-                records, self.cache.conv_state, self.cache.ssm_state, slots, rows, nums, most
-            )
+        """Advance slots over their kept verify columns."""
+        fold_latest(self.cache, op.dst, op.src, self.device)
 
     # -- KV pages ------------------------------------------------------------------------------
     def _kv_tensors(self) -> list[torch.Tensor]:
@@ -100,3 +90,34 @@ class CopyEngine:
     def host_bytes(self) -> int:
         """Bytes the host blocks hold now (tests compare it with the pool's accounting)."""
         return sum(t.numel() * t.element_size() for ts in self.host.values() for t in ts)
+
+
+def fold_latest(
+    cache: ModelCache,
+    slots: Sequence[int],
+    columns: Sequence[int] | torch.Tensor,
+    device: torch.device,
+    most: int | None = None,
+) -> None:
+    """Advance each slot over the first `columns` columns of its latest verify row
+    (`ModelCache.verify_records`), one fold per verify step that recorded them.
+
+    `columns`: one count per slot from the host (a FOLD copy), or a device tensor indexed by
+    slot (a chained round's: what the round before it kept, never seen by the host), then with
+    `most` its host bound."""
+    on_device = isinstance(columns, torch.Tensor)
+    groups: dict[int, tuple[list[Any], list[tuple[int, int, int]]]] = {}
+    for i, slot in enumerate(slots):
+        row, records = cache.verify_records[slot]
+        num = 0 if on_device else columns[i]
+        groups.setdefault(id(records), (records, []))[1].append((slot, row, num))
+    for records, members in groups.values():
+        flat = [v for column in zip(*members, strict=True) for v in column]
+        index = torch.tensor(flat, dtype=torch.int64).to(device, non_blocking=True)
+        slot_ids, rows, nums = index.view(3, len(members))  # one transfer
+        if on_device:
+            assert most is not None, "a device column count needs its host bound"
+            nums, bound = columns.index_select(0, slot_ids), most
+        else:
+            bound = max(m[2] for m in members)
+        fold_verify_layers(records, cache.conv_state, cache.ssm_state, slot_ids, rows, nums, bound)

@@ -2,11 +2,12 @@
 
 Submission checks capacity synchronously (typed errors reach the caller at once), then hands the
 request to the worker through a locked inbox. The worker loops plan -> launch -> land: it plans
-and launches step N+1 before it waits for step N's samples (the overlapped loop; `overlap=False`
-waits for each step before planning the next), and `Scheduler.update` commits what landed. The
-core executes plans and routes events; it never mutates scheduler state itself. Events go to each
-request's sink on the worker thread; sinks must not block (the handles in `handles.py` queue
-them for blocking iterators or an asyncio loop).
+and launches step N+1 before it waits for step N's samples (the overlapped loop). `overlap=False`
+waits for each step before planning the next, and so does a speculative engine unless every
+round of the step can chain its next one (`Scheduler.may_plan_ahead`). `Scheduler.update`
+commits what landed. The core executes plans and routes events; it never mutates scheduler
+state itself. Events go to each request's sink on the worker thread; sinks must not block (the
+handles in `handles.py` queue them for blocking iterators or an asyncio loop).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from ninfer.engine.output import OutputState
 from ninfer.engine.plan import Launched, Runner
 from ninfer.engine.request import EngineEvent, EventKind, GenerationRequest, RequestStats
 from ninfer.engine.sampling import SamplingParamError, SamplingParams
-from ninfer.engine.scheduler import Event, Scheduler, Sequence, SpecCounts
+from ninfer.engine.scheduler import Event, Scheduler, SeqStatus, Sequence, SpecCounts
 from ninfer.engine.stats import EngineStats, StatsRecorder
 from ninfer.engine.stops import StopStringError
 from ninfer.engine.thinking_budget import ThinkingBudget, ThinkingControl
@@ -199,7 +200,7 @@ class EngineCore:
                 if inflight is not None:  # step N lands while step N+1 runs on the device
                     self._land(inflight)
                 inflight = launched
-                if inflight is not None and not self.overlap:
+                if inflight is not None and not self._plan_ahead(inflight):
                     self._land(inflight)
                     inflight, landed = None, True
                 if inflight is None and not landed and plan.is_empty:
@@ -213,6 +214,10 @@ class EngineCore:
             self.failure = e
             self._fail_all(e)
 
+    def _plan_ahead(self, launched: Launched) -> bool:
+        """Whether the next step is planned before `launched` lands (the overlapped loop)."""
+        return self.overlap and self.scheduler.may_plan_ahead(launched.plan)
+
     def _land(self, launched: Launched) -> None:
         outcome = launched.wait()
         self._stats.phase("engine_commit_output")
@@ -220,7 +225,8 @@ class EngineCore:
         if plan.decode:
             self._stats.on_decode_round(len(plan.decode))
         for i, row in enumerate(plan.decode):
-            if row.spec:
+            # (a chained round behind one that finished its request is discarded: not counted)
+            if row.spec and row.seq.status != SeqStatus.FINISHED:
                 self._stats.on_spec_step(row.num_drafts, outcome.accepted[i])
         self._deliver(self.scheduler.update(plan, outcome))
 

@@ -37,6 +37,10 @@ class OutputState:
         self._max_tokens = max_tokens
         self._max_context = max_context
 
+    @property
+    def stop_token_ids(self) -> frozenset[int]:
+        return self._stop_ids
+
     def commit(self, token_id: int, num_output: int, num_total: int) -> Commit:
         """Account for a committed token; `num_output` / `num_total` already include it."""
         if token_id in self._stop_ids:

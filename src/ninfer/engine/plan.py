@@ -18,6 +18,9 @@ from typing import Any, Protocol
 # A token id not known on the host when the plan is written: the sample of the step in flight,
 # which the runner reads on the device (per state slot) instead.
 FROM_DEVICE = -1
+# The most stop token ids a speculative round checks on the device, so that the round chained
+# behind it folds exactly to a stop inside it (a request with more never chains)
+ROUND_STOP_IDS = 4
 
 
 STATE = "state"  # CopyOp kind: one StateImage (conv + recurrent state of every linear layer)
@@ -83,6 +86,10 @@ class Row:
     # decode step that still runs the head (a fallback step)
     spec: bool = False
     num_drafts: int = 0
+    # a round planned while the sequence's previous round is still in flight (`chained`): its
+    # t0, true start and the previous round's fold come from the device; `start` is then only
+    # an upper bound (the previous round's start + k + 1), which the pages cover
+    chained: bool = False
 
     @property
     def num_new_tokens(self) -> int:

@@ -13,13 +13,21 @@ The runner owns the device-side cache and never decides policy.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from ninfer.engine.copies import CopyEngine
 from ninfer.engine.graphs import DecodeInput, DecodeStep
 from ninfer.engine.media_join import TowerCache, chunk_inputs, encode_media
-from ninfer.engine.plan import FROM_DEVICE, Row, StepOutcome, StepPlan, outcome_of
+from ninfer.engine.plan import (
+    FROM_DEVICE,
+    ROUND_STOP_IDS,
+    Row,
+    StepOutcome,
+    StepPlan,
+    outcome_of,
+)
 from ninfer.engine.sampling import Sampler, row_fields
 from ninfer.engine.spec_step import HEADER, SpecInput, SpecStep
 from ninfer.model.batch import ForwardBatch
@@ -224,9 +232,18 @@ def _spec_input(row: Row) -> SpecInput:
         num_drafts=row.num_drafts,
         reals=reals,
         ints=ints,
-        next_token=seq.token_ids[after] if after < len(seq.token_ids) else -1,
+        next_token=seq.token_ids[after] if not row.chained and after < len(seq.token_ids) else -1,
         rope_offset=media.rope_delta if media is not None else 0,
+        chained=row.chained,
+        stop_ids=_round_stops(seq) if row.num_drafts else (),
     )
+
+
+def _round_stops(seq: Any) -> tuple[int, ...]:
+    """The stop ids a round checks on the device (none when there are more than it holds: such
+    a request never chains its rounds)."""
+    stops = seq.output.stop_token_ids if seq.output is not None else frozenset()
+    return tuple(sorted(stops)) if len(stops) <= ROUND_STOP_IDS else ()
 
 
 def _decode_input(row: Row) -> DecodeInput:

@@ -32,7 +32,16 @@ from ninfer.engine import snapshots
 from ninfer.engine.errors import ContextLengthExceeded, QueueTimeout
 from ninfer.engine.kv_pool import PagePool
 from ninfer.engine.output import OutputState
-from ninfer.engine.plan import FOLD, FROM_DEVICE, PAGES, CopyOp, Row, StepOutcome, StepPlan
+from ninfer.engine.plan import (
+    FOLD,
+    FROM_DEVICE,
+    PAGES,
+    ROUND_STOP_IDS,
+    CopyOp,
+    Row,
+    StepOutcome,
+    StepPlan,
+)
 from ninfer.engine.prefix_cache import DISABLED, Checkpoint, PrefixCache, PrefixLookup
 from ninfer.engine.recovery import REPLAY, SNAPSHOT, Recovery, Work, split_prefill_row
 from ninfer.engine.request import (
@@ -104,6 +113,9 @@ class Sequence:
     num_progress: int = 0  # the highest prompt progress reported (never reported twice)
     recovery: Recovery = field(default_factory=Recovery)  # pause cycles, landed work
     spec: SpecCounts | None = None  # speculative engines: this request's rounds
+    spec_inflight: int = 0  # speculative rows launched and not landed (2: one is chained)
+    round_inflight: bool = False  # the latest launched row is a round of k drafts
+    folded_to: int | None = None  # a chained row's device fold reaches here (see _land_spec)
     _prompt_key: tuple | None = None  # memo of the prompt's prefix identity
 
     def key(self, end: int) -> tuple:
@@ -490,7 +502,10 @@ class Scheduler:
             if seq.status != SeqStatus.RUNNING or seq.num_scheduled < seq.prefill_to:
                 continue
             if seq.num_inflight or seq.sampled_until > len(seq.token_ids):
-                continue  # its last step lands first
+                if budget >= k + 1 and self._chain(seq):
+                    rows.append(self._chained_row(seq))
+                    budget -= k + 1
+                continue  # otherwise its last step lands first
             q = seq.num_scheduled
             if q >= len(seq.token_ids) or budget < 1:
                 continue
@@ -523,8 +538,78 @@ class Scheduler:
             budget -= 1 + drafts
             seq.num_scheduled = q + 1 + drafts
             seq.sampled_until = q + 2 + drafts
+            seq.spec_inflight += 1
+            seq.round_inflight = drafts == k
             self._planned.add(id(seq))
         return tuple(rows), starved
+
+    def chainable(self, seq: Sequence) -> bool:
+        """Whether seq's next round may be planned before its round in flight lands (a
+        *chained* row: t0, its position and the previous round's fold read on the device).
+
+        Only where nothing the host decides at a landing could change what the device already
+        assumed (the RNG's output index and the penalty counts come from the device too): one
+        round of k drafts in flight, no thinking budget (a control token cuts a round without
+        ending it), no stop strings and at most ROUND_STOP_IDS stop ids (the round finds those
+        on the device and ends its fold at the first, as the host's commit does), the round in
+        flight unable to reach max_tokens, room for the next round and its drafts in the
+        context, and no waiting or paused request (a sequence with a round always in flight is
+        never paused; pauses must stay possible)."""
+        k = self.config.draft_tokens
+        return (
+            k > 0
+            and seq.status == SeqStatus.RUNNING
+            and not seq.cancelled
+            and seq.spec_inflight == 1
+            and seq.round_inflight
+            and seq.budget is None
+            and not seq.request.stop
+            and seq.output is not None
+            and len(seq.output.stop_token_ids) <= ROUND_STOP_IDS
+            and not self.waiting
+            and not self.paused
+            and seq.num_output + k + 1 < seq.request.max_tokens
+            and seq.num_scheduled + 2 * k + 1 <= self.config.max_context
+        )
+
+    def _chain(self, seq: Sequence) -> bool:
+        """`chainable`, and the pages for the next round's furthest reach (no pausing)."""
+        k = self.config.draft_tokens
+        return self.chainable(seq) and self._reserve(seq, seq.num_scheduled + 2 * k + 1)
+
+    def _chained_row(self, seq: Sequence) -> Row:
+        """The round after the one in flight. Its start is at most the in-flight round's start
+        + k + 1 (= num_scheduled, the bound the row carries); the landing of the round in
+        flight fixes the frontiers (`_land_spec`)."""
+        k = self.config.draft_tokens
+        bound = seq.num_scheduled
+        assert seq.slot is not None
+        seq.spec_inflight += 1
+        self._planned.add(id(seq))
+        return Row(
+            seq,
+            start=bound,
+            token_ids=(FROM_DEVICE,) * (1 + k),
+            pages=tuple(seq.pages),
+            slot=seq.slot,
+            samples=True,
+            sample_index=bound + 1 - seq.num_prompt,
+            logits="all",
+            spec=True,
+            num_drafts=k,
+            chained=True,
+        )
+
+    def may_plan_ahead(self, plan: StepPlan) -> bool:
+        """Whether the engine may plan the next step before `plan` lands. Always for plain
+        decoding (the overlapped loop); for a speculative engine only when every row of `plan`
+        is a round whose sequence can chain its next one: otherwise the sequences in flight
+        would sit out the next step, splitting the batch into two alternating halves."""
+        if not self.config.draft_tokens:
+            return True
+        return not plan.prefill and all(
+            r.spec and r.num_drafts and self.chainable(r.seq) for r in plan.decode
+        )
 
     def _plan_prefill(self, budget: int) -> tuple[Row, ...]:
         rows: list[Row] = []
@@ -817,7 +902,10 @@ class Scheduler:
         target's own last token was not); a round's slot then folds exactly that many verify
         columns into its state (appended to `folds` as (slot, columns); `update` queues one
         FOLD copy ahead of any capture the commit queued)."""
-        q = row.start
+        # a chained row starts where the round before it ended (that round landed first)
+        q = seq.num_computed if row.chained else row.start
+        successor = seq.spec_inflight > 1  # a chained row is in flight behind this one
+        seq.spec_inflight -= 1
         if seq.spec is not None:
             if row.num_drafts:
                 seq.spec.on_round(row.num_drafts, accepted)
@@ -830,19 +918,31 @@ class Scheduler:
         slot = seq.slot
         events: list[Event] = []
         kept = 0
+        # the chained row folds this round's columns on the device up to its first stop id,
+        # what the commit keeps unless a cancel ends it (`SpecStep._leave_feed`); a conversation
+        # whose state would be ahead of its tokens is not kept
+        seq.folded_to = q + 1 + _fold_columns(seq, committed, accepted) if successor else None
         for n, token in enumerate(committed, start=1):
             # the frontier as if committed one at a time (checkpoints at a stop see it)
             seq.num_computed = seq.num_scheduled = q + 1 + min(n, accepted)
-            if seq.slot is not None:
+            if seq.slot is not None and not successor:  # (else the successor counts it)
                 self._count.append((seq.slot, token))
             events += self._commit_token(seq, token, now)
             kept = min(n, accepted)
             if seq.status == SeqStatus.FINISHED or len(seq.token_ids) != q + 1 + n:
                 break  # finished, or control tokens follow this one
-        if row.num_drafts and slot is not None:
+        seq.folded_to = None
+        if row.num_drafts and slot is not None and not successor:
             folds.append((slot, 1 + kept))
-            if kept < accepted:
-                self.num_spec_rewinds += 1
+        if kept < accepted:
+            self.num_spec_rewinds += 1
+        if successor and seq.status != SeqStatus.FINISHED:
+            # only a finish cuts a round that has a chained successor (`chainable`)
+            assert kept == accepted, "a chained round's predecessor was cut without finishing"
+            start = q + 1 + accepted  # the chained row's t0 is the token just committed
+            seq.num_scheduled = start + 1 + row.num_drafts
+            seq.sampled_until = start + 2 + row.num_drafts
+            seq.round_inflight = True
         return events
 
     def _commit_token(self, seq: Sequence, token_id: int, now: float) -> list[Event]:
@@ -961,6 +1061,8 @@ class Scheduler:
         end = seq.num_scheduled
         if end <= seq.num_cached or end > len(seq.token_ids):
             return  # nothing new, or the device was fed a token that was not committed
+        if seq.folded_to is not None and seq.folded_to != end:
+            return  # a chained round folds past the end on the device (`_land_spec`)
         self._checkpoint(seq, end, self._copies)
 
     def fail(self, seq: Sequence, error: BaseException) -> list[Event]:
@@ -1032,3 +1134,13 @@ def timings_of(seq: Sequence) -> Timings:
         draft_n=seq.spec.drafted_tokens if seq.spec is not None else None,
         draft_n_accepted=seq.spec.accepted_tokens if seq.spec is not None else None,
     )
+
+
+def _fold_columns(seq: Sequence, committed: tuple[int, ...], accepted: int) -> int:
+    """The drafts a chained round folds of the round before it (after t0): the accepted ones,
+    up to and including the first stop id among them (`SpecStep._leave_feed`'s rule)."""
+    stops = seq.output.stop_token_ids if seq.output is not None else frozenset()
+    for n, token in enumerate(committed[:accepted], start=1):
+        if token in stops:
+            return n
+    return accepted

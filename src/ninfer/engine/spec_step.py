@@ -14,6 +14,12 @@ decode row of an engine loaded with `spec="mtp"`:
   shifted pass over the verify's hidden states, row j fed (h_j, d_{j+1}) with row a fed
   (h_a, t*), which refreshes its own KV for positions L..L+a; row a's output drafts the next
   d1, and k - 1 autoregressive head steps draft d2..dk into `drafts[slot]`.
+- a **chained round** (`SpecInput.chained`: planned while the slot's previous round was still
+  in flight, docs/engine.md): before anything reads the slot, the previous round's kept columns
+  are folded with counts read on the device (`copies.fold_latest`); inside the round, t0, the
+  position and the RNG's output index come from what that round left per slot, and its
+  committed tokens join the penalty counts (`_take_feed`). Every round leaves those for a
+  successor (`_leave_feed`), whether or not one follows.
 - a **fallback step** (no drafts: near the context end, or feeding a known control token): a
   plain decode step of the target, sampled as usual, then the same head pass for its one row.
 - after every **prefill chunk** (`prefill_pass`): the head's shifted pass over the chunk, row p
@@ -21,7 +27,8 @@ decode row of an engine loaded with `spec="mtp"`:
 
 Drafts are the head's argmax (lowest id on ties), so the draft distribution q is one-hot. Results
 come back per row as [n committed, a accepted, tokens...]. The penalty counts on the device are
-read, never written here: the scheduler adds committed tokens (`StepPlan.count_tokens`).
+read here, and written only for a chained round's predecessor: the scheduler adds every other
+committed token (`StepPlan.count_tokens`).
 On CUDA (unless graphs are off) a group of rounds replays one CUDA graph per (batch bucket,
 page-table width bucket, parity): the whole round (verify, acceptance, head pass, drafts) over
 static buffers, padding rows on a reserved dummy slot and page, attention lengths from the
@@ -40,7 +47,9 @@ from dataclasses import dataclass
 import torch
 
 from ninfer.engine import acceptance
-from ninfer.kernels.sampling.reference import FREQUENCY, GREEDY, PRESENCE, RowParams
+from ninfer.engine.copies import fold_latest
+from ninfer.engine.plan import ROUND_STOP_IDS
+from ninfer.kernels.sampling.reference import FREQUENCY, GREEDY, PRESENCE, STEP, RowParams
 from ninfer.model.batch import ForwardBatch
 from ninfer.model.cache import ModelCache
 from ninfer.model.lm_head_draft import ShortlistHead
@@ -49,7 +58,8 @@ from ninfer.model.qwen3_5 import Qwen3_5Model
 
 HEADER = 2  # result columns before the tokens: number committed, number of drafts accepted
 # integer columns of the static staging buffer, before the page table
-_T0, _POS, _ROPE, _SLOT, _TOPK, _GREEDY, _SEED, _STEP, _PAGES = range(9)
+_T0, _POS, _ROPE, _SLOT, _TOPK, _GREEDY, _SEED, _STEP, _CHAIN, _STOPS = range(10)
+_PAGES = _STOPS + ROUND_STOP_IDS
 log = logging.getLogger("ninfer.engine.spec")
 # `on_drafts(slots, positions)`: called after drafts are written (tests substitute oracles)
 OnDrafts = Callable[[torch.Tensor, torch.Tensor], None]
@@ -67,6 +77,8 @@ class _Rows:
     params: RowParams
     max_kv_len: int  # host bound for the verify's attention
     static: bool = False
+    chain: torch.Tensor | None = None  # [B] nonzero: a chained row (t0, position from the feed)
+    stops: torch.Tensor | None = None  # [B, ROUND_STOP_IDS] stop ids, -1 padded (see _leave_feed)
 
 
 @dataclass
@@ -95,6 +107,8 @@ class SpecInput:
     ints: tuple[int, int, int, int]  # top_k, greedy, seed, step (output index of token L+1)
     next_token: int = -1
     rope_offset: int = 0
+    chained: bool = False  # t0 and position (then a bound) come from the slot's previous round
+    stop_ids: tuple[int, ...] = ()  # at most ROUND_STOP_IDS: where a chained successor's fold ends
 
 
 class SpecStep:
@@ -158,6 +172,16 @@ class SpecStep:
         self.drafts = torch.zeros(
             (max(cache.num_slots, 1), draft_tokens), dtype=torch.int64, device=self.device
         )
+        # what each slot's latest round left for a chained round after it: its t0 (the token
+        # the round committed last), that token's KV index and output index, the columns the
+        # round kept (its fold) and its committed tokens (-1 padded: the penalty counts)
+        feed = (4, max(cache.num_slots, 1))
+        self.feed_token, self.feed_position, self.feed_step, self.feed_columns = torch.zeros(
+            feed, dtype=torch.int64, device=self.device
+        )
+        self.feed_committed = torch.full(
+            (max(cache.num_slots, 1), draft_tokens + 1), -1, dtype=torch.int64, device=self.device
+        )
 
     @property
     def result_width(self) -> int:
@@ -167,6 +191,9 @@ class SpecStep:
     def run(self, rows: Sequence[SpecInput]) -> torch.Tensor:
         """Rounds and fallback steps; returns [B, HEADER + k + 1] int64 on the device, in row
         order: (n, a, the n committed tokens, padding)."""
+        chained = [r.slot for r in rows if r.chained]
+        if chained:  # the previous round of these slots is folded on the device first
+            fold_latest(self.cache, chained, self.feed_columns, self.device, most=self.k + 1)
         groups: dict[int, list[int]] = {}
         for i, r in enumerate(rows):
             groups.setdefault(r.num_drafts, []).append(i)
@@ -197,6 +224,8 @@ class SpecStep:
             table=self._table(rows, pages),
             params=self._params(rows),
             max_kv_len=max(r.position for r in rows) + self.k + 1,
+            chain=self._ints([r.chained for r in rows]) if any(r.chained for r in rows) else None,
+            stops=self._ints([_stop_columns(r) for r in rows]),
         )
         page_size = self.cache.page_size
         bound = max(r.position for r in rows) + 2 * self.k
@@ -218,6 +247,8 @@ class SpecStep:
         drafted)."""
         width = self.k + 1
         num = rows.t0.shape[0]
+        if rows.chain is not None:
+            self._take_feed(rows)
         ids = torch.cat((rows.t0[:, None], self.drafts.index_select(0, rows.slots)), dim=1)
         batch = self._group_batch(rows, ids, verify=True)
         hidden = self.model.forward_hidden(batch, self.cache)  # [B * W, H]
@@ -252,7 +283,48 @@ class SpecStep:
             bound=draft_bound,
             static=rows.static,
         )
+        self._leave_feed(rows, accepted, committed)
         return self._result(accepted + 1, accepted, committed), batch.verify_states or []
+
+    def _take_feed(self, rows: _Rows) -> None:
+        """A chained row's t0, position and output index (in place: a static round's staged
+        columns) from what its slot's previous round left, and that round's committed tokens
+        added to the slot's penalty counts (the host, which adds every other committed token,
+        leaves these out: `Scheduler._land_spec`)."""
+        assert rows.chain is not None
+        chained = rows.chain != 0
+        step = rows.params.ints[:, STEP]
+        for column, feed in (
+            (rows.t0, self.feed_token),
+            (rows.position, self.feed_position),
+            (step, self.feed_step),
+        ):
+            column.copy_(torch.where(chained, feed.index_select(0, rows.slots), column))
+        tokens = self.feed_committed.index_select(0, rows.slots)  # [B, k + 1]
+        add = (chained[:, None] & (tokens >= 0)).to(self.counts.dtype)
+        flat = rows.slots[:, None] * self.counts.shape[1] + tokens.clamp(min=0)
+        self.counts.view(-1).index_add_(0, flat.reshape(-1), add.reshape(-1))
+
+    def _leave_feed(self, rows: _Rows, accepted: torch.Tensor, committed: torch.Tensor) -> None:
+        """What a chained round after this one reads: the token committed last (its t0), the
+        KV index it goes to, and the columns this round keeps (its fold): t0 and the accepted
+        drafts up to the first stop id among them, where the host's commit ends the request
+        (`scheduler._fold_columns`), so a conversation kept at that stop holds its state."""
+        num, width = committed.shape
+        every = torch.arange(num, device=self.device)
+        kept = accepted
+        if rows.stops is not None:
+            hit = (committed[:, :, None] == rows.stops[:, None, :]).any(dim=-1)  # [B, W]
+            count = torch.arange(1, width + 1, device=self.device).expand(num, width)
+            first = torch.where(hit, count, width + 1).amin(dim=1)  # 1-based, W + 1: none
+            kept = torch.minimum(accepted, first)
+        self.feed_token.index_copy_(0, rows.slots, committed[every, accepted])
+        self.feed_position.index_copy_(0, rows.slots, rows.position + accepted + 1)
+        self.feed_step.index_copy_(0, rows.slots, rows.params.ints[:, STEP] + accepted + 1)
+        self.feed_columns.index_copy_(0, rows.slots, kept + 1)
+        columns = torch.arange(width, device=self.device)
+        landed = torch.where(columns[None, :] <= accepted[:, None], committed, -1)
+        self.feed_committed.index_copy_(0, rows.slots, landed)
 
     def _group_batch(self, rows: _Rows, ids: torch.Tensor, *, verify: bool) -> ForwardBatch:
         num, width = ids.shape
@@ -314,6 +386,8 @@ class SpecStep:
             params=RowParams(self._reals_buf[:size], ints[:, _TOPK : _STEP + 1]),
             max_kv_len=width * page_size,
             static=True,
+            chain=ints[:, _CHAIN],
+            stops=ints[:, _STOPS:_PAGES],
         )
         return self._round_body(rows, mode, draft_bound=width * page_size)
 
@@ -323,7 +397,8 @@ class SpecStep:
         self._turn ^= 1
         cols = _PAGES + width
         table = [
-            [r.token, r.position, r.rope_offset, r.slot, *r.ints]
+            [r.token, r.position, r.rope_offset, r.slot, *r.ints, int(r.chained)]
+            + _stop_columns(r)
             + list(r.pages)
             + [r.pages[0]] * (width - len(r.pages))
             for r in rows
@@ -613,3 +688,7 @@ def _width(num_pages: int, max_pages: int) -> int:
     while width < num_pages:
         width *= 2
     return min(width, max_pages)
+
+
+def _stop_columns(row: SpecInput) -> list[int]:
+    return list(row.stop_ids) + [-1] * (ROUND_STOP_IDS - len(row.stop_ids))

@@ -54,7 +54,7 @@ def test_spec_bench_report_on_the_cpu() -> None:
         assert r["rounds"] > 0 and 1.0 <= r["acceptance_length"] <= 3.0
         assert len(r["accepted_per_position"]) == 2
         for key in ("plain_decode_ms", "verify_ms", "draft_step_ms", "round_ms", "round_sampled_ms",
-                    "e2e_tok_s"):  # fmt: skip
+                    "e2e_tok_s", "e2e_unchained_tok_s", "e2e_unchained_round_ms"):  # fmt: skip
             assert r[key] > 0, key
         assert r["projected_tok_s"]["3.2"] > r["projected_tok_s"]["1"]
         # a round end to end: the window over the rounds seen, so tokens per round = L

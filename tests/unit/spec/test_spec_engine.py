@@ -10,28 +10,13 @@ and the request's speculative counters add up.
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
-from ninfer.engine.handles import RequestHandle
 from ninfer.engine.request import EventKind, FinishReason
-from support.spec_engines import OracleDrafts, prompt, tokens
+from support.spec_engines import OracleDrafts, prompt, run_requests, tokens
 
 MAX_TOKENS = 14
 GREEDY = {"greedy": True}
-
-
-def _run(engine, requests: dict[str, tuple[list[int], dict]]) -> dict[str, list]:
-    handles = {}
-    for rid, (p, kw) in requests.items():
-        kw = dict(kw)
-        stop_ids = kw.pop("stop_token_ids", None)
-        request = engine.make_request(p, request_id=rid, **kw)
-        if stop_ids is not None:
-            request = dataclasses.replace(request, stop_token_ids=stop_ids)
-        handles[rid] = RequestHandle(engine.core, request)
-    return {rid: list(h) for rid, h in handles.items()}
 
 
 def _requests(n: int, **kw) -> dict[str, tuple[list[int], dict]]:
@@ -46,7 +31,7 @@ def baseline(tiny) -> dict[str, list[int]]:
     with tiny.engine(max_concurrency=1) as engine:
         out = {}
         for rid, r in reqs.items():
-            out.update({k: tokens(v) for k, v in _run(engine, {rid: r}).items()})
+            out.update({k: tokens(v) for k, v in run_requests(engine, {rid: r}).items()})
     return out
 
 
@@ -67,7 +52,7 @@ def test_greedy_spec_equals_plain_oracle_drafts_batched(tiny, baseline, k, stati
     ) as engine:
         assert engine.core.runner.spec.static == static
         OracleDrafts(engine, _truth(baseline))
-        got = _run(engine, _requests(3))
+        got = run_requests(engine, _requests(3))
     for rid, events in got.items():
         assert tokens(events) == baseline[rid], rid
         end = events[-1]
@@ -95,7 +80,7 @@ def test_greedy_spec_equals_plain_oracle_drafts_batched(tiny, baseline, k, stati
 def test_greedy_spec_equals_plain_real_head_alone(tiny, baseline, k) -> None:
     with tiny.engine(spec="mtp", draft_tokens=k, max_concurrency=1) as engine:
         for rid, r in _requests(2).items():
-            events = _run(engine, {rid: r})[rid]
+            events = run_requests(engine, {rid: r})[rid]
             assert tokens(events) == baseline[rid], rid
 
 
@@ -104,7 +89,8 @@ def test_stops_inside_a_round_commit_exactly_the_prefix(dense) -> None:
     and max_tokens fall inside rounds. Output, finish reason and usage equal the plain run's."""
     p = prompt(7, 12)
     with dense.engine(max_concurrency=1) as plain:
-        ref = tokens(_run(plain, {"a": (p, {"max_tokens": 30, "ignore_eos": True, **GREEDY})})["a"])
+        kw = {"max_tokens": 30, "ignore_eos": True, **GREEDY}
+        ref = tokens(run_requests(plain, {"a": (p, kw)})["a"])
         text = plain.tokenizer.decode(ref[6:8])
         cases = {
             "limit": {"max_tokens": 6},
@@ -112,13 +98,13 @@ def test_stops_inside_a_round_commit_exactly_the_prefix(dense) -> None:
             "stop_string": {"max_tokens": 30, "stop": [text] if text.strip() else []},
         }
         want = {
-            name: _run(plain, {name: (p, {**GREEDY, "ignore_eos": True, **kw})})[name]
+            name: run_requests(plain, {name: (p, {**GREEDY, "ignore_eos": True, **kw})})[name]
             for name, kw in cases.items()
         }
     with dense.engine(spec="mtp", draft_tokens=4, max_concurrency=1) as engine:
         OracleDrafts(engine, dict.fromkeys(cases, p + ref), wrong=lambda pos, j: False)
         for name, kw in cases.items():
-            got = _run(engine, {name: (p, {**GREEDY, "ignore_eos": True, **kw})})[name]
+            got = run_requests(engine, {name: (p, {**GREEDY, "ignore_eos": True, **kw})})[name]
             assert tokens(got) == tokens(want[name]), name
             assert "".join(e.text for e in got) == "".join(e.text for e in want[name]), name
             assert got[-1].finish_reason == want[name][-1].finish_reason, name
@@ -132,20 +118,21 @@ def test_prefix_hit_after_a_stop_inside_a_round(dense) -> None:
     turn reusing it decodes exactly what a plain engine decodes."""
     p = prompt(8, 12)
     with dense.engine(max_concurrency=1) as plain:
-        ref = tokens(_run(plain, {"a": (p, {"max_tokens": 30, "ignore_eos": True, **GREEDY})})["a"])
+        kw = {"max_tokens": 30, "ignore_eos": True, **GREEDY}
+        ref = tokens(run_requests(plain, {"a": (p, kw)})["a"])
     # the first round accepts d1..d4 = ref[1..4]: a stop on ref[3] ends on a fed draft
     stop = {"max_tokens": 30, "ignore_eos": True, "stop_token_ids": frozenset({ref[3]}), **GREEDY}
     first = ref[: ref.index(ref[3]) + 1]
     follow = p + first + prompt(9, 5)
     with dense.engine(no_prefix_reuse=True, max_concurrency=1) as plain:
-        want = tokens(_run(plain, {"b": (follow, {"max_tokens": 12, **GREEDY})})["b"])
+        want = tokens(run_requests(plain, {"b": (follow, {"max_tokens": 12, **GREEDY})})["b"])
     with dense.engine(spec="mtp", draft_tokens=4, max_concurrency=1) as engine:
         OracleDrafts(engine, {"a": p + ref}, wrong=lambda pos, j: False)
-        got_a = _run(engine, {"a": (p, stop)})["a"]
+        got_a = run_requests(engine, {"a": (p, stop)})["a"]
         assert tokens(got_a) == first
         assert got_a[-1].stats.speculative["accepted_tokens"] > 0
         assert engine.core.scheduler.num_spec_rewinds == 1
-        got_b = _run(engine, {"b": (follow, {"max_tokens": 12, **GREEDY})})["b"]
+        got_b = run_requests(engine, {"b": (follow, {"max_tokens": 12, **GREEDY})})["b"]
         assert got_b[-1].num_cached == len(p) + len(first)  # the stopped turn was reused whole
         assert tokens(got_b) == want
 
@@ -157,7 +144,7 @@ def test_preemption_with_spec(dense, host_context_mib) -> None:
     reqs = {f"p{i}": (prompt(20 + i, 18 + 3 * i), {"max_tokens": 30, "ignore_eos": True,
             **GREEDY}) for i in range(4)}  # fmt: skip
     with dense.engine(max_concurrency=1) as plain:
-        want = {rid: tokens(_run(plain, {rid: r})[rid]) for rid, r in reqs.items()}
+        want = {rid: tokens(run_requests(plain, {rid: r})[rid]) for rid, r in reqs.items()}
     with dense.engine(
         spec="mtp",
         draft_tokens=2,
@@ -167,7 +154,7 @@ def test_preemption_with_spec(dense, host_context_mib) -> None:
     ) as engine:
         truth = {rid: r[0] + want[rid] for rid, r in reqs.items()}
         OracleDrafts(engine, truth)
-        got = _run(engine, reqs)
+        got = run_requests(engine, reqs)
         preemptions = engine.core.scheduler.num_preemptions
     assert preemptions > 0
     for rid in reqs:
@@ -179,9 +166,9 @@ def test_seeded_sampling_with_spec_does_not_depend_on_batching(dense) -> None:
     kw = {"max_tokens": 12, "ignore_eos": True, **sampled}
     reqs = {f"s{i}": (prompt(30 + i, 10 + 3 * i), {**kw, "seed": 70 + i}) for i in range(3)}
     with dense.engine(spec="mtp", draft_tokens=3, max_concurrency=1) as engine:
-        solo = {rid: tokens(_run(engine, {rid: r})[rid]) for rid, r in reqs.items()}
+        solo = {rid: tokens(run_requests(engine, {rid: r})[rid]) for rid, r in reqs.items()}
     with dense.engine(spec="mtp", draft_tokens=3, max_concurrency=3) as engine:
-        batched = {rid: tokens(ev) for rid, ev in _run(engine, reqs).items()}
+        batched = {rid: tokens(ev) for rid, ev in run_requests(engine, reqs).items()}
     assert batched == solo
     assert all(len(t) == 12 for t in solo.values())
 
@@ -192,9 +179,9 @@ def test_context_end_falls_back_to_single_steps(dense) -> None:
     p = prompt(40, 100)
     kw = {"max_tokens": 40, "ignore_eos": True, **GREEDY}
     with dense.engine(max_concurrency=1) as plain:
-        want = _run(plain, {"c": (p, kw)})["c"]
+        want = run_requests(plain, {"c": (p, kw)})["c"]
     with dense.engine(spec="mtp", draft_tokens=3, max_concurrency=1) as engine:
-        got = _run(engine, {"c": (p, kw)})["c"]
+        got = run_requests(engine, {"c": (p, kw)})["c"]
     assert tokens(got) == tokens(want)
     assert got[-1].finish_reason == want[-1].finish_reason == FinishReason.CONTEXT
     s = got[-1].stats.speculative
@@ -216,12 +203,12 @@ def test_thinking_budget_ending_inside_a_round() -> None:
         )
         kw = {"max_tokens": 36, "thinking_budget": 3, **GREEDY}
         with demo.engine(max_context=256, prefill_chunk=64) as plain:
-            want = _run(plain, {"t": (p, kw)})["t"]
-            free = tokens(_run(plain, {"f": (p, {"max_tokens": 8, **GREEDY})})["f"])
+            want = run_requests(plain, {"t": (p, kw)})["t"]
+            free = tokens(run_requests(plain, {"f": (p, {"max_tokens": 8, **GREEDY})})["f"])
         with demo.engine(max_context=256, prefill_chunk=64, spec="mtp", draft_tokens=3) as engine:
             # before the cap: the free run's tokens; after it the drafts are simply wrong
             OracleDrafts(engine, {"t": p + free}, wrong=lambda pos, j: False)
-            got = _run(engine, {"t": (p, kw)})["t"]
+            got = run_requests(engine, {"t": (p, kw)})["t"]
             rewinds = engine.core.scheduler.num_spec_rewinds
         assert tokens(got) == tokens(want)
         assert rewinds == 1  # the suffix replaced d3 (accepted): the state went back a column

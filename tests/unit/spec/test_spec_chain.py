@@ -1,0 +1,154 @@
+"""Chained rounds: a sequence's next round planned and launched while its round is in flight.
+
+The chained row reads t0, its position and the fold of the round before it on the device
+(`SpecStep._take_feed`, `fold_latest` with the device's column counts), so the host never waits
+for a round before launching the next. Greedy output must still equal the plain engine's token
+for token, eager and static, alone and batched, with every acceptance length (oracle drafts) and
+with a stop id ending inside a round whose successor was already launched. Requests that must
+not chain (sampled, stop strings, a waiting request) never do.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ninfer.engine.handles import RequestHandle
+from support.spec_engines import OracleDrafts, prompt, run_requests, tokens
+
+GREEDY = {"greedy": True, "ignore_eos": True}
+
+
+class ChainCount:
+    """Counts the chained rows `engine`'s runner launches."""
+
+    def __init__(self, engine) -> None:
+        self.rows = 0
+        runner = engine.core.runner
+        launch = runner.launch
+
+        def counting(plan):
+            self.rows += sum(1 for r in plan.decode if r.chained)
+            return launch(plan)
+
+        runner.launch = counting
+
+
+def _requests(n: int, max_tokens: int = 24) -> dict[str, tuple[list[int], dict]]:
+    return {
+        f"c{i}": (prompt(50 + i, 9 + 4 * i), {"max_tokens": max_tokens, **GREEDY}) for i in range(n)
+    }
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["eager", "static"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_chained_rounds_equal_plain_decoding(tiny, static, batch) -> None:
+    reqs = _requests(batch)
+    with tiny.engine(max_concurrency=1) as plain:
+        want = {rid: tokens(run_requests(plain, {rid: r})[rid]) for rid, r in reqs.items()}
+    truth = {rid: r[0] + want[rid] for rid, r in reqs.items()}
+    with tiny.engine(
+        spec="mtp", draft_tokens=3, max_concurrency=batch, static_rounds=static
+    ) as engine:
+        OracleDrafts(engine, truth)  # every acceptance length 0..3 occurs
+        count = ChainCount(engine)
+        got = run_requests(engine, reqs)
+        engine.core.scheduler.check_integrity()
+    assert {rid: tokens(ev) for rid, ev in got.items()} == want
+    assert count.rows > 0
+    rounds = sum(ev[-1].stats.speculative["rounds"] for ev in got.values())
+    assert count.rows < rounds  # the first round of each request (after prefill) is not chained
+    for ev in got.values():  # only landed rounds count (the last may be cut by max_tokens)
+        s = ev[-1].stats.speculative
+        full = s["rounds"] + s["accepted_tokens"] + s["fallback_steps"] + 1
+        assert ev[-1].usage.completion_tokens <= full < ev[-1].usage.completion_tokens + 4
+
+
+def test_no_overlap_never_chains_and_gives_the_same_tokens(dense) -> None:
+    reqs = _requests(2)
+    outs = {}
+    for no_overlap in (False, True):
+        with dense.engine(
+            spec="mtp", draft_tokens=2, max_concurrency=2, no_overlap=no_overlap
+        ) as engine:
+            count = ChainCount(engine)
+            outs[no_overlap] = {rid: tokens(ev) for rid, ev in run_requests(engine, reqs).items()}
+        assert (count.rows > 0) != no_overlap
+    assert outs[False] == outs[True]
+
+
+def test_a_stop_inside_a_round_with_a_chained_successor_keeps_its_conversation(dense) -> None:
+    """The round that stops was launched with its successor chained behind it: the successor
+    folded it on the device only up to the stop id, so the conversation kept there is exact and
+    a follow-up turn reuses it whole and decodes what a plain engine decodes."""
+    p = prompt(60, 12)
+    with dense.engine(max_concurrency=1) as plain:
+        ref = tokens(run_requests(plain, {"a": (p, {"max_tokens": 40, **GREEDY})})["a"])
+    # a stop id on an accepted draft well after the first round, with drafts after it accepted
+    at = next(i for i in range(12, 30) if ref[i] not in ref[:i])
+    first = ref[: at + 1]
+    follow = p + first + prompt(61, 5)
+    with dense.engine(no_prefix_reuse=True, max_concurrency=1) as plain:
+        want = tokens(run_requests(plain, {"b": (follow, {"max_tokens": 10, "greedy": True})})["b"])
+    stop = {"max_tokens": 40, "stop_token_ids": frozenset({ref[at]}), **GREEDY}
+    with dense.engine(spec="mtp", draft_tokens=4, max_concurrency=1) as engine:
+        OracleDrafts(engine, {"a": p + ref}, wrong=lambda pos, j: False)  # every round accepts 4
+        count = ChainCount(engine)
+        got_a = run_requests(engine, {"a": (p, stop)})["a"]
+        chained = count.rows
+        assert tokens(got_a) == first
+        got_b = run_requests(engine, {"b": (follow, {"max_tokens": 10, "greedy": True})})["b"]
+    assert chained >= 2
+    assert got_b[-1].num_cached == len(p) + len(first)
+    assert tokens(got_b) == want
+
+
+def test_sampled_and_penalized_rounds_chain_and_reproduce(dense) -> None:
+    """Seeded sampling with presence and frequency penalties: the chained rounds take the RNG's
+    output index and the penalty counts from the device, and give what unchained rounds give."""
+    kw = {"max_tokens": 30, "ignore_eos": True, "temperature": 0.9, "top_p": 0.95}
+    kw |= {"presence_penalty": 0.7, "frequency_penalty": 0.4}
+    reqs = {f"s{i}": (prompt(80 + i, 10 + 2 * i), {**kw, "seed": 11 + i}) for i in range(3)}
+    outs, chained = {}, {}
+    for no_overlap in (False, True):
+        with dense.engine(
+            spec="mtp", draft_tokens=3, max_concurrency=3, no_overlap=no_overlap
+        ) as engine:
+            count = ChainCount(engine)
+            outs[no_overlap] = {rid: tokens(ev) for rid, ev in run_requests(engine, reqs).items()}
+        chained[no_overlap] = count.rows
+    assert chained[False] > 0 and chained[True] == 0
+    assert outs[False] == outs[True]
+    assert all(len(t) == 30 for t in outs[False].values())
+
+
+def test_requests_that_must_not_chain_never_do(dense) -> None:
+    base = {"max_tokens": 16, "ignore_eos": True, "greedy": True}
+    cases = {
+        "stop_string": {**base, "stop": ["never-in-the-output"]},
+        "many_stop_ids": {**base, "stop_token_ids": frozenset(range(900, 905))},
+    }
+    for name, kw in cases.items():
+        with dense.engine(spec="mtp", draft_tokens=2, max_concurrency=1) as engine:
+            count = ChainCount(engine)
+            got = run_requests(engine, {name: (prompt(70, 10), kw)})[name]
+        assert len(tokens(got)) == 16, name
+        assert count.rows == 0, name
+
+
+def test_a_cancel_behind_a_chained_round_leaks_nothing(dense) -> None:
+    reqs = _requests(3, max_tokens=60)
+    with dense.engine(spec="mtp", draft_tokens=3, max_concurrency=3) as engine:
+        count = ChainCount(engine)
+        handles = {}
+        for rid, (p, kw) in reqs.items():
+            handles[rid] = RequestHandle(engine.core, engine.make_request(p, request_id=rid, **kw))
+        seen = 0
+        for event in handles["c1"]:
+            seen += len(event.token_ids or [])
+            if seen >= 12:
+                engine.core.cancel("c1")
+        rest = {rid: list(h) for rid, h in handles.items() if rid != "c1"}
+        engine.core.scheduler.check_integrity()
+        assert not engine.core.scheduler.running
+    assert count.rows > 0
+    assert all(len(tokens(ev)) == 60 for ev in rest.values())
