@@ -250,6 +250,9 @@ class Scheduler:
         self.work = Work()  # landed prefill / decode / replay tokens, engine-wide
         self._pending: list[Event] = []  # SCHEDULING events decided inside planning helpers
         self.num_spec_rewinds = 0  # rounds cut short of their accepted length by a commit
+        # a request waited for pages this schedule: rounds stop chaining, so the sequences in
+        # flight land and can be paused for it (a chained sequence is never a pause victim)
+        self._short_of_pages = False
 
     @property
     def num_replayed_tokens(self) -> int:
@@ -277,6 +280,7 @@ class Scheduler:
         """Plan one step; also returns the events decided while planning (admissions, reaped
         and starved requests). Rows of a step still in flight are accounted for."""
         self._planned = set()
+        self._short_of_pages = False
         events = self._reap()
         events += self._admit()
         budget = self.config.token_budget
@@ -553,8 +557,8 @@ class Scheduler:
         ending it), no stop strings and at most ROUND_STOP_IDS stop ids (the round finds those
         on the device and ends its fold at the first, as the host's commit does), the round in
         flight unable to reach max_tokens, room for the next round and its drafts in the
-        context, and no waiting or paused request (a sequence with a round always in flight is
-        never paused; pauses must stay possible)."""
+        context, and no waiting or paused request nor one left short of pages by this schedule
+        (a sequence with a round always in flight is never paused; pauses must stay possible)."""
         k = self.config.draft_tokens
         return (
             k > 0
@@ -568,6 +572,7 @@ class Scheduler:
             and len(seq.output.stop_token_ids) <= ROUND_STOP_IDS
             and not self.waiting
             and not self.paused
+            and not self._short_of_pages
             and seq.num_output + k + 1 < seq.request.max_tokens
             and seq.num_scheduled + 2 * k + 1 <= self.config.max_context
         )
@@ -680,6 +685,7 @@ class Scheduler:
         while not self._reserve(seq, num_tokens):
             victim = self._victim(seq)
             if victim is None:
+                self._short_of_pages = True  # no chaining until a schedule finds room again
                 return False
             self._pause(victim)
             if victim is seq:
