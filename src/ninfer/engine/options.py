@@ -34,7 +34,7 @@ class EngineOptions:
     kv_dtype: str = "bf16"
     device: str = "cpu"  # cpu | cuda | cuda:N | auto (CUDA when a GPU is present)
     no_cuda_graph: bool = False  # decode eagerly instead of replaying CUDA graphs
-    no_overlap: bool = False  # wait for each step's samples before planning the next
+    no_overlap: bool = False  # land each step before planning the next (no chained rounds)
     vision: bool = False  # load the vision tower and accept media (`ninfer serve --vision`)
     media_cache_mib: int = 1024  # LRU-retained prepared media (0: no retention)
     media_live_mib: int = 2048  # every live prepared media payload
