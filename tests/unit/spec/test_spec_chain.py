@@ -154,20 +154,34 @@ def test_a_cancel_behind_a_chained_round_leaks_nothing(dense) -> None:
     assert all(len(tokens(ev)) == 60 for ev in rest.values())
 
 
-def test_chained_rounds_under_page_pressure_and_preemption(dense) -> None:
+@pytest.mark.parametrize("static", [False, True], ids=["eager", "static"])
+def test_chained_rounds_under_page_pressure_and_preemption(dense, static) -> None:
     """Two running requests outgrow a pool that holds one, with every acceptance length: rounds
-    chain while pages last, then one request pauses for the other (a chained sequence is never
-    a pause victim, so chaining stops first: test_chain_planning.py), and both still get their
-    solo tokens."""
+    chain while pages last (a sequence whose next round finds no pages lands and runs an
+    unchained round beside the other's chained one), then one request pauses for the other (a
+    chained sequence is never a pause victim, so chaining stops first: test_chain_planning.py),
+    and both still get their solo tokens."""
     reqs = {f"g{i}": (prompt(90 + i, 9 + 4 * i), {"max_tokens": 60, **GREEDY}) for i in range(2)}
     with dense.engine(max_concurrency=1) as plain:
         want = {rid: tokens(run_requests(plain, {rid: r})[rid]) for rid, r in reqs.items()}
     truth = {rid: r[0] + want[rid] for rid, r in reqs.items()}
-    with dense.engine(spec="mtp", draft_tokens=3, max_concurrency=2, kv_capacity=112) as engine:
+    mixed = []
+    with dense.engine(
+        spec="mtp", draft_tokens=3, max_concurrency=2, kv_capacity=112, static_rounds=static
+    ) as engine:
         OracleDrafts(engine, truth)
         count = ChainCount(engine)
+        runner = engine.core.runner
+        launch = runner.launch
+
+        def spy(plan):
+            mixed.append({r.chained for r in plan.decode} == {True, False})
+            return launch(plan)
+
+        runner.launch = spy
         got = run_requests(engine, reqs)
         preemptions = engine.core.scheduler.num_preemptions
         engine.core.scheduler.check_integrity()
     assert {rid: tokens(ev) for rid, ev in got.items()} == want
     assert count.rows > 0 and preemptions > 0
+    assert any(mixed)  # a step held a chained row beside an unchained round
