@@ -553,12 +553,13 @@ class Scheduler:
 
         Only where nothing the host decides at a landing could change what the device already
         assumed (the RNG's output index and the penalty counts come from the device too): one
-        round of k drafts in flight, no thinking budget (a control token cuts a round without
-        ending it), no stop strings and at most ROUND_STOP_IDS stop ids (the round finds those
-        on the device and ends its fold at the first, as the host's commit does), the round in
-        flight unable to reach max_tokens, room for the next round and its drafts in the
-        context, and no waiting or paused request nor one left short of pages by this schedule
-        (a sequence with a round always in flight is never paused; pauses must stay possible)."""
+        round of k drafts in flight, no thinking budget that the round in flight could reach
+        (a control token cuts a round without ending it), no stop strings and at most
+        ROUND_STOP_IDS stop ids (the round finds those on the device and ends its fold at the
+        first, as the host's commit does), the round in flight unable to reach max_tokens,
+        room for the next round and its drafts in the context, and no waiting or paused
+        request nor one left short of pages by this schedule (a sequence with a round always
+        in flight is never paused; pauses must stay possible)."""
         k = self.config.draft_tokens
         return (
             k > 0
@@ -566,7 +567,7 @@ class Scheduler:
             and not seq.cancelled
             and seq.spec_inflight == 1
             and seq.round_inflight
-            and seq.budget is None
+            and _budget_quiet(seq, k)
             and not seq.request.stop
             and seq.output is not None
             and len(seq.output.stop_token_ids) <= ROUND_STOP_IDS
@@ -1140,6 +1141,13 @@ def timings_of(seq: Sequence) -> Timings:
         draft_n=seq.spec.drafted_tokens if seq.spec is not None else None,
         draft_n_accepted=seq.spec.accepted_tokens if seq.spec is not None else None,
     )
+
+
+def _budget_quiet(seq: Sequence, k: int) -> bool:
+    """No thinking-budget control suffix can follow any token of seq's round in flight: no
+    budget, thinking already closed, or the cap beyond the round's k + 1 tokens."""
+    budget = seq.budget
+    return budget is None or not budget.is_open or seq.num_output + k + 1 < budget.budget
 
 
 def _fold_columns(seq: Sequence, committed: tuple[int, ...], accepted: int) -> int:

@@ -126,3 +126,24 @@ def test_what_keeps_a_round_from_chaining(tokenizer, block) -> None:
     if block not in ("short_of_pages", "cancelled", "paused"):
         plan, _ = sched.schedule()
         assert not any(r.chained for r in plan.decode)
+
+
+@pytest.mark.parametrize(
+    ("cap", "is_open", "chains"),
+    [(4, True, False), (5, True, True), (4, False, True)],
+    ids=["reachable", "beyond_the_round", "thinking_closed"],
+)
+def test_a_thinking_budget_blocks_chaining_only_while_the_round_could_reach_it(
+    tokenizer, cap, is_open, chains
+) -> None:
+    """The round in flight commits at most k + 1 tokens after the one output token so far: a cap
+    of 1 + k + 1 could fire inside it (its control suffix would cut the round), one more cannot;
+    a closed think block never fires."""
+    sched = _scheduler()
+    seq = _seq(tokenizer, "a")
+    first = _in_flight(sched, seq)
+    assert seq.num_output == 1
+    seq.budget = ThinkingBudget(cap, ThinkingControl.from_tokenizer(tokenizer))
+    seq.budget.is_open = is_open
+    assert sched.chainable(seq) is chains
+    assert sched.may_plan_ahead(first) is chains

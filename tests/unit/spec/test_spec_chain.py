@@ -185,3 +185,31 @@ def test_chained_rounds_under_page_pressure_and_preemption(dense, static) -> Non
     assert {rid: tokens(ev) for rid, ev in got.items()} == want
     assert count.rows > 0 and preemptions > 0
     assert any(mixed)  # a step held a chained row beside an unchained round
+
+
+def test_rounds_chain_under_a_thinking_budget_until_it_could_fire() -> None:
+    """The demo artifact (its vocabulary has `</think>`): a budget of 14 thinking tokens with
+    k = 3 and drafts always right before the cap. Rounds chain while the round in flight cannot
+    reach the cap, then land one by one; the control suffix cuts the round that reaches it, and
+    the output equals the plain engine's."""
+    from ninfer.artifact.demo import ensure_demo
+    from support.spec_engines import bind_artifact
+
+    demo = bind_artifact(ensure_demo())
+    try:
+        p = demo.tokenizer.encode_template(
+            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n"
+        )
+        kw = {"max_tokens": 40, "thinking_budget": 14, "greedy": True}
+        with demo.engine(max_context=256, prefill_chunk=64) as plain:
+            want = run_requests(plain, {"t": (p, kw)})["t"]
+            free = tokens(run_requests(plain, {"f": (p, {"max_tokens": 16, "greedy": True})})["f"])
+        with demo.engine(max_context=256, prefill_chunk=64, spec="mtp", draft_tokens=3) as engine:
+            OracleDrafts(engine, {"t": p + free}, wrong=lambda pos, j: False)
+            count = ChainCount(engine)
+            got = run_requests(engine, {"t": (p, kw)})["t"]
+        assert tokens(got) == tokens(want)
+        assert got[-1].usage == want[-1].usage
+        assert count.rows > 0
+    finally:
+        demo.artifact.close()
