@@ -554,9 +554,11 @@ class Scheduler:
         Only where nothing the host decides at a landing could change what the device already
         assumed (the RNG's output index and the penalty counts come from the device too): one
         round of k drafts in flight, no thinking budget that the round in flight could reach
-        (a control token cuts a round without ending it), no stop strings and at most
-        ROUND_STOP_IDS stop ids (the round finds those on the device and ends its fold at the
-        first, as the host's commit does), the round in flight unable to reach max_tokens,
+        (a control token cuts a round without ending it), no stop strings unless there is no
+        prefix cache (a stop string found inside the round leaves the fold past the end of the
+        conversation, which only a kept conversation would read), at most ROUND_STOP_IDS stop
+        ids (the round finds those on the device and ends its fold at the first, as the host's
+        commit does), the round in flight unable to reach max_tokens,
         room for the next round and its drafts in the context, and no waiting or paused
         request nor one left short of pages by this schedule (a sequence with a round always
         in flight is never paused; pauses must stay possible)."""
@@ -568,7 +570,7 @@ class Scheduler:
             and seq.spec_inflight == 1
             and seq.round_inflight
             and _budget_quiet(seq, k)
-            and not seq.request.stop
+            and (not seq.request.stop or self.cache is None)
             and seq.output is not None
             and len(seq.output.stop_token_ids) <= ROUND_STOP_IDS
             and not self.waiting

@@ -107,6 +107,8 @@ def test_what_keeps_a_round_from_chaining(tokenizer, block) -> None:
         kw["max_tokens"] = 1 + K + 1  # the round in flight could end the request
     seq = _seq(tokenizer, "a", **kw)
     first = _in_flight(sched, seq)
+    if block == "stop_string":
+        sched.cache = object()  # a prefix cache (only its presence matters to `chainable`)
     if block == "waiting":
         sched.enqueue(_seq(tokenizer, "late"))
         sched.config = sched.config.__class__(**{**vars(sched.config), "max_concurrency": 1})
@@ -122,8 +124,9 @@ def test_what_keeps_a_round_from_chaining(tokenizer, block) -> None:
         seq.round_inflight = False
     assert not sched.chainable(seq)
     assert not sched.may_plan_ahead(first)
-    # (a schedule resets the page flag, reaps the cancel and resumes the stand-in paused one)
-    if block not in ("short_of_pages", "cancelled", "paused"):
+    # (a schedule resets the page flag, reaps the cancel, resumes the stand-in paused one and
+    # would call into the stand-in cache)
+    if block not in ("short_of_pages", "cancelled", "paused", "stop_string"):
         plan, _ = sched.schedule()
         assert not any(r.chained for r in plan.decode)
 
@@ -147,3 +150,10 @@ def test_a_thinking_budget_blocks_chaining_only_while_the_round_could_reach_it(
     seq.budget.is_open = is_open
     assert sched.chainable(seq) is chains
     assert sched.may_plan_ahead(first) is chains
+
+
+def test_stop_strings_chain_without_a_prefix_cache(tokenizer) -> None:
+    sched = _scheduler()  # no prefix cache: no conversation is kept, none can be over-folded
+    seq = _seq(tokenizer, "a", stop=("zz",))
+    first = _in_flight(sched, seq)
+    assert sched.chainable(seq) and sched.may_plan_ahead(first)

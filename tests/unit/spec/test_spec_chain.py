@@ -213,3 +213,24 @@ def test_rounds_chain_under_a_thinking_budget_until_it_could_fire() -> None:
         assert count.rows > 0
     finally:
         demo.artifact.close()
+
+
+def test_a_stop_string_inside_a_chained_round_without_prefix_reuse(dense) -> None:
+    """Without a prefix cache a stop string does not keep rounds from chaining: the round it ends
+    inside was already folded past it by its successor, which nothing reads. Text, tokens and
+    finish reason equal the plain engine's."""
+    p = prompt(62, 12)
+    with dense.engine(max_concurrency=1, no_prefix_reuse=True) as plain:
+        ref = tokens(run_requests(plain, {"a": (p, {"max_tokens": 40, **GREEDY})})["a"])
+        text = plain.tokenizer.decode(ref[17:19])
+        assert text.strip()
+        kw = {"max_tokens": 40, "stop": [text], **GREEDY}
+        want = run_requests(plain, {"s": (p, kw)})["s"]
+    with dense.engine(spec="mtp", draft_tokens=4, no_prefix_reuse=True) as engine:
+        OracleDrafts(engine, {"s": p + ref}, wrong=lambda pos, j: False)
+        count = ChainCount(engine)
+        got = run_requests(engine, {"s": (p, kw)})["s"]
+    assert tokens(got) == tokens(want)
+    assert "".join(e.text for e in got) == "".join(e.text for e in want)
+    assert got[-1].finish_reason == want[-1].finish_reason and got[-1].stop_string == text
+    assert count.rows > 0
