@@ -559,9 +559,10 @@ class Scheduler:
         conversation, which only a kept conversation would read), at most ROUND_STOP_IDS stop
         ids (the round finds those on the device and ends its fold at the first, as the host's
         commit does), the round in flight unable to reach max_tokens,
-        room for the next round and its drafts in the context, and no waiting or paused
-        request nor one left short of pages by this schedule (a sequence with a round always
-        in flight is never paused; pauses must stay possible)."""
+        room for the next round and its drafts in the context, and no paused request nor one
+        left short of pages by this schedule (a sequence with a round always in flight is never
+        paused; pauses must stay possible). Waiting requests do not stop it: they wait for a
+        lane or pages, which a finish frees, and admission never pauses anyone."""
         k = self.config.draft_tokens
         return (
             k > 0
@@ -573,7 +574,6 @@ class Scheduler:
             and (not seq.request.stop or self.cache is None)
             and seq.output is not None
             and len(seq.output.stop_token_ids) <= ROUND_STOP_IDS
-            and not self.waiting
             and not self.paused
             and not self._short_of_pages
             and seq.num_output + k + 1 < seq.request.max_tokens

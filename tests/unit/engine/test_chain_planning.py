@@ -93,7 +93,7 @@ def test_a_landing_without_successor_queues_the_fold(tokenizer) -> None:
 
 @pytest.mark.parametrize(
     "block",
-    ["waiting", "paused", "short_of_pages", "budget", "stop_string", "stop_ids", "max_tokens",
+    ["paused", "short_of_pages", "budget", "stop_string", "stop_ids", "max_tokens",
      "cancelled", "fallback"],
 )  # fmt: skip
 def test_what_keeps_a_round_from_chaining(tokenizer, block) -> None:
@@ -109,10 +109,7 @@ def test_what_keeps_a_round_from_chaining(tokenizer, block) -> None:
     first = _in_flight(sched, seq)
     if block == "stop_string":
         sched.cache = object()  # a prefix cache (only its presence matters to `chainable`)
-    if block == "waiting":
-        sched.enqueue(_seq(tokenizer, "late"))
-        sched.config = sched.config.__class__(**{**vars(sched.config), "max_concurrency": 1})
-    elif block == "paused":
+    if block == "paused":
         sched.paused.append(_seq(tokenizer, "p"))
     elif block == "short_of_pages":
         sched._short_of_pages = True
@@ -157,3 +154,20 @@ def test_stop_strings_chain_without_a_prefix_cache(tokenizer) -> None:
     seq = _seq(tokenizer, "a", stop=("zz",))
     first = _in_flight(sched, seq)
     assert sched.chainable(seq) and sched.may_plan_ahead(first)
+
+
+def test_requests_waiting_for_a_lane_do_not_stop_chaining(tokenizer) -> None:
+    """Admission waits for a lane or pages (a finish frees them) and never pauses anyone, so a
+    full house with a queue keeps chaining; the queued request is admitted once a lane frees."""
+    sched = Scheduler(
+        SchedulerConfig(max_concurrency=1, prefill_chunk=16, max_context=256, draft_tokens=K),
+        PagePool(64, 4),
+        SlotPool(2),
+    )
+    seq = _seq(tokenizer, "a")
+    first = _in_flight(sched, seq)
+    late = _seq(tokenizer, "late")
+    sched.enqueue(late)
+    assert sched.chainable(seq) and sched.may_plan_ahead(first)
+    plan, _ = sched.schedule()
+    assert [r.chained for r in plan.decode] == [True] and late in sched.waiting

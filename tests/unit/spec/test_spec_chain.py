@@ -234,3 +234,19 @@ def test_a_stop_string_inside_a_chained_round_without_prefix_reuse(dense) -> Non
     assert "".join(e.text for e in got) == "".join(e.text for e in want)
     assert got[-1].finish_reason == want[-1].finish_reason and got[-1].stop_string == text
     assert count.rows > 0
+
+
+def test_queued_requests_keep_chaining_and_get_their_tokens(dense) -> None:
+    """Four requests on two lanes: the two queued ones wait while the running ones chain, and
+    are admitted as lanes free; every request gets its solo tokens."""
+    reqs = _requests(4, max_tokens=20)
+    with dense.engine(max_concurrency=1) as plain:
+        want = {rid: tokens(run_requests(plain, {rid: r})[rid]) for rid, r in reqs.items()}
+    truth = {rid: r[0] + want[rid] for rid, r in reqs.items()}
+    with dense.engine(spec="mtp", draft_tokens=3, max_concurrency=2) as engine:
+        OracleDrafts(engine, truth)
+        count = ChainCount(engine)
+        got = run_requests(engine, reqs)
+        engine.core.scheduler.check_integrity()
+    assert {rid: tokens(ev) for rid, ev in got.items()} == want
+    assert count.rows > 0
