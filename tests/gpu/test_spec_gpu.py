@@ -25,7 +25,7 @@ from ninfer.artifact.reader import Artifact
 from ninfer.engine.handles import RequestHandle
 from ninfer.engine.request import EventKind
 from ninfer.model import ForwardBatch, ModelCache, Qwen3_5Model, TextConfig
-from support.spec_engines import OracleDrafts
+from support.spec_engines import ChainCount, OracleDrafts
 
 pytestmark = pytest.mark.gpu
 VOCAB = 8192
@@ -188,33 +188,19 @@ def test_spec_with_lm_head_draft_equals_plain_fp32(artifact: Path, plain) -> Non
         assert _tokens(events) == plain["fp32"][rid], rid
 
 
-def _chained_rows(engine: Engine) -> list[int]:
-    """Counts, as the runner launches them, the chained rounds (a one-element list to read)."""
-    seen = [0]
-    runner = engine.core.runner
-    launch = runner.launch
-
-    def counting(plan):
-        seen[0] += sum(1 for r in plan.decode if r.chained)
-        return launch(plan)
-
-    runner.launch = counting
-    return seen
-
-
 def test_chained_rounds_in_graphs_equal_plain_fp32(artifact: Path, plain) -> None:
     """Chained rounds through the captured round graphs (t0, position, RNG step and counts from
     the device feed, the previous round folded with device column counts): plain tokens, with
     oracle drafts so every acceptance length occurs, and the rounds really chained."""
     with _engine(artifact, spec="mtp", draft_tokens=3) as engine:
         OracleDrafts(engine, {rid: PROMPTS[rid] + t for rid, t in plain["fp32"].items()})
-        chained = _chained_rows(engine)
+        chained = ChainCount(engine)
         got = _run(engine, PROMPTS, MAX_TOKENS)
         # the rounds replayed captured graphs where the model allows them (the dense one)
         graphs = engine.core.runner.spec.use_graphs
         assert graphs == (engine.graph_status == "on"), engine.graph_status
         assert graphs or "moe" in str(artifact), engine.graph_status
-    assert chained[0] > 0
+    assert chained.rows > 0
     for rid, events in got.items():
         assert _tokens(events) == plain["fp32"][rid], rid
 
@@ -226,7 +212,7 @@ def test_chained_sampled_penalized_rounds_equal_unchained(artifact: Path) -> Non
     outs, chained = {}, {}
     for no_overlap in (False, True):
         with _engine(artifact, spec="mtp", draft_tokens=3, no_overlap=no_overlap) as engine:
-            seen = _chained_rows(engine)
+            seen = ChainCount(engine)
             handles = {
                 rid: RequestHandle(
                     engine.core, engine.make_request(p, request_id=rid, seed=40 + i, **kw)
@@ -234,6 +220,6 @@ def test_chained_sampled_penalized_rounds_equal_unchained(artifact: Path) -> Non
                 for i, (rid, p) in enumerate(PROMPTS.items())
             }
             outs[no_overlap] = {rid: _tokens(list(h)) for rid, h in handles.items()}
-        chained[no_overlap] = seen[0]
+        chained[no_overlap] = seen.rows
     assert chained[False] > 0 and chained[True] == 0
     assert outs[False] == outs[True]

@@ -137,3 +137,18 @@ class OracleDrafts:
                         spec.drafts[slot, j] = (token + 1) % VOCAB if self.wrong(pos, j) else token
 
         spec.on_drafts = oracle
+
+
+class ChainCount:
+    """Counts the chained rounds (`Row.chained`) that `engine`'s runner launches."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.rows = 0
+        runner = engine.core.runner
+        launch = runner.launch
+
+        def counting(plan):
+            self.rows += sum(1 for r in plan.decode if r.chained)
+            return launch(plan)
+
+        runner.launch = counting

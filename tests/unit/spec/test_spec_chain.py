@@ -13,24 +13,9 @@ from __future__ import annotations
 import pytest
 
 from ninfer.engine.handles import RequestHandle
-from support.spec_engines import OracleDrafts, prompt, run_requests, tokens
+from support.spec_engines import ChainCount, OracleDrafts, prompt, run_requests, tokens
 
 GREEDY = {"greedy": True, "ignore_eos": True}
-
-
-class ChainCount:
-    """Counts the chained rows `engine`'s runner launches."""
-
-    def __init__(self, engine) -> None:
-        self.rows = 0
-        runner = engine.core.runner
-        launch = runner.launch
-
-        def counting(plan):
-            self.rows += sum(1 for r in plan.decode if r.chained)
-            return launch(plan)
-
-        runner.launch = counting
 
 
 def _requests(n: int, max_tokens: int = 24) -> dict[str, tuple[list[int], dict]]:
