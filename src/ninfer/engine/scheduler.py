@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ninfer.engine import snapshots
-from ninfer.engine.errors import ContextLengthExceeded, QueueTimeout
+from ninfer.engine.errors import ContextLengthExceeded, EngineFailed, QueueTimeout
 from ninfer.engine.kv_pool import PagePool
 from ninfer.engine.output import OutputState
 from ninfer.engine.plan import (
@@ -61,6 +62,9 @@ MAX_CONCURRENCY = 64
 
 if TYPE_CHECKING:
     from ninfer.engine.media_join import EncodedMedia
+
+
+log = logging.getLogger("ninfer.engine.scheduler")
 
 
 class SeqStatus(enum.Enum):
@@ -945,9 +949,14 @@ class Scheduler:
             folds.append((slot, 1 + kept))
         if kept < accepted:
             self.num_spec_rewinds += 1
+        if successor and seq.status != SeqStatus.FINISHED and kept < accepted:
+            # `chainable` rules this out (only a finish may cut a round with a successor); were
+            # it to happen, the slot is folded past the tokens and the successor starts at the
+            # wrong token: this request ends with an error, and no other request is touched
+            log.error("request %s: a chained round's predecessor was cut", seq.request_id)
+            error = EngineFailed("internal error: a speculative round was cut under its successor")
+            return events + self._finish(seq, error)
         if successor and seq.status != SeqStatus.FINISHED:
-            # only a finish cuts a round that has a chained successor (`chainable`)
-            assert kept == accepted, "a chained round's predecessor was cut without finishing"
             start = q + 1 + accepted  # the chained row's t0 is the token just committed
             seq.num_scheduled = start + 1 + row.num_drafts
             seq.sampled_until = start + 2 + row.num_drafts

@@ -171,3 +171,27 @@ def test_requests_waiting_for_a_lane_do_not_stop_chaining(tokenizer) -> None:
     assert sched.chainable(seq) and sched.may_plan_ahead(first)
     plan, _ = sched.schedule()
     assert [r.chained for r in plan.decode] == [True] and late in sched.waiting
+
+
+def test_a_cut_under_a_successor_fails_that_request_only(tokenizer) -> None:
+    """`chainable` rules out a round cut without a finish while a successor is in flight; forced
+    here (a thinking budget set after chaining fires inside the round), the request ends with
+    an engine error event, its successor is discarded, and the scheduler stays whole."""
+    sched = _scheduler()
+    seq, other = _seq(tokenizer, "a"), _seq(tokenizer, "b")
+    first = _in_flight(sched, seq)
+    chained, _ = sched.schedule()
+    assert [r.chained for r in chained.decode if r.seq is seq] == [True]
+    seq.budget = ThinkingBudget(2, ThinkingControl.from_tokenizer(tokenizer))  # fires at 2
+    n = len(first.decode)
+    committed = (601, 602, 603)
+    outcome = StepOutcome((601,) * n, (committed,) * n, (len(committed) - 1,) * n)
+    events = sched.update(first, outcome)
+    errors = [e for s, e in events if s is seq and e.kind.value == "error"]
+    assert len(errors) == 1 and errors[0].error.code == "engine_failure"
+    assert seq.slot is None and seq not in sched.running
+    sched.update(chained, outcome_of(chained, [700] * len(chained.rows)))  # discarded
+    sched.check_integrity()
+    sched.enqueue(other)  # the scheduler goes on serving
+    plan, _ = sched.schedule()
+    assert [r.seq for r in plan.prefill] == [other]
