@@ -68,10 +68,7 @@ class MediaCache:
             entry = self._entries.get(key)
             if entry is not None:
                 self.stats.hits += 1
-                entry.leases += 1
-                if entry.retained:
-                    self._lru.move_to_end(key)
-                return Claim(key, payload=entry.payload)
+                return Claim(key, payload=self._lease(key, entry))
             self.stats.misses += 1
             future = self._inflight.get(key)
             if future is not None:
@@ -93,8 +90,7 @@ class MediaCache:
             if error is None and entry is not None:
                 # a late waiter of an earlier build of this key re-admitted the same bytes while
                 # this one ran: lease that entry (never overwrite it, see `join`)
-                entry.leases += 1
-                payload = entry.payload
+                payload = self._lease(claim.key, entry)
             elif error is None and payload is not None:
                 error = self._admit(claim.key, payload)
             if error is None:
@@ -119,10 +115,7 @@ class MediaCache:
                 if error is not None:
                     raise error
                 return payload
-            entry.leases += 1
-            if entry.retained:
-                self._lru.move_to_end(claim.key)
-            return entry.payload
+            return self._lease(claim.key, entry)
 
     def release(self, payload: PreparedMedia) -> None:
         key = (payload.digest, payload.modality)
@@ -135,6 +128,14 @@ class MediaCache:
                 self._drop(key)
 
     # -- accounting (lock held) -----------------------------------------------------------------
+    def _lease(self, key: Key, entry: _Entry) -> PreparedMedia:
+        """One more holder of an entry already accounted for; a retained one is now the most
+        recently used."""
+        entry.leases += 1
+        if entry.retained:
+            self._lru.move_to_end(key)
+        return entry.payload
+
     def _admit(self, key: Key, payload: PreparedMedia) -> MediaError | None:
         size = payload.nbytes
         while self.live_bytes + size > self.live_limit and self._evict_one(unleased_only=True):
