@@ -118,7 +118,6 @@ class Sequence:
     recovery: Recovery = field(default_factory=Recovery)  # pause cycles, landed work
     spec: SpecCounts | None = None  # speculative engines: this request's rounds
     spec_inflight: int = 0  # speculative rows launched and not landed (2: one is chained)
-    round_inflight: bool = False  # the latest launched row is a round of k drafts
     folded_to: int | None = None  # a chained row's device fold reaches here (see _land_spec)
     _prompt_key: tuple | None = None  # memo of the prompt's prefix identity
 
@@ -547,7 +546,6 @@ class Scheduler:
             seq.num_scheduled = q + 1 + drafts
             seq.sampled_until = q + 2 + drafts
             seq.spec_inflight += 1
-            seq.round_inflight = drafts == k
             self._planned.add(id(seq))
         return tuple(rows), starved
 
@@ -573,7 +571,7 @@ class Scheduler:
             and seq.status == SeqStatus.RUNNING
             and not seq.cancelled
             and seq.spec_inflight == 1
-            and seq.round_inflight
+            and seq.num_inflight == k + 1  # a round in flight (a fallback step feeds one token)
             and _budget_quiet(seq, k)
             and (not seq.request.stop or self.cache is None)
             and seq.output is not None
@@ -960,7 +958,6 @@ class Scheduler:
             start = q + 1 + accepted  # the chained row's t0 is the token just committed
             seq.num_scheduled = start + 1 + row.num_drafts
             seq.sampled_until = start + 2 + row.num_drafts
-            seq.round_inflight = True
         return events
 
     def _commit_token(self, seq: Sequence, token_id: int, now: float) -> list[Event]:

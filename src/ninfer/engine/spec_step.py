@@ -76,9 +76,9 @@ class _Rows:
     table: torch.Tensor  # [B, width] page ids
     params: RowParams
     max_kv_len: int  # host bound for the verify's attention
+    stops: torch.Tensor  # [B, ROUND_STOP_IDS] stop ids, -1 padded (see _leave_feed)
     static: bool = False
     chain: torch.Tensor | None = None  # [B] nonzero: a chained row (t0, position from the feed)
-    stops: torch.Tensor | None = None  # [B, ROUND_STOP_IDS] stop ids, -1 padded (see _leave_feed)
 
 
 @dataclass
@@ -312,12 +312,10 @@ class SpecStep:
         (`scheduler._fold_columns`), so a conversation kept at that stop holds its state."""
         num, width = committed.shape
         every = torch.arange(num, device=self.device)
-        kept = accepted
-        if rows.stops is not None:
-            hit = (committed[:, :, None] == rows.stops[:, None, :]).any(dim=-1)  # [B, W]
-            count = torch.arange(1, width + 1, device=self.device).expand(num, width)
-            first = torch.where(hit, count, width + 1).amin(dim=1)  # 1-based, W + 1: none
-            kept = torch.minimum(accepted, first)
+        hit = (committed[:, :, None] == rows.stops[:, None, :]).any(dim=-1)  # [B, W]
+        count = torch.arange(1, width + 1, device=self.device).expand(num, width)
+        first = torch.where(hit, count, width + 1).amin(dim=1)  # 1-based, W + 1: none
+        kept = torch.minimum(accepted, first)
         self.feed_token.index_copy_(0, rows.slots, committed[every, accepted])
         self.feed_position.index_copy_(0, rows.slots, rows.position + accepted + 1)
         self.feed_step.index_copy_(0, rows.slots, rows.params.ints[:, STEP] + accepted + 1)

@@ -118,7 +118,7 @@ def test_what_keeps_a_round_from_chaining(tokenizer, block) -> None:
     elif block == "cancelled":
         seq.cancelled = True
     elif block == "fallback":
-        seq.round_inflight = False
+        seq.num_scheduled = seq.num_computed + 1  # what a fallback step in flight leaves
     assert not sched.chainable(seq)
     assert not sched.may_plan_ahead(first)
     # (a schedule resets the page flag, reaps the cancel, resumes the stand-in paused one and
