@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from ninfer.artifact.media_settings import IMAGE_DEFAULTS, VIDEO_DEFAULTS
-from ninfer.media.cache import MediaCache
+from ninfer.media.cache import Claim, MediaCache
 from ninfer.media.errors import MediaError
 from ninfer.media.prepared import PreparedMedia
 from ninfer.media.preparer import MediaLimits, MediaPreparer
@@ -87,16 +87,24 @@ def test_cache_zero_retains_nothing_and_returns_live_bytes() -> None:
     assert cache.snapshot()["live_bytes"] == 0 and cache.snapshot()["entries"] == 0
 
 
-def test_a_late_waiter_leases_the_rebuilt_entry_and_leaks_nothing() -> None:
-    """The interleaving the soak once hit: a waiter wakes after its build was dropped and a second
-    build of the same key took its place. Overwriting that entry left its bytes live forever."""
-    cache = MediaCache(cache_bytes=0, live_bytes=1000)  # nothing retained: a release drops
+def _dropped_build(cache: MediaCache) -> tuple[Claim, PreparedMedia]:
+    """A build of key a with a waiter that has not woken yet, released by its builder: with
+    cache_bytes 0 the entry is gone. Returns (the waiter's claim, the built payload)."""
     first = cache.claim(("a", "image"))
     waiter = cache.claim(("a", "image"))
     assert first.build is not None and waiter.wait is first.build
     built = _payload("a", 100)
     cache.finish(first, built, None)
-    cache.release(built)  # the builder lets go before the waiter wakes: the entry is gone
+    cache.release(built)
+    assert cache.live_bytes == 0
+    return waiter, built
+
+
+def test_a_late_waiter_leases_the_rebuilt_entry_and_leaks_nothing() -> None:
+    """The interleaving the soak once hit: a waiter wakes after its build was dropped and a second
+    build of the same key took its place. Overwriting that entry left its bytes live forever."""
+    cache = MediaCache(cache_bytes=0, live_bytes=1000)  # nothing retained: a release drops
+    waiter, _ = _dropped_build(cache)
     second = cache.claim(("a", "image"))
     assert second.build is not None
     rebuilt = _payload("a", 100)
@@ -110,12 +118,7 @@ def test_a_late_waiter_leases_the_rebuilt_entry_and_leaks_nothing() -> None:
 
 def test_a_waiter_whose_build_was_dropped_accounts_it_again() -> None:
     cache = MediaCache(cache_bytes=0, live_bytes=1000)
-    first = cache.claim(("a", "image"))
-    waiter = cache.claim(("a", "image"))
-    built = _payload("a", 100)
-    cache.finish(first, built, None)
-    cache.release(built)
-    assert cache.live_bytes == 0
+    waiter, built = _dropped_build(cache)
     held = cache.join(waiter, waiter.wait.result())
     assert held is built and cache.live_bytes == 100
     cache.release(held)
@@ -124,11 +127,7 @@ def test_a_waiter_whose_build_was_dropped_accounts_it_again() -> None:
 
 def test_a_build_that_lands_after_a_late_waiter_readmitted_its_key_leases_that_entry() -> None:
     cache = MediaCache(cache_bytes=0, live_bytes=1000)
-    first = cache.claim(("a", "image"))
-    waiter = cache.claim(("a", "image"))
-    built = _payload("a", 100)
-    cache.finish(first, built, None)
-    cache.release(built)  # dropped
+    waiter, built = _dropped_build(cache)
     second = cache.claim(("a", "image"))  # a second build starts
     held = cache.join(waiter, waiter.wait.result())  # the late waiter re-admits the first bytes
     assert held is built and cache.live_bytes == 100

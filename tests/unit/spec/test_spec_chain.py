@@ -48,16 +48,24 @@ def test_chained_rounds_equal_plain_decoding(tiny, static, batch) -> None:
         assert ev[-1].usage.completion_tokens <= full < ev[-1].usage.completion_tokens + 4
 
 
-def test_no_overlap_never_chains_and_gives_the_same_tokens(dense) -> None:
-    reqs = _requests(2)
-    outs = {}
+def _with_and_without_overlap(tiny, reqs, k: int) -> tuple[dict, dict]:
+    """`reqs` on one engine per `no_overlap` value (False, True): the tokens of each request and
+    the chained rows launched, keyed by that value."""
+    outs, chained = {}, {}
     for no_overlap in (False, True):
-        with dense.engine(
-            spec="mtp", draft_tokens=2, max_concurrency=2, no_overlap=no_overlap
+        lanes = len(reqs)
+        with tiny.engine(
+            spec="mtp", draft_tokens=k, max_concurrency=lanes, no_overlap=no_overlap
         ) as engine:
             count = ChainCount(engine)
             outs[no_overlap] = {rid: tokens(ev) for rid, ev in run_requests(engine, reqs).items()}
-        assert (count.rows > 0) != no_overlap
+        chained[no_overlap] = count.rows
+    return outs, chained
+
+
+def test_no_overlap_never_chains_and_gives_the_same_tokens(dense) -> None:
+    outs, chained = _with_and_without_overlap(dense, _requests(2), k=2)
+    assert chained[False] > 0 and chained[True] == 0
     assert outs[False] == outs[True]
 
 
@@ -93,14 +101,7 @@ def test_sampled_and_penalized_rounds_chain_and_reproduce(dense) -> None:
     kw = {"max_tokens": 30, "ignore_eos": True, "temperature": 0.9, "top_p": 0.95}
     kw |= {"presence_penalty": 0.7, "frequency_penalty": 0.4}
     reqs = {f"s{i}": (prompt(80 + i, 10 + 2 * i), {**kw, "seed": 11 + i}) for i in range(3)}
-    outs, chained = {}, {}
-    for no_overlap in (False, True):
-        with dense.engine(
-            spec="mtp", draft_tokens=3, max_concurrency=3, no_overlap=no_overlap
-        ) as engine:
-            count = ChainCount(engine)
-            outs[no_overlap] = {rid: tokens(ev) for rid, ev in run_requests(engine, reqs).items()}
-        chained[no_overlap] = count.rows
+    outs, chained = _with_and_without_overlap(dense, reqs, k=3)
     assert chained[False] > 0 and chained[True] == 0
     assert outs[False] == outs[True]
     assert all(len(t) == 30 for t in outs[False].values())
