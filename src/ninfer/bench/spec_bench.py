@@ -15,8 +15,11 @@ about real checkpoints. The report therefore has two parts per decode batch B:
   graph when available), the verify forward of B rows of k + 1 tokens, one autoregressive head
   step, and a whole round as the engine runs it (verify, acceptance, head pass, k - 1 head
   steps; the fold of the kept columns runs after it, between steps) for greedy rows
-  (`round_ms`, the argmax acceptance) and for sampled rows (`round_sampled_ms`: temperature
-  0.7, top-p 0.95, the general acceptance walk), each the median of `steps` timed runs at
+  (`round_ms`, the argmax acceptance), for greedy rows as the end-to-end requests run them
+  (`round_served_ms`: `greedy` keeps the architecture's preset penalties, so the 35B-A3B's
+  rows carry its presence penalty 1.5 and take the penalized argmax; `e2e_round_over_round`
+  is against this round) and for sampled rows (`round_sampled_ms`: temperature 0.7, top-p
+  0.95, the general acceptance), each the median of `steps` timed runs at
   context `context`, every row and verify column fed a distinct random id (fresh drafts before
   each round: one id everywhere would send every MoE row to the same experts); from the greedy
   round the tok/s a round implies at a stated acceptance length L: B * L / round time (and the
@@ -42,6 +45,7 @@ from ninfer.bench.profile import profile_steps, summarize
 from ninfer.engine.graphs import DecodeInput, DecodeStep
 from ninfer.engine.handles import RequestHandle
 from ninfer.engine.request import EventKind
+from ninfer.engine.sampling import THINKING, presets_for
 from ninfer.engine.spec_step import SpecInput, SpecStep
 from ninfer.model.batch import ForwardBatch
 from ninfer.model.cache import ModelCache
@@ -51,8 +55,16 @@ from ninfer.model.qwen3_5 import Qwen3_5Model
 
 PAGE_SIZE = 64
 GREEDY_FIELDS = ((1.0, 1.0, 0.0, 0.0, 0.0), (1, 1, 0, 0))
-# a sampled row: temperature 0.7, top-p 0.95, top-k 20, seed 1 (the general acceptance walk)
+# a sampled row: temperature 0.7, top-p 0.95, top-k 20, seed 1 (the general acceptance)
 SAMPLED_FIELDS = ((0.7, 0.95, 0.0, 0.0, 0.0), (20, 0, 1, 0))
+
+
+def served_greedy_fields(architecture: str) -> tuple[tuple, tuple]:
+    """A greedy row as `_drive`'s requests are served: `greedy` keeps the thinking preset's
+    presence and frequency penalties (the 35B-A3B's presence 1.5)."""
+    preset = presets_for(architecture)[THINKING]
+    reals = (1.0, 1.0, 0.0, preset.presence_penalty, preset.frequency_penalty)
+    return reals, GREEDY_FIELDS[1]
 
 
 def run_spec_bench(
@@ -84,7 +96,15 @@ def run_spec_bench(
         e2e["e2e_unchained_round_ms"] = unchained["e2e_round_ms"]
         on_progress(f"spec step costs: batch {batch}, context {context}")
         costs = _step_costs(
-            model, head, draft_tokens, batch, context, steps, lm_head_draft, profile=profile
+            model,
+            head,
+            draft_tokens,
+            batch,
+            context,
+            steps,
+            lm_head_draft,
+            served=served_greedy_fields(architecture),
+            profile=profile,
         )
         round_s = costs["round_ms"] / 1000.0
         costs["projected_tok_s"] = {
@@ -92,8 +112,9 @@ def run_spec_bench(
         }
         costs["plain_tok_s"] = batch / (costs["plain_decode_ms"] / 1000.0)
         costs["verify_over_plain_decode"] = costs["verify_ms"] / costs["plain_decode_ms"]
-        # the host's share of a round end to end (what chaining leaves of it)
-        costs["e2e_round_over_round"] = e2e["e2e_round_ms"] / costs["round_ms"]
+        # the host's share of a round end to end (what chaining leaves of it), against the
+        # round the e2e requests run
+        costs["e2e_round_over_round"] = e2e["e2e_round_ms"] / costs["round_served_ms"]
         rows.append({"batch": batch, **e2e, **costs})
     return {
         "draft_tokens": draft_tokens,
@@ -221,10 +242,12 @@ def _step_costs(
     steps: int,
     lm_head_draft: bool,
     *,
+    served: tuple[tuple, tuple] = GREEDY_FIELDS,
     profile: bool = False,
 ) -> dict[str, Any]:
     """Median milliseconds of the pieces of a round, on a private cache (zero KV: timing only);
-    with `profile`, also `round_profile`: one eager round's kernels (`bench.profile`)."""
+    `served`: the fields of `round_served_ms`'s rows (`served_greedy_fields`); with `profile`,
+    also `round_profile`: one eager round's kernels (`bench.profile`)."""
     device = model.device
     cuda = device.type == "cuda"
     per_seq = -(-(context + 2 * k + 1) // PAGE_SIZE)
@@ -278,7 +301,7 @@ def _step_costs(
         )
         for i in range(batch)
     ]
-    spec_rows, sampled_rows = (
+    spec_rows, served_rows, sampled_rows = (
         [
             SpecInput(
                 token=feed[i],
@@ -291,7 +314,7 @@ def _step_costs(
             )
             for i in range(batch)
         ]
-        for fields in (GREEDY_FIELDS, SAMPLED_FIELDS)
+        for fields in (GREEDY_FIELDS, served, SAMPLED_FIELDS)
     )
     verify_ids = ids(batch, k + 1).to(device)
     verify_batch = spec._batch(spec_rows, verify_ids, k + 1, verify=True)
@@ -320,11 +343,16 @@ def _step_costs(
 
     verify_fn, verify_graphed = _graphed(verify, cuda)
     draft_fn, draft_graphed = _graphed(draft_step, cuda)
+    round_ms = _median_ms(lambda: spec.run(spec_rows), steps, cuda, before=fresh_drafts)
     costs: dict[str, Any] = {
         "plain_decode_ms": _median_ms(lambda: decode.run(plain_rows), steps, cuda),
         "verify_ms": _median_ms(verify_fn, steps, cuda),
         "draft_step_ms": _median_ms(draft_fn, steps, cuda),
-        "round_ms": _median_ms(lambda: spec.run(spec_rows), steps, cuda, before=fresh_drafts),
+        "round_ms": round_ms,
+        # the same rows when greedy is served with the preset's penalties, else round_ms
+        "round_served_ms": round_ms
+        if served == GREEDY_FIELDS
+        else _median_ms(lambda: spec.run(served_rows), steps, cuda, before=fresh_drafts),
         "round_sampled_ms": _median_ms(
             lambda: spec.run(sampled_rows), steps, cuda, before=fresh_drafts
         ),

@@ -296,16 +296,21 @@ def _spec(
     con.print(f"MTP k={draft_tokens}{shortlist}, {synthetic} {weights} ({report['note']})")
     for r in report["rows"]:
         proj = ", ".join(f"L={k}: {v:.0f}" for k, v in r["projected_tok_s"].items())
+        served = (
+            f"greedy with the preset's penalties {r['round_served_ms']:.2f} ms, "
+            if r["round_served_ms"] != r["round_ms"]
+            else ""
+        )
         con.print(
             f"batch {r['batch']}: e2e {r['e2e_tok_s']:.1f} tok/s ({r['e2e_round_ms']:.2f} ms a "
-            f"round, {r['e2e_round_over_round']:.2f}x the round's graph; unchained "
+            f"round, {r['e2e_round_over_round']:.2f}x its round's graph; unchained "
             f"{r['e2e_unchained_tok_s']:.1f} tok/s, {r['e2e_unchained_round_ms']:.2f} ms), "
             f"acceptance length "
             f"{r['acceptance_length']:.2f}, per position {r['accepted_per_position']}; "
             f"plain step {r['plain_decode_ms']:.2f} ms ({r['plain_tok_s']:.0f} tok/s), verify "
             f"{r['verify_ms']:.2f} ms ({r['verify_over_plain_decode']:.2f}x), draft step "
-            f"{r['draft_step_ms']:.2f} ms, round {r['round_ms']:.2f} ms (sampled rows "
-            f"{r['round_sampled_ms']:.2f} ms) -> tok/s {proj}"
+            f"{r['draft_step_ms']:.2f} ms, round {r['round_ms']:.2f} ms ({served}sampled "
+            f"rows {r['round_sampled_ms']:.2f} ms) -> tok/s {proj}"
         )
         if r.get("eager_pieces"):
             con.print(f"  timed eagerly (capture failed): {', '.join(r['eager_pieces'])}")

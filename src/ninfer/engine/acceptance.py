@@ -27,7 +27,15 @@ import math
 import torch
 
 from ninfer.kernels.dispatch import counter_uniforms
-from ninfer.kernels.sampling.reference import GREEDY, SEED, STEP, RowParams, survivors
+from ninfer.kernels.sampling.reference import (
+    FREQUENCY,
+    GREEDY,
+    PRESENCE,
+    SEED,
+    STEP,
+    RowParams,
+    survivors,
+)
 from ninfer.kernels.sampling.rng import RngPurpose
 
 
@@ -84,11 +92,59 @@ def verify(
         (committed [B, W] int64: the a + 1 committed tokens first, then padding,
         num_accepted [B] int64: a, the drafts kept).
     """
-    if counts is None:  # no penalties: every column's distribution is known up front
-        return _verify_at_once(logits, drafts, rows, num_sampleable=num_sampleable)
-    return _verify_walk(
-        logits, drafts, rows, num_sampleable=num_sampleable, counts=counts, count_rows=count_rows
-    )
+    if counts is not None:  # each column's penalties, the drafts before it counted
+        logits = penalized_columns(
+            logits, drafts, rows, num_sampleable=num_sampleable, counts=counts,
+            count_rows=count_rows,
+        )  # fmt: skip
+    return _verify_at_once(logits, drafts, rows, num_sampleable=num_sampleable)
+
+
+def penalized_columns(
+    logits: torch.Tensor,
+    drafts: torch.Tensor,
+    rows: RowParams,
+    *,
+    num_sampleable: int,
+    counts: torch.Tensor,
+    count_rows: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Every verify column's logits after the presence and frequency penalties, all at once:
+    column j's counts are the row's counts plus the drafts d1..dj (as after committing them),
+    which differ from the row's own counts only at those j ids. So the penalties of the row's
+    counts go on every column, and each column's draft ids are then rewritten with their
+    counts raised. Element by element the same float32 operations as `survivors` applies
+    (z - presence * (c > 0) - frequency * c), so the result is bitwise what the column walk
+    hands `survivors`; it replaces a walk of W steps of full-vocabulary top-k (hundreds of
+    small kernels inside a round's graph) with a handful of kernels.
+
+    A column after a draft that fails is never read (`_commit`), so a draft's raised count
+    may reach columns the walk would have left it out of; ids at or past `num_sampleable`
+    (never accepted) are clamped into range for the same reason.
+
+    Args:
+        logits: [B, W, V]; drafts: [B, W - 1]; counts, count_rows: as for `verify`.
+    Returns:
+        [B, W, num_sampleable] float32.
+    """
+    num_rows, width, _ = logits.shape
+    own = counts if count_rows is None else counts.index_select(0, count_rows)
+    c = own[:, None, :num_sampleable].float()  # [B, 1, Vs]
+    presence = rows.reals[:, PRESENCE].float()[:, None, None]
+    frequency = rows.reals[:, FREQUENCY].float()[:, None, None]
+    z = logits[:, :, :num_sampleable].float()
+    z = z - presence * (c > 0) - frequency * c
+    if width == 1:
+        return z
+    ids = drafts.clamp(0, num_sampleable - 1)  # [B, k]
+    # extra[b, j, i]: how often d_i occurs among d_1..d_j, the drafts column j counts
+    same = (ids[:, :, None] == ids[:, None, :]).to(torch.int64)  # [B, m, i]
+    extra = torch.cat((same.new_zeros(num_rows, 1, ids.shape[1]), same.cumsum(dim=1)), dim=1)
+    at = ids[:, None, :].expand(num_rows, width, ids.shape[1])  # [B, W, k]
+    raised = (own.gather(1, ids)[:, None, :] + extra).float()
+    value = logits.gather(2, at).float() - presence * (raised > 0) - frequency * raised
+    # a column's writes to one id carry one value (its count there), duplicates included
+    return z.scatter_(2, at, value)
 
 
 def _verify_walk(
@@ -100,7 +156,9 @@ def _verify_walk(
     counts: torch.Tensor | None,
     count_rows: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`verify` column by column: column j's penalty counts include the drafts before it."""
+    """`verify` column by column, as the rule is defined: column j's penalty counts include
+    the drafts before it. The reference twin that the tests hold `verify`'s at-once form
+    (`penalized_columns`, `_verify_at_once`) to; no round runs it."""
     num_rows, width, _ = logits.shape
     device = logits.device
     reals, ints = rows
@@ -206,16 +264,30 @@ def _commit(tokens: torch.Tensor, passed: torch.Tensor) -> tuple[torch.Tensor, t
 
 
 def verify_greedy(
-    logits: torch.Tensor, drafts: torch.Tensor, *, num_sampleable: int
+    logits: torch.Tensor,
+    drafts: torch.Tensor,
+    *,
+    num_sampleable: int,
+    rows: RowParams | None = None,
+    counts: torch.Tensor | None = None,
+    count_rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`verify` for rows that are all greedy with no presence or frequency penalty: the target's
-    argmax per column (ties to the lowest id, as the sampler's greedy pick), drafts kept while
-    they equal it. The same results as `verify` on such rows, in a handful of kernels where the
-    general walk runs the sampler's filters and the counter RNG per column (thousands of small
-    kernels inside a round's graph).
+    """`verify` for rows that are all greedy: the target's argmax per column (ties to the
+    lowest id, as the sampler's greedy pick), drafts kept while they equal it. The same
+    results as `verify` on such rows, in a handful of kernels where the general walk runs the
+    sampler's filters and the counter RNG per column (thousands of small kernels inside a
+    round's graph). With `counts` (and `rows`, for the penalties), the argmax is over each
+    column's penalized logits (`penalized_columns`), as greedy decoding takes it.
 
     Args / Returns: as `verify`.
     """
+    if counts is not None:
+        if rows is None:
+            raise ValueError("penalty counts need the rows' penalties")
+        logits = penalized_columns(
+            logits, drafts, rows, num_sampleable=num_sampleable, counts=counts,
+            count_rows=count_rows,
+        )  # fmt: skip
     target = logits[:, :, :num_sampleable].argmax(dim=-1)  # [B, W]: first maximum, lowest id
     return _commit(target, target[:, :-1] == drafts)
 

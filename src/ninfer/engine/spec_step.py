@@ -253,20 +253,20 @@ class SpecStep:
         batch = self._group_batch(rows, ids, verify=True)
         hidden = self.model.forward_hidden(batch, self.cache)  # [B * W, H]
         logits = self.model.compute_logits(hidden).view(num, width, -1)
-        if mode == GREEDY_ROUND:
-            committed, accepted = acceptance.verify_greedy(
-                logits, ids[:, 1:], num_sampleable=self.num_sampleable
-            )
-        else:
-            counts = self._counts(mode)
-            committed, accepted = acceptance.verify(
-                logits,
-                ids[:, 1:],
-                rows.params,
-                num_sampleable=self.num_sampleable,
-                counts=counts,
-                count_rows=rows.slots if counts is not None else None,
-            )
+        counts = self._counts(mode)
+        verify = (
+            acceptance.verify_greedy
+            if mode in (GREEDY_ROUND, PENALIZED_GREEDY_ROUND)
+            else acceptance.verify
+        )
+        committed, accepted = verify(
+            logits,
+            ids[:, 1:],
+            rows=rows.params,
+            num_sampleable=self.num_sampleable,
+            counts=counts,
+            count_rows=rows.slots if counts is not None else None,
+        )
         # the head's shifted pass over the verify: row j sees (h_j, d_{j+1}); row a (h_a, t*)
         every = torch.arange(num, device=self.device)
         next_ids = torch.cat((ids[:, 1:], ids[:, :1]), dim=1)
@@ -637,7 +637,7 @@ class SpecStep:
 
     def _counts(self, mode: str) -> torch.Tensor | None:
         """The penalty counts the acceptance reads: only a penalized round's."""
-        return self.counts if mode == PENALIZED_ROUND else None
+        return self.counts if mode in (PENALIZED_ROUND, PENALIZED_GREEDY_ROUND) else None
 
     def _propose(self, hidden: torch.Tensor) -> torch.Tensor:
         """The head's proposal from its output hidden: the argmax over sampleable ids (torch
@@ -659,17 +659,21 @@ class SpecStep:
         return torch.tensor(list(values), dtype=torch.int64).to(self.device)
 
 
-GREEDY_ROUND, PLAIN_ROUND, PENALIZED_ROUND = "greedy", "plain", "penalized"
+GREEDY_ROUND, PENALIZED_GREEDY_ROUND = "greedy", "penalized_greedy"
+PLAIN_ROUND, PENALIZED_ROUND = "plain", "penalized"
 
 
 def _acceptance_mode(rows: Sequence[SpecInput]) -> str:
-    """GREEDY_ROUND: every row greedy without presence or frequency penalty (the argmax walk,
-    `acceptance.verify_greedy`); PLAIN_ROUND: no row penalized (every column at once);
-    PENALIZED_ROUND: the column walk with penalty counts. Each gives, on its rows, what the
-    column walk gives."""
-    if not any(r.reals[PRESENCE] or r.reals[FREQUENCY] for r in rows):
-        return GREEDY_ROUND if all(r.ints[GREEDY] for r in rows) else PLAIN_ROUND
-    return PENALIZED_ROUND
+    """Which acceptance a round's graph holds. Every row greedy: the argmax walk
+    (`acceptance.verify_greedy`), over penalized logits where a row has a presence or
+    frequency penalty (PENALIZED_GREEDY_ROUND; the 35B-A3B's presets carry a presence
+    penalty, so its greedy rows are these). Otherwise every column's survivors at once, with
+    penalty counts where a row has a penalty (PENALIZED_ROUND). Each gives, on its rows, what
+    the column walk gives."""
+    penalized = any(r.reals[PRESENCE] or r.reals[FREQUENCY] for r in rows)
+    if all(r.ints[GREEDY] for r in rows):
+        return PENALIZED_GREEDY_ROUND if penalized else GREEDY_ROUND
+    return PENALIZED_ROUND if penalized else PLAIN_ROUND
 
 
 def _bucket(num_rows: int, max_batch: int) -> int:

@@ -60,6 +60,7 @@ def test_spec_bench_report_on_the_cpu() -> None:
         # a round end to end: the window over the rounds seen, so tokens per round = L
         committed = r["e2e_tok_s"] * r["e2e_round_ms"] / 1000.0 / 2  # per request (batch 2)
         assert committed == pytest.approx(r["acceptance_length"], rel=0.5)
+        assert r["round_served_ms"] == r["round_ms"]  # the dense preset has no penalty
         assert r["e2e_round_over_round"] == pytest.approx(r["e2e_round_ms"] / r["round_ms"])
         assert r["eager_pieces"] == []  # nothing to capture on the CPU: nothing fell back
         # --profile: one eager round's ops (CPU time here), a verify's worth and more
@@ -94,3 +95,34 @@ def test_step_costs_feed_distinct_ids(monkeypatch: pytest.MonkeyPatch) -> None:
         assert len(set(tokens) | set(drafts.flatten().tolist())) >= 4  # of 6 ids
     # the drafts are drawn again before every round, not left as the last round proposed
     assert all(not torch.equal(a[1], b[1]) for a, b in zip(seen, seen[1:], strict=False))
+
+
+@pytest.mark.parametrize(
+    ("architecture", "mode"), [("qwen3_5", "greedy"), ("qwen3_5_moe", "penalized_greedy")]
+)
+def test_served_round_is_the_round_the_e2e_requests_run(
+    monkeypatch: pytest.MonkeyPatch, architecture: str, mode: str
+) -> None:
+    """`round_served_ms` times the acceptance that the end-to-end requests get: greedy keeps
+    the thinking preset's penalties (the 35B-A3B's presence 1.5: the penalized argmax), so the
+    e2e round is compared with that round, not the penalty-free one."""
+    from ninfer.bench import spec_bench
+    from ninfer.engine import spec_step
+
+    model, head = _tiny()
+    modes: list[str] = []
+    pick = spec_step._acceptance_mode
+
+    def spy(rows: list) -> str:
+        modes.append(pick(rows))
+        return modes[-1]
+
+    monkeypatch.setattr(spec_step, "_acceptance_mode", spy)
+    spec_bench._e2e(model, head, architecture, 2, 1, 10, 8, False, chained=True)
+    assert modes and set(modes) == {mode}
+    served = spec_bench.served_greedy_fields(architecture)
+    assert (served == spec_bench.GREEDY_FIELDS) == (mode == "greedy")
+    modes.clear()
+    costs = spec_bench._step_costs(model, head, 2, 1, 24, 1, False, served=served)
+    assert mode in modes  # the served rows' rounds, beside the greedy and sampled ones
+    assert (costs["round_served_ms"] == costs["round_ms"]) == (mode == "greedy")

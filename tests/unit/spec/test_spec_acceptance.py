@@ -9,6 +9,7 @@ wrong rule (always accepting the draft), so it can fail.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from ninfer.engine.acceptance import accept_draft, verify, verify_greedy
@@ -161,3 +162,103 @@ def test_verify_without_counts_at_once_equals_the_column_walk() -> None:
     want = _verify_walk(logits, drafts, params, num_sampleable=60, counts=None, count_rows=None)
     assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
     assert got[1].unique().numel() == k + 1  # every acceptance length 0..k occurs
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def _penalized_case(gen: torch.Generator, rows: int, k: int, vocab: int, device: str):
+    """Random bf16-valued logits with each row's drafts planted high in their columns (so
+    long acceptances occur even after the penalties), drafts repeating one another and ids
+    already counted, and counts and penalties that vary by row (zero for some)."""
+    logits = (torch.randn(rows, k + 1, vocab, generator=gen) * 2).bfloat16()
+    drafts = torch.randint(0, vocab, (rows, k), generator=gen)
+    repeat = torch.rand(rows, k, generator=gen) < 0.3  # d_j = d_{j-1}: a count raised twice
+    for j in range(1, k):
+        drafts[:, j] = torch.where(repeat[:, j], drafts[:, j - 1], drafts[:, j])
+    lift = torch.rand(rows, k, generator=gen) * 6.0 + 4.0
+    for j in range(k):
+        col = logits[:, j].float()
+        col[torch.arange(rows), drafts[:, j]] += lift[:, j]
+        logits[:, j] = col.bfloat16()
+    counts = torch.randint(0, 3, (rows + 2, vocab + 5), generator=gen, dtype=torch.int32)
+    counts *= (torch.rand(rows + 2, vocab + 5, generator=gen) < 0.2).int()
+    count_rows = torch.randperm(rows + 2, generator=gen)[:rows]
+    reals = torch.stack(
+        (
+            torch.rand(rows, generator=gen, dtype=torch.float64) * 1.2 + 0.3,  # temperature
+            torch.rand(rows, generator=gen, dtype=torch.float64) * 0.5 + 0.5,  # top-p
+            torch.zeros(rows, dtype=torch.float64),
+            torch.randint(0, 4, (rows,), generator=gen).double() * 0.5,  # presence 0..1.5
+            torch.randint(0, 3, (rows,), generator=gen).double() * 0.25,  # frequency 0..0.5
+        ),
+        dim=1,
+    )
+    ints = torch.stack(
+        (
+            torch.randint(1, 21, (rows,), generator=gen),
+            (torch.rand(rows, generator=gen) < 0.5).to(torch.int64),  # greedy
+            torch.randint(-(2**40), 2**40, (rows,), generator=gen),
+            torch.randint(0, 1000, (rows,), generator=gen),
+        ),
+        dim=1,
+    )
+    on = [t.to(device) for t in (logits, drafts, counts, count_rows, reals, ints)]
+    logits, drafts, counts, count_rows, reals, ints = on
+    return logits, drafts, counts, count_rows, RowParams(reals, ints)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_penalized_columns_equal_per_column_counts_bitwise(device: str) -> None:
+    """Column j of `penalized_columns` is, bit for bit, the penalty formula over counts that
+    include d1..dj, written out here column by column (bincount of the drafts)."""
+    from ninfer.engine.acceptance import penalized_columns
+
+    gen = torch.Generator().manual_seed(41)
+    rows, k, vocab, sampleable = 48, 4, 97, 90
+    logits, drafts, counts, count_rows, params = _penalized_case(gen, rows, k, vocab, device)
+    drafts[0, 1] = sampleable + 3  # never sampleable: clamped (its later columns are not read)
+    got = penalized_columns(
+        logits, drafts, params, num_sampleable=sampleable, counts=counts, count_rows=count_rows
+    )
+    presence = params.reals[:, 3].float()[:, None]
+    frequency = params.reals[:, 4].float()[:, None]
+    base = counts[count_rows, :sampleable]
+    for j in range(k + 1):
+        c = base.clone()
+        for i in range(j):
+            d = drafts[:, i]
+            ok = d < sampleable
+            c[ok.nonzero()[:, 0], d[ok]] += 1
+        c = c.float()
+        want = logits[:, j, :sampleable].float() - presence * (c > 0) - frequency * c
+        # columns after an unsampleable draft are never read (it is never accepted)
+        live = (drafts[:, :j] < sampleable).all(dim=1)
+        assert torch.equal(got[live, j], want[live]), j
+    assert not live[0] and live.sum() > rows // 2
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_penalized_verify_at_once_equals_the_column_walk(device: str) -> None:
+    """`verify` with penalty counts (every column at once over `penalized_columns`) commits
+    exactly what the column-by-column walk commits, greedy and sampled rows mixed; and
+    `verify_greedy` with counts does on the greedy rows alone. Every acceptance length occurs."""
+    from ninfer.engine.acceptance import _verify_walk
+
+    gen = torch.Generator().manual_seed(43)
+    rows, k, vocab = 128, 3, 80
+    logits, drafts, counts, count_rows, params = _penalized_case(gen, rows, k, vocab, device)
+    kw = {"num_sampleable": vocab - 4, "counts": counts, "count_rows": count_rows}
+    got = verify(logits, drafts, params, **kw)
+    want = _verify_walk(logits, drafts, params, **kw)
+    assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
+    assert got[1].unique().numel() == k + 1
+    greedy = params.ints[:, 1] != 0
+    sub = RowParams(params.reals[greedy], params.ints[greedy])
+    kw_g = {**kw, "count_rows": count_rows[greedy]}
+    fast = verify_greedy(logits[greedy], drafts[greedy], rows=sub, **kw_g)
+    walk = _verify_walk(logits[greedy], drafts[greedy], sub, **kw_g)
+    assert torch.equal(fast[1], walk[1]) and torch.equal(fast[0], walk[0])
+    # the penalties decide: without them the same greedy rows commit something else
+    plain = verify_greedy(logits[greedy], drafts[greedy], num_sampleable=vocab - 4)
+    assert not torch.equal(plain[0], fast[0])
