@@ -26,7 +26,7 @@ import math
 
 import torch
 
-from ninfer.kernels.dispatch import counter_uniforms
+from ninfer.kernels.dispatch import counter_uniforms, top_candidates
 from ninfer.kernels.sampling.reference import (
     FREQUENCY,
     GREEDY,
@@ -207,7 +207,7 @@ def _verify_at_once(
     col_ints[:, :, STEP] += cols
     flat = RowParams(reals.repeat_interleave(width, dim=0), col_ints.reshape(-1, ints.shape[1]))
     cand, log_ratio, keep = survivors(
-        logits.reshape(-1, vocab), flat, num_sampleable=num_sampleable
+        logits.reshape(-1, vocab), flat, num_sampleable=num_sampleable, top=top_candidates
     )
     greedy = flat.ints[:, GREEDY] != 0
     plain = torch.where(greedy, cand[:, 0], _race(cand, log_ratio, keep, flat.ints))

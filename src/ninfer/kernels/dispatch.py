@@ -576,6 +576,14 @@ def sample_tokens(
     return fn(logits, rows, num_sampleable=num_sampleable, counts=counts, count_rows=count_rows)
 
 
+def top_candidates(z: torch.Tensor, num_candidates: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sampler's candidates of each row (ids, logits) by (logit desc, id asc); see
+    kernels/sampling/reference.py `top_candidates`."""
+    if use_cuda_kernels(z, "sampling") and _sampling_cuda.supports_candidates(z, num_candidates):
+        return _sampling_cuda.top_candidates(z, num_candidates)
+    return _sampling_ref.top_candidates(z, num_candidates)
+
+
 def _int4_tensor_cores() -> bool:
     """Whether dispatch may run the tensor-core int4 kernel: `int4_gemv.launch.MMA_ROUTED` and
     not `int4_mma` in NINFER_KERNELS_OFF."""

@@ -299,3 +299,40 @@ def test_dispatch_counter_uniforms_equal_the_torch_philox(gen) -> None:
         got = dispatch.counter_uniforms(seeds, steps, lanes, purpose)
         want = counter_uniforms(seeds, steps, lanes, purpose)
         assert got.dtype == torch.float64 and torch.equal(got, want), purpose
+
+
+@pytest.mark.parametrize(
+    ("num_rows", "num_columns", "num_candidates", "style", "dtype"),
+    [
+        (4, 248_077, 20, "bf16", torch.float32),  # a verify row of 1 + 3 columns, whole vocab
+        (256, 248_077, 20, "coarse", torch.float32),  # 64 rows x 4 columns, heavy ties
+        (12, 151_643, 20, "plain", torch.bfloat16),
+        (7, 4_100, 20, "coarse", torch.float32),
+        (5, 33, 20, "bf16", torch.float32),
+        (3, 20, 20, "coarse", torch.float32),
+        (6, 9, 9, "plain", torch.float32),  # fewer sampleable ids than the cap
+    ],
+)
+def test_kernel_candidates_equal_the_twins(
+    seed: int, num_rows: int, num_columns: int, num_candidates: int, style: str, dtype
+) -> None:
+    """`launch.top_candidates` (the speculative acceptance's candidates on CUDA) returns the
+    twin's ids and logits exactly, ties to the lower id, -inf entries included, inside a
+    CUDA graph too."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    z = _logits(num_rows, num_columns, style, gen).to(dtype)
+    z[0, : num_columns // 2] = -math.inf  # a row whose first half is masked
+    if num_rows > 1:
+        z[1] = z[1, 0]  # a row of one value: the lowest ids win
+    want_ids, want_z = top_candidates(z.float().cpu(), num_candidates)
+    got_ids, got_z = launch.top_candidates(z, num_candidates)
+    assert got_ids.dtype == torch.int64 and got_z.dtype == torch.float32
+    assert torch.equal(got_ids.cpu(), want_ids) and torch.equal(got_z.cpu(), want_z)
+    assert torch.equal(dispatch.top_candidates(z, num_candidates)[0], got_ids)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured_ids, captured_z = launch.top_candidates(z, num_candidates)
+    z.copy_(z.flip(1))  # new inputs, same buffer: the replay reads them
+    graph.replay()
+    want_ids, want_z = top_candidates(z.float().cpu(), num_candidates)
+    assert torch.equal(captured_ids.cpu(), want_ids) and torch.equal(captured_z.cpu(), want_z)

@@ -116,6 +116,65 @@ def sample_tokens(
     return out
 
 
+def supports_candidates(z: torch.Tensor, num_candidates: int) -> bool:
+    """True when `top_candidates` takes these operands (else the twin runs)."""
+    return (
+        z.dim() == 2
+        and z.dtype in rt.CUDA_TYPES
+        and z.stride(-1) == 1
+        and 1 <= num_candidates <= min(TOP_K_CAP, z.shape[1])
+        and z.shape[1] <= MAX_COLUMNS
+        and z.shape[0] <= 65_535
+    )
+
+
+def top_candidates(z: torch.Tensor, num_candidates: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """See `reference.top_candidates`: the sampler's split top-20 lists without penalties, then
+    one warp per row merges them (two launches, where torch.topk's radix select takes two
+    passes of a dozen kernels over the whole row)."""
+    device = rt.check_cuda(z)
+    if not supports_candidates(z, num_candidates):
+        raise rt.KernelInputError(
+            f"top candidates take 2-D float32/bfloat16 rows with unit column stride and 1..20 "
+            f"candidates, got {z.dtype} {tuple(z.shape)} and {num_candidates}"
+        )
+    num_rows, num_columns = z.shape
+    out_z = torch.empty((num_rows, num_candidates), dtype=torch.float32, device=device)
+    out_ids = torch.empty((num_rows, num_candidates), dtype=torch.int64, device=device)
+    if num_rows == 0:
+        return out_ids, out_z
+    num_splits = num_splits_for(num_rows, num_columns, rt.num_sms(device))
+    chunk = -(-num_columns // num_splits)
+    num_splits = -(-num_columns // chunk)
+    cand_z = torch.empty((num_rows, num_splits, TOP_K_CAP), dtype=torch.float32, device=device)
+    cand_ids = torch.empty((num_rows, num_splits, TOP_K_CAP), dtype=torch.int32, device=device)
+    topk = rt.get_kernel(OP, f"sampling_topk<{rt.cuda_type(z, 'z')}>", device)
+    topk_args = (
+        rt.ptr(cand_z),
+        rt.ptr(cand_ids),
+        rt.ptr(z),
+        rt.i64(z.stride(0)),
+        rt.ptr(None),  # no counts: no penalties, and the row reals are not read
+        rt.i64(0),
+        rt.ptr(None),
+        rt.ptr(None),
+        rt.i32(num_columns),
+        rt.i32(chunk),
+    )
+    rt.launch(topk, (num_splits, num_rows), (THREADS,), topk_args, device)
+    merge = rt.get_kernel(OP, "sampling_candidates", device)
+    merge_args = (
+        rt.ptr(out_z),
+        rt.ptr(out_ids),
+        rt.ptr(cand_z),
+        rt.ptr(cand_ids),
+        rt.i32(num_splits),
+        rt.i32(num_candidates),
+    )
+    rt.launch(merge, (num_rows,), (32,), merge_args, device)
+    return out_ids, out_z
+
+
 def philox4x32_10(counter: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
     """The kernel's Philox on [N, 4] counters and [N, 2] keys (uint32 words in int64): the
     speculative acceptance's counter RNG on CUDA (`dispatch.counter_uniforms`), and the tests.

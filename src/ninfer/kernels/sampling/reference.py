@@ -9,7 +9,7 @@ disagree with the kernel only where a float64 library ulp decides, see engine/sa
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
@@ -94,9 +94,12 @@ def survivors(
     num_sampleable: int,
     counts: torch.Tensor | None = None,
     count_rows: torch.Tensor | None = None,
+    top: Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> Survivors:
     """Steps 1-7 of the pipeline (everything before the draw), shared by `sample_tokens` and
-    speculative acceptance, which needs the same distribution p the sampler draws from."""
+    speculative acceptance, which needs the same distribution p the sampler draws from.
+    `top`: what picks the candidates (None: `top_candidates`; the acceptance passes the
+    kernel's, `dispatch.top_candidates`, which returns the same tensors)."""
     reals, ints = rows
     z = logits[:, :num_sampleable].float()
     if counts is not None:
@@ -107,7 +110,7 @@ def survivors(
         z = z - presence * (c > 0) - frequency * c
 
     num_candidates = min(TOP_K_CAP, num_sampleable)
-    cand_ids, cand_z = top_candidates(z, num_candidates)
+    cand_ids, cand_z = (top or top_candidates)(z, num_candidates)
     greedy = ints[:, GREEDY] != 0
     temperature = reals[:, TEMPERATURE].float()
     temperature = torch.where(greedy, torch.ones_like(temperature), temperature)

@@ -4,6 +4,7 @@
 //     holds a sorted register list, and 20 block-wide argmax rounds pop the heads.
 //   sampling_draw: one warp per row. Merges the splits' lists (candidate r lands in lane r), then
 //     temperature, top-k, top-p, min-p and the exponential race keyed by Philox4x32-10.
+//   sampling_candidates: one warp per row, the merge alone (reference.top_candidates).
 // The runtime compiles with --use_fast_math, so every float/double op whose rounding matters is an
 // _rn intrinsic (never fused into an FMA, never approximated); exp and log are double precision.
 
@@ -48,12 +49,17 @@ __global__ void __launch_bounds__(256)
   const int end = static_cast<int>(min(static_cast<long long>(num_sampleable), begin_ll + chunk));
   const T* x = logits + static_cast<long long>(row) * logits_stride;
 
-  const float presence = static_cast<float>(reals[row * SAMPLING_NUM_REALS + 3]);
-  const float frequency = static_cast<float>(reals[row * SAMPLING_NUM_REALS + 4]);
+  // reals are read only with counts (sampling_candidates passes neither)
+  float presence = 0.0f;
+  float frequency = 0.0f;
   const int* c = nullptr;
-  if (counts != nullptr && (presence != 0.0f || frequency != 0.0f)) {
-    const long long count_row = count_rows != nullptr ? count_rows[row] : row;
-    c = counts + count_row * counts_stride;
+  if (counts != nullptr) {
+    presence = static_cast<float>(reals[row * SAMPLING_NUM_REALS + 3]);
+    frequency = static_cast<float>(reals[row * SAMPLING_NUM_REALS + 4]);
+    if (presence != 0.0f || frequency != 0.0f) {
+      const long long count_row = count_rows != nullptr ? count_rows[row] : row;
+      c = counts + count_row * counts_stride;
+    }
   }
 
   float list_z[SAMPLING_TOP_K];
@@ -175,26 +181,27 @@ __device__ __forceinline__ unsigned int philox_word0(unsigned int c0, unsigned i
   return c0;
 }
 
-__global__ void __launch_bounds__(32)
-    sampling_draw(long long* __restrict__ out, const float* __restrict__ cand_z,
-                  const int* __restrict__ cand_ids, int num_splits, int num_candidates,
-                  const double* __restrict__ reals, const long long* __restrict__ ints) {
-  pdl_begin();
-  __shared__ float all_z[SAMPLING_MAX_SPLITS * SAMPLING_TOP_K];
-  __shared__ int all_id[SAMPLING_MAX_SPLITS * SAMPLING_TOP_K];
-  const int row = blockIdx.x;
-  const int lane = threadIdx.x;
-  const int num_listed = num_splits * SAMPLING_TOP_K;
+// One warp copies row `row`'s split lists (num_listed entries) into shared memory.
+__device__ __forceinline__ void load_lists(float* all_z, int* all_id,
+                                           const float* __restrict__ cand_z,
+                                           const int* __restrict__ cand_ids, int row,
+                                           int num_listed, int lane) {
   const long long in_base = static_cast<long long>(row) * num_listed;
   for (int i = lane; i < num_listed; i += 32) {
     all_z[i] = cand_z[in_base + i];
     all_id[i] = cand_ids[in_base + i];
   }
   __syncwarp();
+}
 
-  // Round r finds the best entry ranked after round r-1's pick; lane r keeps it.
-  float my_z = -SAMPLING_INF_F;
-  int my_id = SAMPLING_NO_ID;
+// The merged first num_candidates (<= 32) entries of the lists in rank order: round r finds
+// the best entry ranked after round r-1's pick, and lane r keeps it in (my_z, my_id) (lanes
+// past num_candidates keep (-inf, NO_ID)).
+__device__ __forceinline__ void merge_lists(const float* all_z, const int* all_id,
+                                            int num_listed, int num_candidates, int lane,
+                                            float& my_z, int& my_id) {
+  my_z = -SAMPLING_INF_F;
+  my_id = SAMPLING_NO_ID;
   float prev_z = SAMPLING_INF_F;
   int prev_id = -1;
   for (int r = 0; r < num_candidates; ++r) {
@@ -216,6 +223,47 @@ __global__ void __launch_bounds__(32)
     prev_z = z;
     prev_id = id;
   }
+}
+
+// sampling_candidates: one warp per row, the row's first num_candidates (logit, id) in rank
+// order from sampling_topk's split lists (run without counts): what `reference.top_candidates`
+// returns, for the speculative acceptance's survivors.
+__global__ void __launch_bounds__(32)
+    sampling_candidates(float* __restrict__ out_z, long long* __restrict__ out_ids,
+                        const float* __restrict__ cand_z, const int* __restrict__ cand_ids,
+                        int num_splits, int num_candidates) {
+  pdl_begin();
+  __shared__ float all_z[SAMPLING_MAX_SPLITS * SAMPLING_TOP_K];
+  __shared__ int all_id[SAMPLING_MAX_SPLITS * SAMPLING_TOP_K];
+  const int row = blockIdx.x;
+  const int lane = threadIdx.x;
+  const int num_listed = num_splits * SAMPLING_TOP_K;
+  load_lists(all_z, all_id, cand_z, cand_ids, row, num_listed, lane);
+  float z;
+  int id;
+  merge_lists(all_z, all_id, num_listed, num_candidates, lane, z, id);
+  if (lane < num_candidates) {
+    const long long at = static_cast<long long>(row) * num_candidates + lane;
+    out_z[at] = z;
+    out_ids[at] = id;
+  }
+}
+
+__global__ void __launch_bounds__(32)
+    sampling_draw(long long* __restrict__ out, const float* __restrict__ cand_z,
+                  const int* __restrict__ cand_ids, int num_splits, int num_candidates,
+                  const double* __restrict__ reals, const long long* __restrict__ ints) {
+  pdl_begin();
+  __shared__ float all_z[SAMPLING_MAX_SPLITS * SAMPLING_TOP_K];
+  __shared__ int all_id[SAMPLING_MAX_SPLITS * SAMPLING_TOP_K];
+  const int row = blockIdx.x;
+  const int lane = threadIdx.x;
+  const int num_listed = num_splits * SAMPLING_TOP_K;
+  load_lists(all_z, all_id, cand_z, cand_ids, row, num_listed, lane);
+
+  float my_z;
+  int my_id;
+  merge_lists(all_z, all_id, num_listed, num_candidates, lane, my_z, my_id);
 
   const double* row_reals = reals + static_cast<long long>(row) * SAMPLING_NUM_REALS;
   const long long* row_ints = ints + static_cast<long long>(row) * SAMPLING_NUM_INTS;
