@@ -308,10 +308,12 @@ def _num_pages(
 
 def workspace_bytes(config: TextConfig, options: EngineOptions) -> int:
     """Activation memory beside weights, state and KV: a prefill chunk's largest intermediates
-    (fp32 upper bound), decode logits for every lane, and graph pools (512 MiB)."""
+    (fp32 upper bound), decode logits for every lane (16 bytes a vocabulary entry: the bf16
+    logits and two fp32 temporaries, the penalized ones of a verify), every verify column of
+    it with spec (k + 1 per lane), and graph pools (512 MiB)."""
     width = max(config.intermediate_size, config.moe_intermediate_size * config.num_experts_per_tok)
     per_token = (8 * width + 8 * config.hidden_size) * 4
-    logits = options.max_concurrency * config.vocab_size * 16
+    logits = options.max_concurrency * (options.num_drafts + 1) * config.vocab_size * 16
     return options.prefill_chunk * per_token + logits + 512 * (1 << 20)
 
 

@@ -175,3 +175,27 @@ def test_kv_capacity_auto_fits_more_tokens_with_a_quantized_kv(monkeypatch) -> N
         65536 / 33280, rel=1e-3
     )
     assert pages["nvfp4"] > pages["k8v4"] > pages["fp8"]
+
+
+def test_kv_capacity_auto_leaves_room_for_every_verify_column(monkeypatch) -> None:
+    """With spec, a round's logits (and their penalized fp32 copies) have k + 1 columns per lane:
+    `--kv-capacity auto` sets that much more aside, so a round captured after the KV pool was
+    sized still fits (the 35B-A3B shape, 64 lanes, k = 5: ~1.4 GiB of verify logits)."""
+    from types import SimpleNamespace
+
+    from ninfer.bench.synthetic import synthetic_config
+    from ninfer.engine import build
+    from ninfer.engine.options import EngineOptions
+
+    config = synthetic_config("qwen3.6-35b-a3b")
+    model = SimpleNamespace(device=torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (60 << 30, 141 << 30))
+    plain = EngineOptions(kv_capacity="auto", max_concurrency=64)
+    spec = EngineOptions(kv_capacity="auto", max_concurrency=64, spec="mtp", draft_tokens=5)
+    more = build.workspace_bytes(config, spec) - build.workspace_bytes(config, plain)
+    assert more == 64 * 5 * config.vocab_size * 16
+    page_bytes = ModelCache.bytes_per_page(config, 64, torch.bfloat16)
+    fewer = build._num_pages(plain, config, model, 128, torch.bfloat16) - build._num_pages(
+        spec, config, model, 128, torch.bfloat16, extra_layers=1
+    )
+    assert fewer * page_bytes >= more
