@@ -240,8 +240,9 @@ def expert_down_sum(
     if route_w.numel() != ids.numel():
         raise rt.KernelInputError(f"{route_w.numel()} routing weights for {ids.numel()} experts")
     groups, threads = down_sum_block(top_k, shared_down is not None)
+    rows = down_rows()
     kernel = rt.get_kernel(
-        OP, f"expert_down_sum<{rt.cuda_type(gate_up_out, 'gate_up_out')}, {DOWN_ROWS}>", device
+        OP, f"expert_down_sum<{rt.cuda_type(gate_up_out, 'gate_up_out')}, {rows}>", device
     )
     args = (
         rt.ptr(out),
@@ -260,9 +261,20 @@ def expert_down_sum(
         rt.i32(n),
         rt.i32(k),
     )
-    grid = (-(-n // (DOWN_ROWS * groups)), num_tokens)
+    grid = (-(-n // (rows * groups)), num_tokens)
     rt.launch(kernel, grid, (threads,), args, device)
     return out
+
+
+def down_rows() -> int:
+    """Rows per warp of expert_down_sum: DOWN_ROWS, or the opt-in forms `down_rows4` (half the
+    loads in flight per lane, a third of the registers: more resident blocks, twice the grid)
+    and `down_rows16` (twice the loads per lane, fewer blocks) for A/B; none measured yet."""
+    if switched_on("down_rows4"):
+        return 4
+    if switched_on("down_rows16"):
+        return 16
+    return DOWN_ROWS
 
 
 GROUP_MAX_INPUTS = 4  # staged inputs per pass of expert_group_gemv (MAXM)
