@@ -577,11 +577,11 @@ def sample_tokens(
 
 
 def top_candidates(z: torch.Tensor, num_candidates: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The sampler's candidates of each row (ids, logits) by (logit desc, id asc); see
-    kernels/sampling/reference.py `top_candidates`."""
+    """The sampler's candidates of each row (ids, float32 logits) by (logit desc, id asc), from
+    float32 or bf16 rows; see kernels/sampling/reference.py `top_candidates`."""
     if use_cuda_kernels(z, "sampling") and _sampling_cuda.supports_candidates(z, num_candidates):
         return _sampling_cuda.top_candidates(z, num_candidates)
-    return _sampling_ref.top_candidates(z, num_candidates)
+    return _sampling_ref.top_candidates(z.float(), num_candidates)
 
 
 def _int4_tensor_cores() -> bool:

@@ -262,3 +262,18 @@ def test_penalized_verify_at_once_equals_the_column_walk(device: str) -> None:
     # the penalties decide: without them the same greedy rows commit something else
     plain = verify_greedy(logits[greedy], drafts[greedy], num_sampleable=vocab - 4)
     assert not torch.equal(plain[0], fast[0])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_verify_reads_bf16_logits_as_their_float32_values(device: str) -> None:
+    """Without penalties the candidates are picked from the bf16 logits in place (on CUDA by
+    the sampler's kernel, no float32 copy of every verify row): the same commits as from the
+    same values in float32, sampled and greedy rows mixed."""
+    gen = torch.Generator().manual_seed(47)
+    rows, k, vocab = 64, 3, 300
+    logits, drafts, _, _, params = _penalized_case(gen, rows, k, vocab, device)
+    assert logits.dtype == torch.bfloat16
+    got = verify(logits, drafts, params, num_sampleable=vocab - 7)
+    want = verify(logits.float(), drafts, params, num_sampleable=vocab - 7)
+    assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
+    assert got[1].unique().numel() == k + 1

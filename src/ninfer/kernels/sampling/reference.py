@@ -99,15 +99,20 @@ def survivors(
     """Steps 1-7 of the pipeline (everything before the draw), shared by `sample_tokens` and
     speculative acceptance, which needs the same distribution p the sampler draws from.
     `top`: what picks the candidates (None: `top_candidates`; the acceptance passes the
-    kernel's, `dispatch.top_candidates`, which returns the same tensors)."""
+    kernel's, `dispatch.top_candidates`, which returns the same tensors and takes bf16 or
+    float32 logits)."""
     reals, ints = rows
-    z = logits[:, :num_sampleable].float()
+    z = logits[:, :num_sampleable]
     if counts is not None:
         own = counts if count_rows is None else counts.index_select(0, count_rows)
         c = own[:, :num_sampleable].float()
         presence = reals[:, PRESENCE].float()[:, None]
         frequency = reals[:, FREQUENCY].float()[:, None]
-        z = z - presence * (c > 0) - frequency * c
+        z = z.float() - presence * (c > 0) - frequency * c
+    elif top is None:
+        z = z.float()
+    # (a given `top` takes the logits as they are: the kernel reads bf16 rows in place rather
+    # than a float32 copy of B x W vocabulary rows, and returns float32 logits either way)
 
     num_candidates = min(TOP_K_CAP, num_sampleable)
     cand_ids, cand_z = (top or top_candidates)(z, num_candidates)
