@@ -549,8 +549,10 @@ def counter_uniforms(
     """The counter RNG's uniforms (kernels/sampling/rng.py), Philox in one kernel on CUDA: the
     torch Philox is ~200 elementwise kernels per call, which a speculative round's acceptance
     walk (three calls per column) paid inside its graph."""
-    philox = _philox_cuda if use_cuda_kernels(lanes, "sampling_philox") else None
-    return _rng.counter_uniforms(seeds, steps, lanes, purpose, philox)
+    on_cuda = use_cuda_kernels(lanes, "sampling_philox")
+    if on_cuda and switches.switched_on("sampling_uniforms"):  # opt-in until run on a GPU
+        return _sampling_cuda.counter_uniforms(seeds, steps, lanes, int(purpose))
+    return _rng.counter_uniforms(seeds, steps, lanes, purpose, _philox_cuda if on_cuda else None)
 
 
 def _philox_cuda(counter: torch.Tensor, key: torch.Tensor) -> torch.Tensor:

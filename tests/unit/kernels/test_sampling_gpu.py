@@ -289,16 +289,29 @@ def test_sampler_with_slot_counts_on_cuda_matches_cpu(seed) -> None:
     assert torch.equal(on_cuda.cpu(), on_cpu)
 
 
-def test_dispatch_counter_uniforms_equal_the_torch_philox(gen) -> None:
-    """The speculative acceptance's uniforms on CUDA (one Philox launch) are bit for bit the
-    torch twin's, for every purpose, negative and large seeds, steps past 2**32."""
-    seeds = torch.randint(-(2**62), 2**62, (7,), device="cuda", generator=gen)
-    steps = torch.randint(0, 2**40, (7,), device="cuda", generator=gen)
+@pytest.mark.parametrize("kernel", ["philox", "sampling_uniforms"])
+def test_dispatch_counter_uniforms_equal_the_torch_philox(gen, kernel, monkeypatch) -> None:
+    """The speculative acceptance's uniforms on CUDA (one Philox launch around the torch
+    counters, or with `sampling_uniforms` on, one launch for everything) are bit for bit the
+    torch twin's, for every purpose, negative and large seeds, steps past 2**32, seeds and
+    steps read as columns of the row ints (strided), inside a CUDA graph too."""
+    if kernel != "philox":
+        monkeypatch.setenv("NINFER_KERNELS_ON", kernel)
+    ints = torch.randint(0, 2**40, (7, 4), device="cuda", generator=gen)
+    ints[:, 2] = torch.randint(-(2**62), 2**62, (7,), device="cuda", generator=gen)
+    seeds, steps = ints[:, 2], ints[:, 3]
     lanes = torch.randint(0, 248_320, (7, 21), device="cuda", generator=gen)
     for purpose in RngPurpose:
         got = dispatch.counter_uniforms(seeds, steps, lanes, purpose)
-        want = counter_uniforms(seeds, steps, lanes, purpose)
+        want = counter_uniforms(seeds.clone(), steps.clone(), lanes, purpose)
         assert got.dtype == torch.float64 and torch.equal(got, want), purpose
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = dispatch.counter_uniforms(seeds, steps, lanes, RngPurpose.SPEC_ACCEPT)
+    ints[:, 3] += 2**33  # new steps in the same buffer: the replay reads them
+    graph.replay()
+    want = counter_uniforms(seeds.clone(), steps.clone(), lanes, RngPurpose.SPEC_ACCEPT)
+    assert torch.equal(captured, want)
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ bandwidth; the split lists of 20 are merged by the one-warp draw kernel.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ninfer.kernels import runtime as rt
@@ -173,6 +174,38 @@ def top_candidates(z: torch.Tensor, num_candidates: int) -> tuple[torch.Tensor, 
     )
     rt.launch(merge, (num_rows,), (32,), merge_args, device)
     return out_ids, out_z
+
+
+def counter_uniforms(
+    seeds: torch.Tensor, steps: torch.Tensor, lanes: torch.Tensor, purpose: int
+) -> torch.Tensor:
+    """See `rng.counter_uniforms`: [B] seeds and steps (any element stride), [B, N] lane ids
+    below 2**32 (unit column stride) -> [B, N] float64 uniforms, in one launch."""
+    device = rt.check_cuda(seeds, steps, lanes)
+    num_rows, num_lanes = lanes.shape
+    if seeds.shape != (num_rows,) or steps.shape != (num_rows,):
+        raise rt.KernelInputError(f"uniforms take [{num_rows}] seeds and steps")
+    if lanes.stride(-1) != 1 and num_lanes > 1:
+        lanes = lanes.contiguous()
+    seeds, steps, lanes = (t.to(torch.int64) for t in (seeds, steps, lanes))
+    out = torch.empty((num_rows, num_lanes), dtype=torch.float64, device=device)
+    total = num_rows * num_lanes
+    if total:
+        kernel = rt.get_kernel(OP, "sampling_uniforms", device)
+        args = (
+            rt.ptr(out),
+            rt.ptr(seeds),
+            rt.i64(seeds.stride(0)),
+            rt.ptr(steps),
+            rt.i64(steps.stride(0)),
+            rt.ptr(lanes),
+            rt.i64(lanes.stride(0)),
+            rt.i32(num_rows),
+            rt.i32(num_lanes),
+            np.uint32(int(purpose)),
+        )
+        rt.launch(kernel, (-(-total // 128),), (128,), args, device)
+    return out
 
 
 def philox4x32_10(counter: torch.Tensor, key: torch.Tensor) -> torch.Tensor:

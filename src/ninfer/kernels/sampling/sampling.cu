@@ -320,6 +320,32 @@ __global__ void __launch_bounds__(32)
   if (lane == 0) out[row] = greedy ? first : drawn;
 }
 
+// sampling_uniforms: rng.counter_uniforms in one launch, out[b, n] = (word 0 of Philox with
+// counter (lanes[b, n], step lo, step hi, purpose) and key (seed lo, seed hi)) + 0.5) * 2**-32
+// in float64 (exact), where the torch form stacks counters and keys in a dozen small kernels
+// around the Philox launch. seeds and steps are read with element strides (columns of the
+// row ints), lanes [B, N] with a row stride; lane ids are below 2**32.
+__global__ void __launch_bounds__(128)
+    sampling_uniforms(double* __restrict__ out, const long long* __restrict__ seeds,
+                      long long seeds_stride, const long long* __restrict__ steps,
+                      long long steps_stride, const long long* __restrict__ lanes,
+                      long long lanes_stride, int num_rows, int num_lanes,
+                      unsigned int purpose) {
+  pdl_begin();
+  const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= static_cast<long long>(num_rows) * num_lanes) return;
+  const int b = static_cast<int>(i / num_lanes);
+  const int n = static_cast<int>(i - static_cast<long long>(b) * num_lanes);
+  const unsigned long long seed = static_cast<unsigned long long>(seeds[b * seeds_stride]);
+  const unsigned long long step = static_cast<unsigned long long>(steps[b * steps_stride]);
+  const unsigned int lane = static_cast<unsigned int>(lanes[b * lanes_stride + n]);
+  const unsigned int word = philox_word0(lane, static_cast<unsigned int>(step),
+                                         static_cast<unsigned int>(step >> 32), purpose,
+                                         static_cast<unsigned int>(seed),
+                                         static_cast<unsigned int>(seed >> 32));
+  out[i] = __dmul_rn(__dadd_rn(static_cast<double>(word), 0.5), 0x1p-32);
+}
+
 // Philox4x32-10 words for n (counter, key) pairs, so the GPU tests can pin the kernel's RNG to
 // Random123's known answers and to rng.py.
 __global__ void sampling_philox(unsigned int* __restrict__ out,
