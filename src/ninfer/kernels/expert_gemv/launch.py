@@ -268,8 +268,11 @@ def expert_down_sum(
 
 def down_rows() -> int:
     """Rows per warp of expert_down_sum: DOWN_ROWS, or the opt-in forms `down_rows4` (half the
-    loads in flight per lane, a third of the registers: more resident blocks, twice the grid)
-    and `down_rows16` (twice the loads per lane, fewer blocks) for A/B; none measured yet."""
+    loads in flight per lane, twice the grid) and `down_rows16` (twice the loads per lane, half
+    the grid) for A/B; not measured yet. ptxas (sm_90) gives 60 / 64 / 100 registers for 4 / 8 /
+    16 rows, so 4 rows keeps 3 resident blocks of 9 warps per SM with half the loads in flight,
+    and 16 rows drops to 2 blocks with a third more loads in flight per SM (a 128-block grid at
+    one token)."""
     if switched_on("down_rows4"):
         return 4
     if switched_on("down_rows16"):
