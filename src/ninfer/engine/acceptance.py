@@ -34,6 +34,7 @@ from ninfer.kernels.sampling.reference import (
     SEED,
     STEP,
     RowParams,
+    penalized,
     survivors,
 )
 from ninfer.kernels.sampling.rng import RngPurpose
@@ -113,10 +114,10 @@ def penalized_columns(
     column j's counts are the row's counts plus the drafts d1..dj (as after committing them),
     which differ from the row's own counts only at those j ids. So the penalties of the row's
     counts go on every column, and each column's draft ids are then rewritten with their
-    counts raised. Element by element the same float32 operations as `survivors` applies
-    (z - presence * (c > 0) - frequency * c), so the result is bitwise what the column walk
-    hands `survivors`; it replaces a walk of W steps of full-vocabulary top-k (hundreds of
-    small kernels inside a round's graph) with a handful of kernels.
+    counts raised, both through the sampler's own `penalized` (as `survivors` applies it), so
+    the result is bitwise what the column walk hands `survivors`; it replaces a walk of W
+    steps of full-vocabulary top-k (hundreds of small kernels inside a round's graph) with a
+    handful of kernels.
 
     A column after a draft that fails is never read (`_commit`), so a draft's raised count
     may reach columns the walk would have left it out of; ids at or past `num_sampleable`
@@ -129,11 +130,8 @@ def penalized_columns(
     """
     num_rows, width, _ = logits.shape
     own = counts if count_rows is None else counts.index_select(0, count_rows)
-    c = own[:, None, :num_sampleable].float()  # [B, 1, Vs]
-    presence = rows.reals[:, PRESENCE].float()[:, None, None]
-    frequency = rows.reals[:, FREQUENCY].float()[:, None, None]
-    z = logits[:, :, :num_sampleable].float()
-    z = z - presence * (c > 0) - frequency * c
+    presence, frequency = rows.reals[:, PRESENCE], rows.reals[:, FREQUENCY]
+    z = penalized(logits[:, :, :num_sampleable], own[:, None, :num_sampleable], presence, frequency)
     if width == 1:
         return z
     ids = drafts.clamp(0, num_sampleable - 1)  # [B, k]
@@ -141,8 +139,8 @@ def penalized_columns(
     same = (ids[:, :, None] == ids[:, None, :]).to(torch.int64)  # [B, m, i]
     extra = torch.cat((same.new_zeros(num_rows, 1, ids.shape[1]), same.cumsum(dim=1)), dim=1)
     at = ids[:, None, :].expand(num_rows, width, ids.shape[1])  # [B, W, k]
-    raised = (own.gather(1, ids)[:, None, :] + extra).float()
-    value = logits.gather(2, at).float() - presence * (raised > 0) - frequency * raised
+    raised = own.gather(1, ids)[:, None, :] + extra
+    value = penalized(logits.gather(2, at), raised, presence, frequency)
     # a column's writes to one id carry one value (its count there), duplicates included
     return z.scatter_(2, at, value)
 

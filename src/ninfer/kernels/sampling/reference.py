@@ -105,10 +105,7 @@ def survivors(
     z = logits[:, :num_sampleable]
     if counts is not None:
         own = counts if count_rows is None else counts.index_select(0, count_rows)
-        c = own[:, :num_sampleable].float()
-        presence = reals[:, PRESENCE].float()[:, None]
-        frequency = reals[:, FREQUENCY].float()[:, None]
-        z = z.float() - presence * (c > 0) - frequency * c
+        z = penalized(z, own[:, :num_sampleable], reals[:, PRESENCE], reals[:, FREQUENCY])
     elif top is None:
         z = z.float()
     # (a given `top` takes the logits as they are: the kernel reads bf16 rows in place rather
@@ -133,6 +130,19 @@ def survivors(
     keep[:, 0] = True
 
     return Survivors(cand_ids, log_ratio, keep)
+
+
+def penalized(
+    z: torch.Tensor, counts: torch.Tensor, presence: torch.Tensor, frequency: torch.Tensor
+) -> torch.Tensor:
+    """z - presence * [count > 0] - frequency * count in float32, op by op as the kernel
+    rounds it; `presence` and `frequency` ([B] per row) broadcast over z's trailing dims, and
+    `counts` broadcasts against z (the speculative acceptance penalizes every verify column
+    with this same arithmetic, `acceptance.penalized_columns`)."""
+    shape = (-1,) + (1,) * (z.dim() - 1)
+    c = counts.float()
+    p, f = presence.float().reshape(shape), frequency.float().reshape(shape)
+    return z.float() - p * (c > 0) - f * c
 
 
 def top_candidates(z: torch.Tensor, num_candidates: int) -> tuple[torch.Tensor, torch.Tensor]:
