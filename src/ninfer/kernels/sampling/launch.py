@@ -63,13 +63,11 @@ def sample_tokens(
         raise rt.KernelInputError(f"row reals must be [{num_rows}, 5] float64")
     if ints.shape != (num_rows, 4) or ints.dtype != torch.int64:
         raise rt.KernelInputError(f"row ints must be [{num_rows}, 4] int64")
-    counts_stride = 0
     if counts is not None:
         if counts.shape[1] < num_sampleable:
             raise rt.KernelInputError(
                 f"counts shape {tuple(counts.shape)} has fewer than {num_sampleable} columns"
             )
-        counts_stride = counts.stride(0)
         if count_rows is not None:
             count_rows = count_rows.to(torch.int64).contiguous()
             if count_rows.shape != (num_rows,):
@@ -82,12 +80,39 @@ def sample_tokens(
     if num_rows == 0:
         return out
 
+    cand_z, cand_ids = _split_lists(logits, num_sampleable, device, counts, count_rows, reals)
+
+    draw = rt.get_kernel(OP, "sampling_draw", device)
+    draw_args = (
+        rt.ptr(out),
+        rt.ptr(cand_z),
+        rt.ptr(cand_ids),
+        rt.i32(cand_z.shape[1]),
+        rt.i32(min(TOP_K_CAP, num_sampleable)),
+        rt.ptr(reals),
+        rt.ptr(ints),
+    )
+    rt.launch(draw, (num_rows,), (32,), draw_args, device)
+    return out
+
+
+def _split_lists(
+    logits: torch.Tensor,
+    num_sampleable: int,
+    device: torch.device,
+    counts: torch.Tensor | None = None,
+    count_rows: torch.Tensor | None = None,
+    reals: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """sampling_topk over each row's first num_sampleable columns: per split the 20 best
+    (logit after the penalties, id), [rows, splits, 20] float32 and int32; without counts no
+    penalties, and the row reals are not read."""
+    num_rows = logits.shape[0]
     num_splits = num_splits_for(num_rows, num_sampleable, rt.num_sms(device))
     chunk = -(-num_sampleable // num_splits)
     num_splits = -(-num_sampleable // chunk)  # no empty trailing split
     cand_z = torch.empty((num_rows, num_splits, TOP_K_CAP), dtype=torch.float32, device=device)
     cand_ids = torch.empty((num_rows, num_splits, TOP_K_CAP), dtype=torch.int32, device=device)
-
     topk = rt.get_kernel(OP, f"sampling_topk<{rt.cuda_type(logits, 'logits')}>", device)
     topk_args = (
         rt.ptr(cand_z),
@@ -95,26 +120,14 @@ def sample_tokens(
         rt.ptr(logits),
         rt.i64(logits.stride(0)),
         rt.ptr(counts),
-        rt.i64(counts_stride),
+        rt.i64(0 if counts is None else counts.stride(0)),
         rt.ptr(count_rows),
         rt.ptr(reals),
         rt.i32(num_sampleable),
         rt.i32(chunk),
     )
     rt.launch(topk, (num_splits, num_rows), (THREADS,), topk_args, device)
-
-    draw = rt.get_kernel(OP, "sampling_draw", device)
-    draw_args = (
-        rt.ptr(out),
-        rt.ptr(cand_z),
-        rt.ptr(cand_ids),
-        rt.i32(num_splits),
-        rt.i32(min(TOP_K_CAP, num_sampleable)),
-        rt.ptr(reals),
-        rt.ptr(ints),
-    )
-    rt.launch(draw, (num_rows,), (32,), draw_args, device)
-    return out
+    return cand_z, cand_ids
 
 
 def supports_candidates(z: torch.Tensor, num_candidates: int) -> bool:
@@ -144,32 +157,15 @@ def top_candidates(z: torch.Tensor, num_candidates: int) -> tuple[torch.Tensor, 
     out_ids = torch.empty((num_rows, num_candidates), dtype=torch.int64, device=device)
     if num_rows == 0:
         return out_ids, out_z
-    num_splits = num_splits_for(num_rows, num_columns, rt.num_sms(device))
-    chunk = -(-num_columns // num_splits)
-    num_splits = -(-num_columns // chunk)
-    cand_z = torch.empty((num_rows, num_splits, TOP_K_CAP), dtype=torch.float32, device=device)
-    cand_ids = torch.empty((num_rows, num_splits, TOP_K_CAP), dtype=torch.int32, device=device)
-    topk = rt.get_kernel(OP, f"sampling_topk<{rt.cuda_type(z, 'z')}>", device)
-    topk_args = (
-        rt.ptr(cand_z),
-        rt.ptr(cand_ids),
-        rt.ptr(z),
-        rt.i64(z.stride(0)),
-        rt.ptr(None),  # no counts: no penalties, and the row reals are not read
-        rt.i64(0),
-        rt.ptr(None),
-        rt.ptr(None),
-        rt.i32(num_columns),
-        rt.i32(chunk),
-    )
-    rt.launch(topk, (num_splits, num_rows), (THREADS,), topk_args, device)
+    # no counts: no penalties, and the row reals are not read
+    cand_z, cand_ids = _split_lists(z, num_columns, device)
     merge = rt.get_kernel(OP, "sampling_candidates", device)
     merge_args = (
         rt.ptr(out_z),
         rt.ptr(out_ids),
         rt.ptr(cand_z),
         rt.ptr(cand_ids),
-        rt.i32(num_splits),
+        rt.i32(cand_z.shape[1]),
         rt.i32(num_candidates),
     )
     rt.launch(merge, (num_rows,), (32,), merge_args, device)

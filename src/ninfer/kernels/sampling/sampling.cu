@@ -181,25 +181,23 @@ __device__ __forceinline__ unsigned int philox_word0(unsigned int c0, unsigned i
   return c0;
 }
 
-// One warp copies row `row`'s split lists (num_listed entries) into shared memory.
-__device__ __forceinline__ void load_lists(float* all_z, int* all_id,
-                                           const float* __restrict__ cand_z,
-                                           const int* __restrict__ cand_ids, int row,
-                                           int num_listed, int lane) {
-  const long long in_base = static_cast<long long>(row) * num_listed;
+// Row blockIdx.x's split lists (num_splits of SAMPLING_TOP_K) merged by one warp: the lists are
+// staged in shared memory, then round r finds the best entry ranked after round r-1's pick and
+// lane r keeps it in (my_z, my_id); lanes past num_candidates (<= 32) keep (-inf, NO_ID).
+__device__ __forceinline__ void merged_candidate(const float* __restrict__ cand_z,
+                                                 const int* __restrict__ cand_ids,
+                                                 int num_splits, int num_candidates, float& my_z,
+                                                 int& my_id) {
+  __shared__ float all_z[SAMPLING_MAX_SPLITS * SAMPLING_TOP_K];
+  __shared__ int all_id[SAMPLING_MAX_SPLITS * SAMPLING_TOP_K];
+  const int lane = threadIdx.x;
+  const int num_listed = num_splits * SAMPLING_TOP_K;
+  const long long in_base = static_cast<long long>(blockIdx.x) * num_listed;
   for (int i = lane; i < num_listed; i += 32) {
     all_z[i] = cand_z[in_base + i];
     all_id[i] = cand_ids[in_base + i];
   }
   __syncwarp();
-}
-
-// The merged first num_candidates (<= 32) entries of the lists in rank order: round r finds
-// the best entry ranked after round r-1's pick, and lane r keeps it in (my_z, my_id) (lanes
-// past num_candidates keep (-inf, NO_ID)).
-__device__ __forceinline__ void merge_lists(const float* all_z, const int* all_id,
-                                            int num_listed, int num_candidates, int lane,
-                                            float& my_z, int& my_id) {
   my_z = -SAMPLING_INF_F;
   my_id = SAMPLING_NO_ID;
   float prev_z = SAMPLING_INF_F;
@@ -233,17 +231,11 @@ __global__ void __launch_bounds__(32)
                         const float* __restrict__ cand_z, const int* __restrict__ cand_ids,
                         int num_splits, int num_candidates) {
   pdl_begin();
-  __shared__ float all_z[SAMPLING_MAX_SPLITS * SAMPLING_TOP_K];
-  __shared__ int all_id[SAMPLING_MAX_SPLITS * SAMPLING_TOP_K];
-  const int row = blockIdx.x;
-  const int lane = threadIdx.x;
-  const int num_listed = num_splits * SAMPLING_TOP_K;
-  load_lists(all_z, all_id, cand_z, cand_ids, row, num_listed, lane);
   float z;
   int id;
-  merge_lists(all_z, all_id, num_listed, num_candidates, lane, z, id);
-  if (lane < num_candidates) {
-    const long long at = static_cast<long long>(row) * num_candidates + lane;
+  merged_candidate(cand_z, cand_ids, num_splits, num_candidates, z, id);
+  if (threadIdx.x < num_candidates) {
+    const long long at = static_cast<long long>(blockIdx.x) * num_candidates + threadIdx.x;
     out_z[at] = z;
     out_ids[at] = id;
   }
@@ -254,16 +246,11 @@ __global__ void __launch_bounds__(32)
                   const int* __restrict__ cand_ids, int num_splits, int num_candidates,
                   const double* __restrict__ reals, const long long* __restrict__ ints) {
   pdl_begin();
-  __shared__ float all_z[SAMPLING_MAX_SPLITS * SAMPLING_TOP_K];
-  __shared__ int all_id[SAMPLING_MAX_SPLITS * SAMPLING_TOP_K];
   const int row = blockIdx.x;
   const int lane = threadIdx.x;
-  const int num_listed = num_splits * SAMPLING_TOP_K;
-  load_lists(all_z, all_id, cand_z, cand_ids, row, num_listed, lane);
-
   float my_z;
   int my_id;
-  merge_lists(all_z, all_id, num_listed, num_candidates, lane, my_z, my_id);
+  merged_candidate(cand_z, cand_ids, num_splits, num_candidates, my_z, my_id);
 
   const double* row_reals = reals + static_cast<long long>(row) * SAMPLING_NUM_REALS;
   const long long* row_ints = ints + static_cast<long long>(row) * SAMPLING_NUM_INTS;
