@@ -546,11 +546,12 @@ def qk_norm_rope(
 def counter_uniforms(
     seeds: torch.Tensor, steps: torch.Tensor, lanes: torch.Tensor, purpose: RngPurpose
 ) -> torch.Tensor:
-    """The counter RNG's uniforms (kernels/sampling/rng.py), Philox in one kernel on CUDA: the
-    torch Philox is ~200 elementwise kernels per call, which a speculative round's acceptance
-    walk (three calls per column) paid inside its graph."""
+    """The counter RNG's uniforms (kernels/sampling/rng.py) in one launch on CUDA
+    (`sampling_uniforms`; switched off, the torch counters around one Philox launch): the torch
+    Philox is ~200 elementwise kernels per call, which a sampled speculative round paid three
+    times inside its graph."""
     on_cuda = use_cuda_kernels(lanes, "sampling_philox")
-    if on_cuda and switches.switched_on("sampling_uniforms"):  # opt-in until run on a GPU
+    if on_cuda and not switches.switched_off("sampling_uniforms"):
         return _sampling_cuda.counter_uniforms(seeds, steps, lanes, int(purpose))
     return _rng.counter_uniforms(seeds, steps, lanes, purpose, _philox_cuda if on_cuda else None)
 

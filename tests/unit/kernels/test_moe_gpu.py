@@ -272,35 +272,6 @@ def test_expert_down_sum_with_shared_down(dtype, tokens, num_experts, top_k, hid
     assert rel(got, separate) < TOL[dtype]
 
 
-@pytest.mark.parametrize("rows", ["down_rows4", "down_rows16"])
-@pytest.mark.parametrize("dtype", DTYPES)
-@SHARED_CASES
-def test_expert_down_sum_opt_in_row_counts(
-    rows, dtype, tokens, num_experts, top_k, hidden, inter, gen, monkeypatch
-):
-    """The opt-in rows-per-warp forms of the tail (kept for A/B) against the twin, with the
-    shared expert's down inside as the model runs it, and batch invariant: each token's row is
-    what it is alone."""
-    _, _, down, ids, weights, gate, _, sdown = shared_operands(
-        gen, dtype, tokens, num_experts, top_k, hidden, inter
-    )
-    rows_in = torch.randn(tokens * (top_k + 1), 2 * inter, device="cuda", generator=gen).to(dtype)
-    monkeypatch.setenv("NINFER_KERNELS_ON", rows)
-    assert expert_cuda.down_rows() == int(rows.removeprefix("down_rows"))
-    got = expert_cuda.expert_down_sum(
-        rows_in, down, ids, weights, shared_gate=gate, shared_down=sdown
-    )
-    want = expert_ref.expert_down_sum(
-        rows_in, down, ids, weights, shared_gate=gate, shared_down=sdown
-    )
-    assert rel(got, want) < TOL[dtype]
-    last = expert_cuda.expert_down_sum(
-        rows_in[-(top_k + 1) :], down, ids[-1:], weights[-1:], shared_gate=gate[-1:],
-        shared_down=sdown,
-    )  # fmt: skip
-    assert torch.equal(last, got[-1:])
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("inter", [8, 24, 264])  # 1, 3 and 33 chunks of 16 bytes (bf16)
 def test_expert_down_sum_rows_of_few_or_odd_chunks(dtype, inter, gen):

@@ -291,12 +291,12 @@ def test_sampler_with_slot_counts_on_cuda_matches_cpu(seed) -> None:
 
 @pytest.mark.parametrize("kernel", ["philox", "sampling_uniforms"])
 def test_dispatch_counter_uniforms_equal_the_torch_philox(gen, kernel, monkeypatch) -> None:
-    """The speculative acceptance's uniforms on CUDA (one Philox launch around the torch
-    counters, or with `sampling_uniforms` on, one launch for everything) are bit for bit the
+    """The speculative acceptance's uniforms on CUDA (one launch for everything, or with
+    `sampling_uniforms` off, one Philox launch around the torch counters) are bit for bit the
     torch twin's, for every purpose, negative and large seeds, steps past 2**32, seeds and
     steps read as columns of the row ints (strided), inside a CUDA graph too."""
-    if kernel != "philox":
-        monkeypatch.setenv("NINFER_KERNELS_ON", kernel)
+    if kernel == "philox":
+        monkeypatch.setenv("NINFER_KERNELS_OFF", "sampling_uniforms")
     ints = torch.randint(0, 2**40, (7, 4), device="cuda", generator=gen)
     ints[:, 2] = torch.randint(-(2**62), 2**62, (7,), device="cuda", generator=gen)
     seeds, steps = ints[:, 2], ints[:, 3]

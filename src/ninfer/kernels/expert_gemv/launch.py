@@ -240,7 +240,7 @@ def expert_down_sum(
     if route_w.numel() != ids.numel():
         raise rt.KernelInputError(f"{route_w.numel()} routing weights for {ids.numel()} experts")
     groups, threads = down_sum_block(top_k, shared_down is not None)
-    rows = down_rows()
+    rows = DOWN_ROWS
     kernel = rt.get_kernel(
         OP, f"expert_down_sum<{rt.cuda_type(gate_up_out, 'gate_up_out')}, {rows}>", device
     )
@@ -264,20 +264,6 @@ def expert_down_sum(
     grid = (-(-n // (rows * groups)), num_tokens)
     rt.launch(kernel, grid, (threads,), args, device)
     return out
-
-
-def down_rows() -> int:
-    """Rows per warp of expert_down_sum: DOWN_ROWS, or the opt-in forms `down_rows4` (half the
-    loads in flight per lane, twice the grid) and `down_rows16` (twice the loads per lane, half
-    the grid) for A/B; not measured yet. ptxas (sm_90) gives 60 / 64 / 100 registers for 4 / 8 /
-    16 rows, so 4 rows keeps 3 resident blocks of 9 warps per SM with half the loads in flight,
-    and 16 rows drops to 2 blocks with a third more loads in flight per SM (a 128-block grid at
-    one token)."""
-    if switched_on("down_rows4"):
-        return 4
-    if switched_on("down_rows16"):
-        return 16
-    return DOWN_ROWS
 
 
 GROUP_MAX_INPUTS = 4  # staged inputs per pass of expert_group_gemv (MAXM)
