@@ -240,9 +240,8 @@ def expert_down_sum(
     if route_w.numel() != ids.numel():
         raise rt.KernelInputError(f"{route_w.numel()} routing weights for {ids.numel()} experts")
     groups, threads = down_sum_block(top_k, shared_down is not None)
-    rows = DOWN_ROWS
     kernel = rt.get_kernel(
-        OP, f"expert_down_sum<{rt.cuda_type(gate_up_out, 'gate_up_out')}, {rows}>", device
+        OP, f"expert_down_sum<{rt.cuda_type(gate_up_out, 'gate_up_out')}, {DOWN_ROWS}>", device
     )
     args = (
         rt.ptr(out),
@@ -261,7 +260,7 @@ def expert_down_sum(
         rt.i32(n),
         rt.i32(k),
     )
-    grid = (-(-n // (rows * groups)), num_tokens)
+    grid = (-(-n // (DOWN_ROWS * groups)), num_tokens)
     rt.launch(kernel, grid, (threads,), args, device)
     return out
 
