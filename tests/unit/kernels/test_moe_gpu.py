@@ -142,6 +142,41 @@ def test_moe_routing_ties_and_strided_logits(num_experts: int, top_k: int, gen) 
     assert (weights - want_weights).abs().max().item() <= 1e-6
 
 
+@pytest.mark.parametrize("num_experts,top_k", [(256, 8), (1000, 32), (33, 32), (8, 8), (64, 5)])
+def test_moe_routing_bf16_keys_choose_as_the_butterfly(
+    num_experts: int, top_k: int, gen, monkeypatch
+):
+    """bf16 rows choose by packed (logit, id) keys and a warp max, fp32 rows (and bf16 rows with
+    `routing_keys` off) by the butterfly: on the same values (bf16 is exact in fp32) the two give
+    the same ids and the same weight bits. Rows of negatives (the key's flipped half), signed
+    zeros (equal: the lower id first), -inf, the bf16 extremes and denormals, and heavy ties; and
+    the twin's ids."""
+    monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
+    rows = torch.randn(48, num_experts, device="cuda", generator=gen) * 3
+    rows[0] = -rows[0].abs() - 1  # all negative
+    rows[1] = 0.0
+    rows[1, 1::2] = -0.0  # +0 and -0 alternating: one tie
+    rows[2, : num_experts // 2] = float("-inf")
+    rows[2, -1] = float("-inf")
+    rows[3, :4] = torch.tensor([3.3895e38, -3.3895e38, 9.2e-41, -9.2e-41])[: min(4, num_experts)]
+    rows[4:8] = rows[4:8].round().clamp(-2, 2)  # ties everywhere
+    rows[8] = -0.0
+    logits = rows.to(torch.bfloat16)
+    assert torch.signbit(logits[1, 1]) and not torch.signbit(logits[1, 0])
+    for normalize in (False, True):
+        weights, ids = routing_cuda.route_topk(logits, top_k, normalize=normalize)
+        weights32, ids32 = routing_cuda.route_topk(logits.float(), top_k, normalize=normalize)
+        assert torch.equal(ids, ids32)
+        assert torch.equal(weights.view(torch.int32), weights32.view(torch.int32))
+        _, want_ids = routing_ref.route_topk(logits, top_k, normalize=normalize)
+        assert torch.equal(ids, want_ids)
+        monkeypatch.setenv("NINFER_KERNELS_OFF", "routing_keys")
+        weights_b, ids_b = routing_cuda.route_topk(logits, top_k, normalize=normalize)
+        monkeypatch.delenv("NINFER_KERNELS_OFF")
+        assert torch.equal(ids, ids_b) and torch.equal(weights, weights_b)
+    assert ids[1].tolist() == list(range(top_k)) and ids[8].tolist() == list(range(top_k))
+
+
 # --- fused decode tail --------------------------------------------------------------------------
 
 
@@ -242,6 +277,10 @@ def test_expert_gemv_with_shared_weight(dtype, tokens, num_experts, top_k, hidde
         assert rel(got[unroll].view(tokens, top_k + 1, -1)[:, top_k], F.linear(x, sgu)) < TOL[dtype]
     assert torch.equal(got[1], got[2])
     assert torch.equal(got[1].view(tokens, top_k + 1, -1)[:, :top_k].reshape(-1, 2 * inter), routed)
+    with pytest.MonkeyPatch.context() as m:  # 2 rows a warp, 4 steps in flight: the same bits
+        m.setenv("NINFER_KERNELS_ON", "gemv_rows2")
+        rows2 = expert_cuda.expert_gemv(x, gate_up, flat, rows_per_input=top_k, shared_weight=sgu)
+    assert torch.equal(rows2, got[1])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

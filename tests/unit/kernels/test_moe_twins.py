@@ -106,6 +106,15 @@ def test_routing_instance_and_support_rules() -> None:
     assert not routing_launch.supports(torch.zeros(256, 3).t(), 8)  # columns not dense
 
 
+def test_routing_keys_rule(monkeypatch) -> None:
+    """bf16 logits choose by packed keys unless `routing_keys` is switched off; fp32 never."""
+    monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
+    assert routing_launch.chooses_by_keys(torch.zeros(2, 256, dtype=torch.bfloat16))
+    assert not routing_launch.chooses_by_keys(torch.zeros(2, 256))
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "routing_keys")
+    assert not routing_launch.chooses_by_keys(torch.zeros(2, 256, dtype=torch.bfloat16))
+
+
 def down_sum_by_hand(gate_up_out, down, ids, weights, shared=None, shared_gate=None):
     """Per-token float64 loop over the k chosen experts."""
     num_tokens, top_k = ids.shape
@@ -354,6 +363,10 @@ def test_expert_gemv_launch_at_35b_shapes(with_shared, unroll, monkeypatch) -> N
     assert call["args"][5] == rt.ptr(sgu) and call["args"][6] == 8
     with pytest.raises(rt.KernelInputError, match="unroll"):
         expert_launch.expert_gemv(x, experts, ids, rows_per_input=8, unroll=3)
+    monkeypatch.setenv("NINFER_KERNELS_ON", "gemv_rows2")
+    expert_launch.expert_gemv(x, experts, ids, rows_per_input=8, shared_weight=sgu)
+    assert launches.calls[-1]["instance"] == "expert_gemv<bf16, 2, 4>"
+    assert launches.calls[-1]["grid"] == (64, 18 if with_shared else 16)
 
 
 @pytest.mark.parametrize("with_shared", [False, True], ids=["routed", "with-shared"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ninfer.kernels import runtime as rt
+from ninfer.kernels.switches import switched_off
 
 OP = "moe_routing"
 ROWS_PER_BLOCK = 4  # one warp per row
@@ -43,6 +44,13 @@ def supports(router_logits: torch.Tensor, top_k: int) -> bool:
     )
 
 
+def chooses_by_keys(router_logits: torch.Tensor) -> bool:
+    """Whether the kernel chooses by packed (logit, id) keys and one warp max a round: bf16 logits
+    (their 16 bits fit the key) unless `routing_keys` is in NINFER_KERNELS_OFF, which keeps the
+    (logit, id) butterfly that fp32 logits always take. Same choices and weights either way."""
+    return router_logits.dtype == torch.bfloat16 and not switched_off("routing_keys")
+
+
 def route_topk(
     router_logits: torch.Tensor, top_k: int, *, normalize: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,8 +68,9 @@ def route_topk(
     if num_rows == 0:
         return weights, ids
     vals = values_per_lane(num_experts)
+    keys = "true" if chooses_by_keys(router_logits) else "false"
     kernel = rt.get_kernel(
-        OP, f"moe_routing<{rt.cuda_type(router_logits, 'router_logits')}, {vals}>", device
+        OP, f"moe_routing<{rt.cuda_type(router_logits, 'router_logits')}, {vals}, {keys}>", device
     )
     args = (
         rt.ptr(weights),

@@ -1,7 +1,8 @@
 // MoE routing: router logits [T, E] -> top-k expert ids (int64) and their softmax weights (fp32),
 // optionally renormalised over the k. One warp per row; lane l holds experts l, l + 32, ... in
 // registers (VALS per lane, E <= 32 * VALS). Each of the k rounds takes the largest logit not yet
-// taken, ties to the lower expert id (the twin's stable sort), by a lane-local scan and a warp
+// taken, ties to the lower expert id (the twin's stable sort): for bf16 logits by a lane-local max
+// and one warp max over (logit, id) packed in 32 bits, else by a lane-local scan and a warp
 // butterfly over (logit, id); lane r keeps the r-th choice. Choosing on the logits, not on the
 // exponentials, makes the choice independent of exp rounding, so kernel and twin agree exactly.
 // The softmax runs in fp32 with IEEE division and an exp accurate to a few ulp (--use_fast_math
@@ -19,29 +20,65 @@ __device__ __forceinline__ float route_exp(float x) {
   return exp2f(hi) * fmaf(lo, 0.69314718055994530942f, 1.0f);
 }
 
-template <typename T, int VALS>
-__global__ void __launch_bounds__(128) moe_routing(
-    float* __restrict__ weights, long long* __restrict__ ids, const T* __restrict__ logits,
-    long long row_stride, int num_rows, int num_experts, int top_k, int normalize) {
-  pdl_begin();
-  const int lane = threadIdx.x & 31;
-  const long long row = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (row >= num_rows) return;  // warp-uniform: the whole warp leaves together
-  const T* src = logits + row * row_stride;
-  float v[VALS];
-  unsigned int taken = 0u;  // bit j: expert lane + 32 j is chosen already or does not exist
+// A bf16 logit (held as its exact fp32 value) and its expert id as one unsigned key whose order
+// is (logit desc, id asc): the logit's bf16 bits made order-preserving (-0 first turned into +0,
+// which compares equal to it) in the high half, 0xffff - id in the low half (E <= 1024). Keys are
+// distinct and never 0.
+__device__ __forceinline__ unsigned int route_key(float v, int id) {
+  unsigned int bits = __float_as_uint(v) >> 16;
+  if (bits == 0x8000u) bits = 0u;
+  bits = (bits & 0x8000u) ? (~bits & 0xffffu) : (bits | 0x8000u);
+  return (bits << 16) | (0xffffu - static_cast<unsigned int>(id));
+}
+
+// The largest key of the warp in one instruction (redux.sync, sm_80+), else a butterfly.
+__device__ __forceinline__ unsigned int warp_max_key(unsigned int key) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  unsigned int out;
+  asm volatile("redux.sync.max.u32 %0, %1, 0xffffffff;" : "=r"(out) : "r"(key));
+  return out;
+#else
 #pragma unroll
-  for (int j = 0; j < VALS; ++j) {
-    const int e = lane + 32 * j;
-    if (e < num_experts) {
-      v[j] = to_float(src[e]);
-    } else {
-      v[j] = 0.0f;
-      taken |= 1u << j;
-    }
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    key = max(key, __shfl_xor_sync(0xffffffffu, key, offset));
   }
-  float chosen_v = 0.0f;  // lane r < top_k: the r-th choice
-  int chosen_id = 0;
+  return key;
+#endif
+}
+
+// bf16 rows choose by key: each of the k rounds is a lane-local max over VALS keys and one warp
+// max, where the generic path's (logit, id) butterfly is five dependent shuffle pairs and
+// compares a round (ncu, H100, 35B-A3B shapes: ~8 us for one row, its one warp issue-bound).
+// Same choices: the key order is the twin's (logit desc, id asc) on logits exact in fp32.
+template <int VALS>
+__device__ __forceinline__ void choose_by_key(const float (&v)[VALS], unsigned int taken,
+                                              int lane, int top_k, float& chosen_v,
+                                              int& chosen_id) {
+  unsigned int key[VALS];
+#pragma unroll
+  for (int j = 0; j < VALS; ++j) key[j] = ((taken >> j) & 1u) ? 0u : route_key(v[j], lane + 32 * j);
+  unsigned int mine = 0u;  // lane r < top_k: the r-th choice's key
+  for (int r = 0; r < top_k; ++r) {
+    unsigned int best = key[0];
+#pragma unroll
+    for (int j = 1; j < VALS; ++j) best = max(best, key[j]);
+    best = warp_max_key(best);
+#pragma unroll
+    for (int j = 0; j < VALS; ++j) key[j] = key[j] == best ? 0u : key[j];
+    if (lane == r) mine = best;
+  }
+  chosen_id = static_cast<int>(0xffffu - (mine & 0xffffu));
+  unsigned int bits = mine >> 16;
+  bits = (bits & 0x8000u) ? (bits & 0x7fffu) : (~bits & 0xffffu);
+  chosen_v = __uint_as_float(bits << 16);
+}
+
+// Generic rows (fp32) choose by a (logit, id) butterfly each round: the largest logit not yet
+// taken, ties to the lower expert id; `taken` bit j: expert lane + 32 j is chosen or absent.
+template <int VALS>
+__device__ __forceinline__ void choose_by_butterfly(const float (&v)[VALS], unsigned int taken,
+                                                    int lane, int top_k, float& chosen_v,
+                                                    int& chosen_id) {
   for (int r = 0; r < top_k; ++r) {
     float best_v = 0.0f;
     int best_id = ROUTE_NONE;
@@ -67,6 +104,36 @@ __global__ void __launch_bounds__(128) moe_routing(
       chosen_v = best_v;
       chosen_id = best_id;
     }
+  }
+}
+
+template <typename T, int VALS, bool KEYS>
+__global__ void __launch_bounds__(128) moe_routing(
+    float* __restrict__ weights, long long* __restrict__ ids, const T* __restrict__ logits,
+    long long row_stride, int num_rows, int num_experts, int top_k, int normalize) {
+  pdl_begin();
+  const int lane = threadIdx.x & 31;
+  const long long row = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (row >= num_rows) return;  // warp-uniform: the whole warp leaves together
+  const T* src = logits + row * row_stride;
+  float v[VALS];
+  unsigned int taken = 0u;  // bit j: expert lane + 32 j is chosen already or does not exist
+#pragma unroll
+  for (int j = 0; j < VALS; ++j) {
+    const int e = lane + 32 * j;
+    if (e < num_experts) {
+      v[j] = to_float(src[e]);
+    } else {
+      v[j] = 0.0f;
+      taken |= 1u << j;
+    }
+  }
+  float chosen_v = 0.0f;  // lane r < top_k: the r-th choice
+  int chosen_id = 0;
+  if constexpr (KEYS) {  // bf16 logits only: the key holds the logit's 16 bits
+    choose_by_key<VALS>(v, taken, lane, top_k, chosen_v, chosen_id);
+  } else {
+    choose_by_butterfly<VALS>(v, taken, lane, top_k, chosen_v, chosen_id);
   }
   const float top = __shfl_sync(0xffffffffu, chosen_v, 0);  // the largest logit of the row
   float total = 0.0f;
