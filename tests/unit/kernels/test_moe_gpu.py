@@ -277,10 +277,6 @@ def test_expert_gemv_with_shared_weight(dtype, tokens, num_experts, top_k, hidde
         assert rel(got[unroll].view(tokens, top_k + 1, -1)[:, top_k], F.linear(x, sgu)) < TOL[dtype]
     assert torch.equal(got[1], got[2])
     assert torch.equal(got[1].view(tokens, top_k + 1, -1)[:, :top_k].reshape(-1, 2 * inter), routed)
-    with pytest.MonkeyPatch.context() as m:  # 2 rows a warp, 4 steps in flight: the same bits
-        m.setenv("NINFER_KERNELS_ON", "gemv_rows2")
-        rows2 = expert_cuda.expert_gemv(x, gate_up, flat, rows_per_input=top_k, shared_weight=sgu)
-    assert torch.equal(rows2, got[1])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -178,8 +178,6 @@ def expert_gemv(
     if num_assignments == 0:
         return out
     rows = rows_per_warp(k)
-    if switched_on("gemv_rows2"):  # opt-in until measured: as many loads in flight per lane,
-        rows, unroll = 2, 4  # twice the warps (at one token the grid fills ~2 blocks per SM)
     instance = f"expert_gemv<{rt.cuda_type(x, 'x')}, {rows}, {unroll}>"
     kernel = rt.get_kernel(OP, instance, device)
     args = (
