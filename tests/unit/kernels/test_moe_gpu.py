@@ -308,6 +308,34 @@ def test_expert_down_sum_with_shared_down(dtype, tokens, num_experts, top_k, hid
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@SHARED_CASES
+def test_expert_down_sum_four_blocks_an_sm_gives_the_same_bits(
+    dtype, tokens, num_experts, top_k, hidden, inter, gen, monkeypatch
+):
+    """`down_blocks4` (registers capped for four 9-warp blocks an SM) is the same code under
+    another launch bound: equal bits to the default instance, in a graph too."""
+    _, _, down, ids, weights, gate, _, sdown = shared_operands(
+        gen, dtype, tokens, num_experts, top_k, hidden, inter
+    )
+    rows = torch.randn(tokens * (top_k + 1), 2 * inter, device="cuda", generator=gen).to(dtype)
+
+    def run() -> torch.Tensor:
+        return expert_cuda.expert_down_sum(
+            rows, down, ids, weights, shared_gate=gate, shared_down=sdown
+        )
+
+    monkeypatch.delenv("NINFER_KERNELS_ON", raising=False)
+    base = run()
+    monkeypatch.setenv("NINFER_KERNELS_ON", "down_blocks4")
+    assert torch.equal(run(), base)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = run()
+    graph.replay()
+    assert torch.equal(captured, base)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("inter", [8, 24, 264])  # 1, 3 and 33 chunks of 16 bytes (bf16)
 def test_expert_down_sum_rows_of_few_or_odd_chunks(dtype, inter, gen):
     """Rows whose chunk count is below or at an odd distance from the 32 lanes of a warp."""

@@ -388,3 +388,18 @@ def test_expert_down_sum_launch_at_35b_shapes(with_shared, monkeypatch) -> None:
     assert args[2] == 1024  # gate-up row stride
     assert args[6] == rt.ptr(shared) and args[10] == rt.ptr(sdown)
     assert args[11:] == (8, 1, 2048, 512)  # top_k, groups, n, k
+    # opt-in four blocks an SM: the 288-thread bound instance for blocks of up to 9 warps
+    monkeypatch.setenv("NINFER_KERNELS_ON", "down_blocks4")
+    expert_launch.expert_down_sum(
+        rows, down, ids, torch.zeros(2, 8), shared=shared, shared_gate=gate, shared_down=sdown
+    )
+    assert launches.calls[-1]["instance"] == "expert_down_sum4<bf16, 8>"
+    again = launches.calls[-1]["args"]
+    assert again[1:5] == args[1:5] and again[6:] == args[6:]  # fresh out and routing weights
+    wide = torch.zeros(2 * 10, 1024, dtype=torch.bfloat16)  # 10 slots: 10 warps, the old bound
+    expert_launch.expert_down_sum(
+        wide, down, torch.zeros(2, 10, dtype=torch.int64), torch.zeros(2, 10), shared_gate=gate,
+        shared=torch.zeros(2, 2048, dtype=torch.bfloat16),
+    )  # fmt: skip
+    assert launches.calls[-1]["instance"] == "expert_down_sum<bf16, 8>"
+    assert launches.calls[-1]["block"] == (320,)
