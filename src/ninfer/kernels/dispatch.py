@@ -418,6 +418,26 @@ def route_topk(
     return _routing_ref.route_topk(router_logits, top_k, normalize=normalize)
 
 
+def router_and_route(
+    x: torch.Tensor, router: torch.Tensor, num_experts: int, top_k: int, *, normalize: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """(x @ router.T, then route_topk's weights and ids of its first E columns) in one launch
+    (`moe_routing`'s `router_route`: the last block of the GEMV routes), or None where that does
+    not run and the caller makes the two calls. Opt-in as NINFER_KERNELS_ON=router_route until
+    measured on a GPU. The logits are the kernel's own sums (to bf16), routed exactly as
+    route_topk routes them."""
+    if not (
+        switches.switched_on("router_route")
+        and use_cuda_kernels(x, "moe_routing")
+        and _routing_cuda.supports_router_route(x, router, num_experts, top_k)
+    ):
+        return None
+    counter = _routing_cuda.router_counter(router)
+    if counter is None:
+        return None
+    return _routing_cuda.router_route(x, router, counter, num_experts, top_k, normalize=normalize)
+
+
 def grouped_mm_enabled(t: torch.Tensor) -> bool:
     """True when `torch._grouped_mm` has its sync-free bf16 kernel on `t`'s device.
 

@@ -27,7 +27,7 @@ from ninfer.kernels.moe_routing import launch as routing_cuda
 from ninfer.kernels.moe_routing import reference as routing_ref
 from ninfer.model.layers import moe
 from ninfer.model.layers.moe import ExpertPath, MoeWeights
-from support.gpu_checks import rel
+from support.gpu_checks import check_bf16_product, rel
 
 pytestmark = pytest.mark.gpu
 TOL = {torch.bfloat16: 1e-2, torch.float32: 1e-4}
@@ -175,6 +175,78 @@ def test_moe_routing_bf16_keys_choose_as_the_butterfly(
         monkeypatch.delenv("NINFER_KERNELS_OFF")
         assert torch.equal(ids, ids_b) and torch.equal(weights, weights_b)
     assert ids[1].tolist() == list(range(top_k)) and ids[8].tolist() == list(range(top_k))
+
+
+# --- the router GEMV with the routing in its last block ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("rows", "n", "k", "num_experts", "top_k", "normalize"),
+    [
+        (1, 264, 2048, 256, 8, True),  # the 35B-A3B router + shared gate + padding, one row
+        (4, 264, 2048, 256, 8, True),  # the MTP verify's 4 columns
+        (8, 264, 2048, 256, 8, False),
+        (6, 257, 2048, 256, 8, True),  # unpadded: a partial last block
+        (3, 40, 4096, 33, 5, True),  # K past one pass of 8 steps a lane; E off the warp width
+        (2, 17, 64, 16, 16, False),  # short rows: most lanes idle; k = E
+    ],
+)
+def test_router_route_is_the_gemv_then_the_routing(
+    rows, n, k, num_experts, top_k, normalize, gen, monkeypatch
+):
+    """The logits within the bf16 product bounds of x @ W.T; the weights and ids exactly what
+    route_topk gives for those logits (both the key and the butterfly choice); the completion
+    counter back at 0 after eager calls and after every replay of a captured launch, whose
+    results equal an eager call's on the same new x."""
+    x = torch.randn(rows, k + 8, device="cuda", generator=gen).to(torch.bfloat16)[:, :k]
+    w = (torch.randn(n, k, device="cuda", generator=gen) * k**-0.5).to(torch.bfloat16)
+    assert routing_cuda.supports_router_route(x, w, num_experts, top_k)
+    counter = routing_cuda.router_counter(w)
+    assert counter is routing_cuda.router_counter(w)  # one per router matrix
+
+    def fused() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return routing_cuda.router_route(x, w, counter, num_experts, top_k, normalize=normalize)
+
+    for keys in ("", "routing_keys"):
+        monkeypatch.setenv("NINFER_KERNELS_OFF", keys)
+        logits, weights, ids = fused()
+        check_bf16_product(logits, x, w)
+        want_weights, want_ids = routing_cuda.route_topk(
+            logits[:, :num_experts], top_k, normalize=normalize
+        )
+        assert torch.equal(ids, want_ids) and torch.equal(weights, want_weights)
+        assert counter.item() == 0
+    monkeypatch.delenv("NINFER_KERNELS_OFF")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = fused()
+    for _ in range(3):
+        x.copy_(torch.randn(rows, k, device="cuda", generator=gen).to(torch.bfloat16))
+        graph.replay()
+        eager = fused()
+        assert all(torch.equal(a, b) for a, b in zip(captured, eager, strict=True))
+        assert counter.item() == 0
+
+
+@pytest.mark.parametrize("tokens", [1, 4, 9])
+def test_decode_moe_with_the_router_routing_in_one_launch(tokens, big_moe, gen, monkeypatch):
+    """sparse_moe with `router_route` on (the router GEMV routes in its last block; up to 8
+    rows, 9 takes the two launches) against it off: the same block within bf16 tolerance (the
+    logits are summed in another order), and against the twins."""
+    w = with_shared_gate_up(with_fused_router(big_moe))
+    x = torch.randn(tokens, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16)
+    monkeypatch.delenv("NINFER_KERNELS_ON", raising=False)
+    assert dispatch.router_and_route(x, w.router_and_gate, EXPERTS, TOP_K, normalize=True) is None
+    off = moe.sparse_moe(x, w, top_k=TOP_K, norm_topk_prob=True)
+    monkeypatch.setenv("NINFER_KERNELS_ON", "router_route")
+    fused = dispatch.router_and_route(x, w.router_and_gate, EXPERTS, TOP_K, normalize=True)
+    assert (fused is None) == (tokens > routing_cuda.ROUTER_MAX_ROWS)
+    on = moe.sparse_moe(x, w, top_k=TOP_K, norm_topk_prob=True)
+    with monkeypatch.context() as m:
+        m.setenv("NINFER_KERNELS", "torch")
+        want = moe.sparse_moe(x, w, top_k=TOP_K, norm_topk_prob=True)
+    assert on.shape == (tokens, HIDDEN)
+    assert rel(on, off) < TOL[torch.bfloat16] and rel(on, want) < TOL[torch.bfloat16]
 
 
 # --- fused decode tail --------------------------------------------------------------------------

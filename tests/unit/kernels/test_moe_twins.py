@@ -115,6 +115,37 @@ def test_routing_keys_rule(monkeypatch) -> None:
     assert not routing_launch.chooses_by_keys(torch.zeros(2, 256, dtype=torch.bfloat16))
 
 
+def test_router_route_launch_and_rules(monkeypatch) -> None:
+    """router_route at the 35B-A3B router (264 rows of 2,048: 33 blocks of 8 warps, a warp per
+    output row) for the verify's 4 rows: its instance, grid and arguments; what it takes; and
+    dispatch leaves it off unless switched on (and on the CPU always)."""
+    launches = Launches(monkeypatch)
+    x = torch.zeros(4, 2048, dtype=torch.bfloat16)
+    w = torch.zeros(264, 2048, dtype=torch.bfloat16)
+    counter = torch.zeros(1, dtype=torch.int32)
+    logits, weights, ids = routing_launch.router_route(x, w, counter, 256, 8, normalize=True)
+    assert logits.shape == (4, 264) and weights.shape == ids.shape == (4, 8)
+    (call,) = launches.calls
+    assert call["instance"] == "router_route<4, 8, true>"
+    assert call["grid"] == (33,) and call["block"] == (256,)
+    args = call["args"]
+    assert args[:4] == tuple(rt.ptr(t) for t in (logits, weights, ids, counter))
+    assert args[4:] == (rt.ptr(x), 2048, rt.ptr(w), 264, 2048, 256, 8, 1)
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "routing_keys")
+    routing_launch.router_route(x[:1], w, counter, 256, 8, normalize=False)
+    assert launches.calls[-1]["instance"] == "router_route<1, 8, false>"
+    supports = routing_launch.supports_router_route
+    assert supports(x, w, 256, 8) and supports(x, w, 264, 32)
+    assert not supports(x, w, 265, 8)  # more experts than logits
+    assert not supports(torch.zeros(9, 2048, dtype=torch.bfloat16), w, 256, 8)  # 9 rows
+    assert not supports(x.float(), w.float(), 256, 8)
+    assert not supports(torch.zeros(4, 2052, dtype=torch.bfloat16)[:, :2048], w, 256, 8)
+    with pytest.raises(rt.KernelInputError, match="router_route"):
+        routing_launch.router_route(x, w, counter, 256, 33, normalize=True)
+    monkeypatch.setenv("NINFER_KERNELS_ON", "router_route")
+    assert dispatch.router_and_route(x, w, 256, 8, normalize=True) is None  # the CPU
+
+
 def down_sum_by_hand(gate_up_out, down, ids, weights, shared=None, shared_gate=None):
     """Per-token float64 loop over the k chosen experts."""
     num_tokens, top_k = ids.shape

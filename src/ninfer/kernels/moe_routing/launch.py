@@ -1,4 +1,5 @@
-"""CUDA launcher of the MoE routing kernel (one warp per token row, four rows per block).
+"""CUDA launchers of the MoE routing kernel (one warp per token row, four rows per block), of
+`router_route` (the router's GEMV with the routing in its last block) and of `expert_sort`.
 
 Imports torch and kernels.runtime. Same signature and results as `reference.route_topk` where
 `supports` says yes (2-D logits with dense rows, at most 1024 experts, k at most 32 and E);
@@ -85,6 +86,94 @@ def route_topk(
     grid = (-(-num_rows // ROWS_PER_BLOCK),)
     rt.launch(kernel, grid, (32 * ROWS_PER_BLOCK,), args, device)
     return weights, ids
+
+
+ROUTER_MAX_ROWS = 8  # router_route's x rows (one template instance per count)
+ROUTER_WARPS = 8  # output rows per block (the .cu's RR_WARPS)
+# router_route's completion counters, one int32 per (device, router matrix): made outside graph
+# capture (the capture's warm-up makes them), left at 0 by every launch's last block
+_counters: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def supports_router_route(
+    x: torch.Tensor, weight: torch.Tensor, num_experts: int, top_k: int
+) -> bool:
+    """Whether `router_route` takes x [M, K] against router rows [N, K] routing the first E
+    logits: bf16, 1..ROUTER_MAX_ROWS dense 16-byte-aligned rows of x, a contiguous aligned
+    weight with K a multiple of 8, E <= min(N, MAX_EXPERTS), 1 <= k <= min(E, MAX_TOP_K)."""
+    if x.dim() != 2 or weight.dim() != 2 or x.dtype != torch.bfloat16:
+        return False
+    num_rows, k = x.shape
+    n = weight.shape[0]
+    return (
+        weight.dtype == torch.bfloat16
+        and weight.shape[1] == k
+        and k % 8 == 0
+        and 1 <= num_rows <= ROUTER_MAX_ROWS
+        and 1 <= num_experts <= min(n, MAX_EXPERTS)
+        and 1 <= top_k <= min(num_experts, MAX_TOP_K)
+        and x.stride(1) == 1
+        and (num_rows == 1 or x.stride(0) % 8 == 0)
+        and x.data_ptr() % 16 == 0
+        and weight.is_contiguous()
+        and weight.data_ptr() % 16 == 0
+        and x.device == weight.device
+    )
+
+
+def router_counter(weight: torch.Tensor) -> torch.Tensor | None:
+    """`weight`'s completion counter, made on first use; None while a CUDA graph is being
+    captured and none exists yet (the caller then runs the two-launch path)."""
+    key = (rt.device_index(weight.device), weight.data_ptr())
+    counter = _counters.get(key)
+    if counter is None and not torch.cuda.is_current_stream_capturing():
+        counter = _counters[key] = torch.zeros(1, dtype=torch.int32, device=weight.device)
+    return counter
+
+
+def router_route(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    counter: torch.Tensor,
+    num_experts: int,
+    top_k: int,
+    *,
+    normalize: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(logits [M, N] bf16 = x @ weight.T, weights [M, k] fp32, ids [M, k] int64): the routing
+    of each row's first E logits as `route_topk` routes those bf16 logits, in one launch."""
+    device = rt.check_cuda(x, weight, counter)
+    if not supports_router_route(x, weight, num_experts, top_k):
+        raise rt.KernelInputError(
+            f"router_route needs bf16 x of 1..{ROUTER_MAX_ROWS} dense aligned rows against "
+            f"contiguous aligned bf16 router rows with K % 8 == 0, E <= min(N, {MAX_EXPERTS}) and "
+            f"1 <= k <= min(E, {MAX_TOP_K}); got x {tuple(x.shape)} {x.dtype}, weight "
+            f"{tuple(weight.shape)} {weight.dtype}, E = {num_experts}, k = {top_k}"
+        )
+    num_rows, k = x.shape
+    n = weight.shape[0]
+    logits = torch.empty((num_rows, n), dtype=torch.bfloat16, device=device)
+    weights = torch.empty((num_rows, top_k), dtype=torch.float32, device=device)
+    ids = torch.empty((num_rows, top_k), dtype=torch.int64, device=device)
+    keys = "true" if not switched_off("routing_keys") else "false"
+    instance = f"router_route<{num_rows}, {values_per_lane(num_experts)}, {keys}>"
+    kernel = rt.get_kernel(OP, instance, device)
+    args = (
+        rt.ptr(logits),
+        rt.ptr(weights),
+        rt.ptr(ids),
+        rt.ptr(counter),
+        rt.ptr(x),
+        rt.i64(x.stride(0)),
+        rt.ptr(weight),
+        rt.i32(n),
+        rt.i32(k),
+        rt.i32(num_experts),
+        rt.i32(top_k),
+        rt.i32(int(normalize)),
+    )
+    rt.launch(kernel, (-(-n // ROUTER_WARPS),), (32 * ROUTER_WARPS,), args, device)
+    return logits, weights, ids
 
 
 def supports_sort(expert_ids: torch.Tensor, num_experts: int) -> bool:

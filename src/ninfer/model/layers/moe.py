@@ -294,8 +294,18 @@ def sparse_moe(x: torch.Tensor, w: MoeWeights, *, top_k: int, norm_topk_prob: bo
     # `shared_expert_in_kernels` in NINFER_KERNELS_OFF keeps the separate mlp (a device A/B)
     fuse = path is ExpertPath.GATHERED and not dispatch.switched_off("shared_expert_in_kernels")
     in_kernels = shared_expert_in_kernels(w) if fuse else None
-    router_logits, gate_logits, shared = _gate_logits(x, w, with_shared=in_kernels is None)
-    weights, ids = dispatch.route_topk(router_logits, top_k, normalize=norm_topk_prob)
+    num_experts = w.router.shape[0]
+    fused = None
+    if in_kernels is not None and w.router_and_gate is not None:  # no shared GEMM to fold in
+        fused = dispatch.router_and_route(
+            x, w.router_and_gate, num_experts, top_k, normalize=norm_topk_prob
+        )
+    if fused is not None:  # the router GEMV routed in its last block
+        both, weights, ids = fused
+        gate_logits, shared = both[:, num_experts : num_experts + 1], None
+    else:
+        router_logits, gate_logits, shared = _gate_logits(x, w, with_shared=in_kernels is None)
+        weights, ids = dispatch.route_topk(router_logits, top_k, normalize=norm_topk_prob)
     if in_kernels is None and shared is None:  # not from the router's GEMM
         shared = mlp(
             x,
