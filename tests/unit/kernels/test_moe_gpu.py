@@ -249,6 +249,63 @@ def test_decode_moe_with_the_router_routing_in_one_launch(tokens, big_moe, gen, 
     assert rel(on, off) < TOL[torch.bfloat16] and rel(on, want) < TOL[torch.bfloat16]
 
 
+@pytest.mark.parametrize("rows", [1, 4, 8])
+def test_norm_router_route_forms_add_rms_norm_bit_for_bit(rows, gen):
+    """The residual add and norm formed inside the router's launch: normed rows and sums equal to
+    add_rms_norm's bits, and logits, weights and ids equal to router_route's on those rows; in a
+    graph too, the counter back at 0 after each replay."""
+    h = torch.randn(rows, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16)
+    residual = (torch.randn(rows, HIDDEN, device="cuda", generator=gen) * 4).to(torch.bfloat16)
+    norm_w = (torch.randn(HIDDEN, device="cuda", generator=gen) * 0.1).to(torch.bfloat16)
+    router = (torch.randn(264, HIDDEN, device="cuda", generator=gen) * 0.02).to(torch.bfloat16)
+    counter = routing_cuda.router_counter(router)
+
+    def fused() -> tuple[torch.Tensor, ...]:
+        return routing_cuda.norm_router_route(
+            h, residual, norm_w, 1e-6, router, counter, EXPERTS, TOP_K, normalize=True
+        )
+
+    normed, summed, logits, weights, ids = fused()
+    want_normed, want_summed = dispatch.add_rms_norm(h, residual, norm_w, 1e-6)
+    assert torch.equal(normed, want_normed) and torch.equal(summed, want_summed)
+    unfused = routing_cuda.router_route(normed, router, counter, EXPERTS, TOP_K, normalize=True)
+    assert all(torch.equal(a, b) for a, b in zip((logits, weights, ids), unfused, strict=True))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = fused()
+    for _ in range(2):
+        h.copy_(torch.randn(rows, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16))
+        graph.replay()
+        assert all(torch.equal(a, b) for a, b in zip(captured, fused(), strict=True))
+        assert counter.item() == 0
+
+
+@pytest.mark.parametrize("tokens", [1, 4])
+def test_moe_after_norm_folds_the_norm_into_the_router_launch(tokens, big_moe, gen, monkeypatch):
+    """sparse_moe_after_norm with `router_route` on: with the norm folded into the router's
+    launch (the default then) the block's output and residual are bit for bit those of the
+    separate add_rms_norm (`router_norm` off); both within bf16 tolerance of the twins."""
+    w = with_shared_gate_up(with_fused_router(big_moe))
+    h = torch.randn(tokens, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16)
+    residual = torch.randn(tokens, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16)
+    norm_w = (torch.randn(HIDDEN, device="cuda", generator=gen) * 0.1).to(torch.bfloat16)
+
+    def block() -> tuple[torch.Tensor, torch.Tensor]:
+        return moe.sparse_moe_after_norm(
+            h, residual, norm_w, 1e-6, w, top_k=TOP_K, norm_topk_prob=True
+        )
+
+    monkeypatch.setenv("NINFER_KERNELS_ON", "router_route")
+    folded = block()
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "router_norm")
+    separate = block()
+    assert all(torch.equal(a, b) for a, b in zip(folded, separate, strict=True))
+    monkeypatch.setenv("NINFER_KERNELS", "torch")
+    want = block()
+    assert rel(folded[0], want[0]) < TOL[torch.bfloat16]
+    assert torch.equal(folded[1], want[1])  # h + residual, rounded once either way
+
+
 # --- fused decode tail --------------------------------------------------------------------------
 
 

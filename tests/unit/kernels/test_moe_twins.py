@@ -13,12 +13,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from ninfer.kernels import dispatch
 from ninfer.kernels import runtime as rt
+from ninfer.kernels.add_rms_norm import launch as add_rms_norm_launch
 from ninfer.kernels.expert_gemv import launch as expert_launch
 from ninfer.kernels.expert_gemv.reference import expert_down_sum, expert_gemv
 from ninfer.kernels.moe_routing import launch as routing_launch
@@ -126,14 +128,32 @@ def test_router_route_launch_and_rules(monkeypatch) -> None:
     logits, weights, ids = routing_launch.router_route(x, w, counter, 256, 8, normalize=True)
     assert logits.shape == (4, 264) and weights.shape == ids.shape == (4, 8)
     (call,) = launches.calls
-    assert call["instance"] == "router_route<4, 8, true>"
+    assert call["instance"] == "router_route<4, 8, true, false>"
     assert call["grid"] == (33,) and call["block"] == (256,)
     args = call["args"]
     assert args[:4] == tuple(rt.ptr(t) for t in (logits, weights, ids, counter))
-    assert args[4:] == (rt.ptr(x), 2048, rt.ptr(w), 264, 2048, 256, 8, 1)
+    assert args[4:12] == (rt.ptr(x), 2048, rt.ptr(w), 264, 2048, 256, 8, 1)
+    assert args[12:17] == (0, 0, 0, 0, 0)  # no norm: h, residual, norm weight, outputs
+    # the norm formed in the same launch: h takes x's place, the norm's operands follow
+    h, residual = torch.zeros(4, 2048, dtype=torch.bfloat16), torch.zeros(4, 2048).bfloat16()
+    norm_w = torch.zeros(2048, dtype=torch.bfloat16)
+    normed, summed, *_ = routing_launch.norm_router_route(
+        h, residual, norm_w, 1e-6, w, counter, 256, 8, normalize=True
+    )
+    assert normed.shape == summed.shape == (4, 2048)
+    call = launches.calls[-1]
+    assert call["instance"] == "router_route<4, 8, true, true>" and call["grid"] == (33,)
+    assert call["args"][4] == 0 and call["args"][12:17] == tuple(
+        rt.ptr(t) for t in (h, residual, norm_w, normed, summed)
+    )
+    assert call["args"][17] == np.float32(1e-6)
+    # the kernel forms the norm as add_rms_norm_vec's one-vector-a-thread plan on 256 threads
+    assert add_rms_norm_launch.vec_plan(routing_launch.ROUTER_NORM_WIDTH, 2) == (1, 256)
+    assert not routing_launch.supports_norm_router_route(h[:, :1024], residual, norm_w, w, 256, 8)
+    assert not routing_launch.supports_norm_router_route(h, residual, norm_w.float(), w, 256, 8)
     monkeypatch.setenv("NINFER_KERNELS_OFF", "routing_keys")
     routing_launch.router_route(x[:1], w, counter, 256, 8, normalize=False)
-    assert launches.calls[-1]["instance"] == "router_route<1, 8, false>"
+    assert launches.calls[-1]["instance"] == "router_route<1, 8, false, false>"
     supports = routing_launch.supports_router_route
     assert supports(x, w, 256, 8) and supports(x, w, 264, 32)
     assert not supports(x, w, 265, 8)  # more experts than logits

@@ -90,6 +90,7 @@ def route_topk(
 
 ROUTER_MAX_ROWS = 8  # router_route's x rows (one template instance per count)
 ROUTER_WARPS = 8  # output rows per block (the .cu's RR_WARPS)
+ROUTER_NORM_WIDTH = 2048  # norm_router_route's row width (the .cu's RR_NORM_VECS x 8)
 # router_route's completion counters, one int32 per (device, router matrix): made outside graph
 # capture (the capture's warm-up makes them), left at 0 by every launch's last block
 _counters: dict[tuple[int, int], torch.Tensor] = {}
@@ -131,6 +132,34 @@ def router_counter(weight: torch.Tensor) -> torch.Tensor | None:
     return counter
 
 
+def supports_norm_router_route(
+    h: torch.Tensor,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    weight: torch.Tensor,
+    num_experts: int,
+    top_k: int,
+) -> bool:
+    """Whether `norm_router_route` takes these: `supports_router_route`'s rules for h, dense
+    bf16 h and residual alike, a bf16 norm weight [K], and K = ROUTER_NORM_WIDTH (where
+    add_rms_norm's one-pass plan is one vector a thread on 256 threads, as the kernel's)."""
+    k = h.shape[-1]
+    return (
+        k == ROUTER_NORM_WIDTH
+        and supports_router_route(h, weight, num_experts, top_k)
+        and h.is_contiguous()
+        and residual.shape == h.shape
+        and residual.dtype == torch.bfloat16
+        and residual.is_contiguous()
+        and residual.data_ptr() % 16 == 0
+        and norm_weight.shape == (k,)
+        and norm_weight.dtype == torch.bfloat16
+        and norm_weight.is_contiguous()
+        and norm_weight.data_ptr() % 16 == 0
+        and residual.device == norm_weight.device == h.device
+    )
+
+
 def router_route(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -150,20 +179,67 @@ def router_route(
             f"1 <= k <= min(E, {MAX_TOP_K}); got x {tuple(x.shape)} {x.dtype}, weight "
             f"{tuple(weight.shape)} {weight.dtype}, E = {num_experts}, k = {top_k}"
         )
+    return _launch_router(x, weight, counter, num_experts, top_k, normalize, None, device)[2:]
+
+
+def norm_router_route(
+    h: torch.Tensor,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    counter: torch.Tensor,
+    num_experts: int,
+    top_k: int,
+    *,
+    normalize: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`router_route` of x = add_rms_norm(h, residual, norm_weight, eps)'s normed rows, formed in
+    the same launch: (x, h + residual, logits, weights, ids), x and the sum with the bits
+    add_rms_norm gives."""
+    device = rt.check_cuda(h, residual, norm_weight, weight, counter)
+    if not supports_norm_router_route(h, residual, norm_weight, weight, num_experts, top_k):
+        raise rt.KernelInputError(
+            f"norm_router_route needs router_route's operands with dense bf16 h and residual "
+            f"[M, {ROUTER_NORM_WIDTH}] and a bf16 norm weight [{ROUTER_NORM_WIDTH}]; got h "
+            f"{tuple(h.shape)} {h.dtype}, residual {tuple(residual.shape)} {residual.dtype}, "
+            f"norm weight {tuple(norm_weight.shape)} {norm_weight.dtype}"
+        )
+    norm = (residual, norm_weight, eps)
+    return _launch_router(h, weight, counter, num_experts, top_k, normalize, norm, device)
+
+
+def _launch_router(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    counter: torch.Tensor,
+    num_experts: int,
+    top_k: int,
+    normalize: bool,
+    norm: tuple[torch.Tensor, torch.Tensor, float] | None,
+    device: torch.device,
+) -> tuple[torch.Tensor, ...]:
+    """One router_route launch: (normed, summed, logits, weights, ids), the first two None
+    without `norm` (then x is the GEMV's input; with it, h)."""
     num_rows, k = x.shape
     n = weight.shape[0]
     logits = torch.empty((num_rows, n), dtype=torch.bfloat16, device=device)
     weights = torch.empty((num_rows, top_k), dtype=torch.float32, device=device)
     ids = torch.empty((num_rows, top_k), dtype=torch.int64, device=device)
+    normed = summed = None
+    if norm is not None:
+        normed, summed = torch.empty_like(x), torch.empty_like(x)
     keys = "true" if not switched_off("routing_keys") else "false"
-    instance = f"router_route<{num_rows}, {values_per_lane(num_experts)}, {keys}>"
+    has_norm = "true" if norm is not None else "false"
+    instance = f"router_route<{num_rows}, {values_per_lane(num_experts)}, {keys}, {has_norm}>"
     kernel = rt.get_kernel(OP, instance, device)
+    residual, norm_weight, eps = norm if norm is not None else (None, None, 0.0)
     args = (
         rt.ptr(logits),
         rt.ptr(weights),
         rt.ptr(ids),
         rt.ptr(counter),
-        rt.ptr(x),
+        rt.ptr(None if norm is not None else x),
         rt.i64(x.stride(0)),
         rt.ptr(weight),
         rt.i32(n),
@@ -171,9 +247,15 @@ def router_route(
         rt.i32(num_experts),
         rt.i32(top_k),
         rt.i32(int(normalize)),
+        rt.ptr(x if norm is not None else None),
+        rt.ptr(residual),
+        rt.ptr(norm_weight),
+        rt.ptr(normed),
+        rt.ptr(summed),
+        rt.f32(eps),
     )
     rt.launch(kernel, (-(-n // ROUTER_WARPS),), (32 * ROUTER_WARPS,), args, device)
-    return logits, weights, ids
+    return normed, summed, logits, weights, ids
 
 
 def supports_sort(expert_ids: torch.Tensor, num_experts: int) -> bool:
