@@ -180,6 +180,20 @@ def test_moe_routing_bf16_keys_choose_as_the_butterfly(
 # --- the router GEMV with the routing in its last block ---------------------------------------
 
 
+def check_router_replays(run, rows: torch.Tensor, counter: torch.Tensor, gen, *, replays: int):
+    """`run` (a router_route launch reading `rows`) captured once: after each refill of `rows`
+    with fresh values a replay gives exactly what an eager call gives, and the completion
+    counter is back at 0."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = run()
+    for _ in range(replays):
+        rows.copy_(torch.randn(rows.shape, device="cuda", generator=gen).to(rows.dtype))
+        graph.replay()
+        assert all(torch.equal(a, b) for a, b in zip(captured, run(), strict=True))
+        assert counter.item() == 0
+
+
 @pytest.mark.parametrize(
     ("rows", "n", "k", "num_experts", "top_k", "normalize"),
     [
@@ -217,15 +231,7 @@ def test_router_route_is_the_gemv_then_the_routing(
         assert torch.equal(ids, want_ids) and torch.equal(weights, want_weights)
         assert counter.item() == 0
     monkeypatch.delenv("NINFER_KERNELS_OFF")
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = fused()
-    for _ in range(3):
-        x.copy_(torch.randn(rows, k, device="cuda", generator=gen).to(torch.bfloat16))
-        graph.replay()
-        eager = fused()
-        assert all(torch.equal(a, b) for a, b in zip(captured, eager, strict=True))
-        assert counter.item() == 0
+    check_router_replays(fused, x, counter, gen, replays=3)
 
 
 @pytest.mark.parametrize("tokens", [1, 4, 9])
@@ -270,14 +276,7 @@ def test_norm_router_route_forms_add_rms_norm_bit_for_bit(rows, gen):
     assert torch.equal(normed, want_normed) and torch.equal(summed, want_summed)
     unfused = routing_cuda.router_route(normed, router, counter, EXPERTS, TOP_K, normalize=True)
     assert all(torch.equal(a, b) for a, b in zip((logits, weights, ids), unfused, strict=True))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = fused()
-    for _ in range(2):
-        h.copy_(torch.randn(rows, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16))
-        graph.replay()
-        assert all(torch.equal(a, b) for a, b in zip(captured, fused(), strict=True))
-        assert counter.item() == 0
+    check_router_replays(fused, h, counter, gen, replays=2)
 
 
 @pytest.mark.parametrize("tokens", [1, 4])

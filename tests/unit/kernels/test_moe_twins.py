@@ -133,7 +133,7 @@ def test_router_route_launch_and_rules(monkeypatch) -> None:
     args = call["args"]
     assert args[:4] == tuple(rt.ptr(t) for t in (logits, weights, ids, counter))
     assert args[4:12] == (rt.ptr(x), 2048, rt.ptr(w), 264, 2048, 256, 8, 1)
-    assert args[12:17] == (0, 0, 0, 0, 0)  # no norm: h, residual, norm weight, outputs
+    assert args[12:16] == (0, 0, 0, 0)  # no norm: residual, norm weight, outputs
     # the norm formed in the same launch: h takes x's place, the norm's operands follow
     h, residual = torch.zeros(4, 2048, dtype=torch.bfloat16), torch.zeros(4, 2048).bfloat16()
     norm_w = torch.zeros(2048, dtype=torch.bfloat16)
@@ -143,10 +143,10 @@ def test_router_route_launch_and_rules(monkeypatch) -> None:
     assert normed.shape == summed.shape == (4, 2048)
     call = launches.calls[-1]
     assert call["instance"] == "router_route<4, 8, true, true>" and call["grid"] == (33,)
-    assert call["args"][4] == 0 and call["args"][12:17] == tuple(
-        rt.ptr(t) for t in (h, residual, norm_w, normed, summed)
+    assert call["args"][4:6] == (rt.ptr(h), 2048) and call["args"][12:16] == tuple(
+        rt.ptr(t) for t in (residual, norm_w, normed, summed)
     )
-    assert call["args"][17] == np.float32(1e-6)
+    assert call["args"][16] == np.float32(1e-6)
     # the kernel forms the norm as add_rms_norm_vec's one-vector-a-thread plan on 256 threads
     assert add_rms_norm_launch.vec_plan(routing_launch.ROUTER_NORM_WIDTH, 2) == (1, 256)
     assert not routing_launch.supports_norm_router_route(h[:, :1024], residual, norm_w, w, 256, 8)

@@ -220,7 +220,7 @@ def _launch_router(
     device: torch.device,
 ) -> tuple[torch.Tensor, ...]:
     """One router_route launch: (normed, summed, logits, weights, ids), the first two None
-    without `norm` (then x is the GEMV's input; with it, h)."""
+    without `norm` (x is then the GEMV's input; with it, h, whose normed rows are)."""
     num_rows, k = x.shape
     n = weight.shape[0]
     logits = torch.empty((num_rows, n), dtype=torch.bfloat16, device=device)
@@ -229,7 +229,7 @@ def _launch_router(
     normed = summed = None
     if norm is not None:
         normed, summed = torch.empty_like(x), torch.empty_like(x)
-    keys = "true" if not switched_off("routing_keys") else "false"
+    keys = "true" if chooses_by_keys(x) else "false"
     has_norm = "true" if norm is not None else "false"
     instance = f"router_route<{num_rows}, {values_per_lane(num_experts)}, {keys}, {has_norm}>"
     kernel = rt.get_kernel(OP, instance, device)
@@ -239,7 +239,7 @@ def _launch_router(
         rt.ptr(weights),
         rt.ptr(ids),
         rt.ptr(counter),
-        rt.ptr(None if norm is not None else x),
+        rt.ptr(x),  # with the norm: h, the rows it is formed from
         rt.i64(x.stride(0)),
         rt.ptr(weight),
         rt.i32(n),
@@ -247,7 +247,6 @@ def _launch_router(
         rt.i32(num_experts),
         rt.i32(top_k),
         rt.i32(int(normalize)),
-        rt.ptr(x if norm is not None else None),
         rt.ptr(residual),
         rt.ptr(norm_weight),
         rt.ptr(normed),

@@ -178,12 +178,13 @@ __global__ void __launch_bounds__(128) moe_routing(
 // the unfused path would route are these (their own bits; the plain GEMVs sum in other orders).
 // The weights are read before pdl_wait (no kernel writes them), x after it.
 //
-// NORM: x is not given but formed, the residual add and the zero-centred RMSNorm before the MoE
-// (add_rms_norm's work, one launch fewer again): every block forms all M rows from h and the
-// residual into shared memory, block 0 also writes them (`normed_out`, for the expert GEMVs) and
-// the sums (`summed_out`, the residual stream). Width k = RR_NORM_VECS x 8 exactly, one 16-byte
-// vector a thread, where add_rms_norm_vec's plan is one vector a thread on 256 threads too: the
-// same ops, block_sum and order, so the same bits as add_rms_norm.
+// NORM: x holds h, and the GEMV's input is formed from it: the residual add and the zero-centred
+// RMSNorm before the MoE (add_rms_norm's work, one launch fewer again). Every block forms all M
+// rows from h and the residual (dense rows of k) into shared memory; block 0 also writes them
+// (`normed_out`, for the expert GEMVs) and the sums (`summed_out`, the residual stream). Width
+// k = RR_NORM_VECS x 8 exactly, one 16-byte vector a thread, where add_rms_norm_vec's plan is
+// one vector a thread on 256 threads too: its add_vec16, norm_vec16, block_sum and order, so
+// the same bits as add_rms_norm.
 constexpr int RR_STEPS = 8;  // 16-byte chunks per lane in flight
 constexpr int RR_WARPS = 8;
 constexpr int RR_NORM_VECS = 256;  // NORM's row width in 16-byte vectors (k = 2048 bf16)
@@ -193,9 +194,8 @@ __global__ void __launch_bounds__(256) router_route(
     bf16* __restrict__ logits, float* __restrict__ weights, long long* __restrict__ ids,
     unsigned int* __restrict__ counter, const bf16* __restrict__ x, long long x_stride,
     const bf16* __restrict__ w, int n, int k, int num_experts, int top_k, int normalize,
-    const bf16* __restrict__ h, const bf16* __restrict__ residual,
-    const bf16* __restrict__ norm_w, bf16* __restrict__ normed_out,
-    bf16* __restrict__ summed_out, float eps) {
+    const bf16* __restrict__ residual, const bf16* __restrict__ norm_w,
+    bf16* __restrict__ normed_out, bf16* __restrict__ summed_out, float eps) {
   pdl_trigger();
   __shared__ bf16 rows[M * 32 * VALS];  // the last block's copy of the M rows' E logits
   __shared__ uint4 xs[NORM ? M * RR_NORM_VECS : 1];  // NORM: the formed x rows
@@ -216,28 +216,15 @@ __global__ void __launch_bounds__(256) router_route(
   if constexpr (NORM) {  // add_rms_norm_vec's steps for one vector a thread (CHUNKS = 1)
     const int idx = threadIdx.x;
     const uint4 wu = reinterpret_cast<const uint4*>(norm_w)[idx];
-    const bf16* we = reinterpret_cast<const bf16*>(&wu);
     for (int m = 0; m < M; ++m) {
-      const uint4 xu = reinterpret_cast<const uint4*>(h + static_cast<long long>(m) * k)[idx];
-      const uint4 ru = reinterpret_cast<const uint4*>(residual + static_cast<long long>(m) * k)[idx];
-      const bf16* xe = reinterpret_cast<const bf16*>(&xu);
-      const bf16* re = reinterpret_cast<const bf16*>(&ru);
-      uint4 su;
-      bf16* se = reinterpret_cast<bf16*>(&su);
       float sv[8];
+      const uint4 su = add_vec16<bf16>(reinterpret_cast<const uint4*>(x + m * x_stride)[idx],
+                                       reinterpret_cast<const uint4*>(residual + m * k)[idx], sv);
       float sq = 0.0f;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        se[j] = from_float<bf16>(to_float(xe[j]) + to_float(re[j]));  // rounded as torch's add
-        sv[j] = to_float(se[j]);
-      }
 #pragma unroll
       for (int j = 0; j < 8; ++j) sq += sv[j] * sv[j];
       const float inv = rsqrtf(block_sum(sq) / static_cast<float>(k) + eps);
-      uint4 ou;
-      bf16* oe = reinterpret_cast<bf16*>(&ou);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) oe[j] = from_float<bf16>((sv[j] * inv) * (1.0f + to_float(we[j])));
+      const uint4 ou = norm_vec16<bf16>(sv, inv, wu);
       xs[m * RR_NORM_VECS + idx] = ou;
       if (blockIdx.x == 0) {
         reinterpret_cast<uint4*>(summed_out + static_cast<long long>(m) * k)[idx] = su;
