@@ -166,9 +166,9 @@ __device__ __forceinline__ unsigned int sigmoid_gate_bf16x2(unsigned int o, unsi
 
 // The residual add of the norm kernels, 16 bytes at a time: x + residual element by element,
 // each sum rounded to T as torch's add rounds it; returns the rounded vector and leaves its
-// values in s. add_rms_norm_vec and router_route's folded norm share it (and norm_vec16), so
-// the two give the same bits. The vectors come by value: a reference into global memory lets
-// the compiler split the 16-byte load into element loads.
+// values in s (add_rms_norm_vec; with norm_vec16, one formula for any kernel that forms this
+// norm). The vectors come by value: a reference into global memory lets the compiler split the
+// 16-byte load into element loads.
 template <typename T>
 __device__ __forceinline__ uint4 add_vec16(uint4 xu, uint4 ru, float (&s)[16 / sizeof(T)]) {
   const T* xe = reinterpret_cast<const T*>(&xu);

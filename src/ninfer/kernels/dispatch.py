@@ -418,58 +418,6 @@ def route_topk(
     return _routing_ref.route_topk(router_logits, top_k, normalize=normalize)
 
 
-def router_and_route(
-    x: torch.Tensor, router: torch.Tensor, num_experts: int, top_k: int, *, normalize: bool
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """(x @ router.T, then route_topk's weights and ids of its first E columns) in one launch
-    (`moe_routing`'s `router_route`: the last block of the GEMV routes), or None where that does
-    not run and the caller makes the two calls. Opt-in as NINFER_KERNELS_ON=router_route until
-    measured on a GPU. The logits are the kernel's own sums (to bf16), routed exactly as
-    route_topk routes them."""
-    if not (
-        switches.switched_on("router_route")
-        and use_cuda_kernels(x, "moe_routing")
-        and _routing_cuda.supports_router_route(x, router, num_experts, top_k)
-    ):
-        return None
-    counter = _routing_cuda.router_counter(router)
-    if counter is None:
-        return None
-    return _routing_cuda.router_route(x, router, counter, num_experts, top_k, normalize=normalize)
-
-
-def norm_router_and_route(
-    h: torch.Tensor,
-    residual: torch.Tensor,
-    norm_weight: torch.Tensor,
-    eps: float,
-    router: torch.Tensor,
-    num_experts: int,
-    top_k: int,
-    *,
-    normalize: bool,
-) -> tuple[torch.Tensor, ...] | None:
-    """`router_and_route` of add_rms_norm(h, residual)'s normed rows with the norm formed in the
-    same launch: (normed, h + residual, logits, weights, ids), the first two bit for bit
-    add_rms_norm's; or None where it does not run (then add_rms_norm, then the MoE as usual).
-    On with `router_route` unless `router_norm` is switched off; not yet run on a GPU."""
-    if not (
-        switches.switched_on("router_route")
-        and not switched_off("router_norm")
-        and use_cuda_kernels(h, "moe_routing")
-        and _routing_cuda.supports_norm_router_route(
-            h, residual, norm_weight, router, num_experts, top_k
-        )
-    ):
-        return None
-    counter = _routing_cuda.router_counter(router)
-    if counter is None:
-        return None
-    return _routing_cuda.norm_router_route(
-        h, residual, norm_weight, eps, router, counter, num_experts, top_k, normalize=normalize
-    )
-
-
 def grouped_mm_enabled(t: torch.Tensor) -> bool:
     """True when `torch._grouped_mm` has its sync-free bf16 kernel on `t`'s device.
 

@@ -27,7 +27,7 @@ from ninfer.model.layers.gated_attention import (
     gated_attention,
 )
 from ninfer.model.layers.mlp import MlpWeights, mlp
-from ninfer.model.layers.moe import MoeWeights, sparse_moe_after_norm
+from ninfer.model.layers.moe import MoeWeights, sparse_moe
 from ninfer.model.layers.rope import rope_cos_sin
 from ninfer.model.qwen3_5 import (
     Qwen3_5Model,
@@ -112,13 +112,12 @@ class MtpHead:
             meta=meta,
             eps=eps,
         )
-        if isinstance(self.ffn, MoeWeights):  # the norm may fold into the router's launch
-            h, x = sparse_moe_after_norm(
-                h, x, self.post_attention_layernorm, eps, self.ffn,
-                top_k=c.num_experts_per_tok, norm_topk_prob=c.norm_topk_prob,
-            )  # fmt: skip
+        h, x = dispatch.add_rms_norm(h, x, self.post_attention_layernorm, eps)
+        if isinstance(self.ffn, MoeWeights):
+            h = sparse_moe(
+                h, self.ffn, top_k=c.num_experts_per_tok, norm_topk_prob=c.norm_topk_prob
+            )
         else:
-            h, x = dispatch.add_rms_norm(h, x, self.post_attention_layernorm, eps)
             h = mlp(h, self.ffn)
         return dispatch.add_rms_norm(h, x, self.norm, eps)[0]
 

@@ -30,7 +30,7 @@ from ninfer.model.layers.gated_attention import (
 )
 from ninfer.model.layers.gated_deltanet import DeltaNetWeights, gated_deltanet
 from ninfer.model.layers.mlp import MlpWeights, mlp
-from ninfer.model.layers.moe import MoeWeights, sparse_moe_after_norm
+from ninfer.model.layers.moe import MoeWeights, sparse_moe
 from ninfer.model.layers.rope import mrope_axis_map, rope_cos_sin, rope_inv_freq
 
 
@@ -240,13 +240,12 @@ class Qwen3_5Model:
                     batch=batch,
                     eps=c.rms_norm_eps,
                 )
-            if isinstance(layer.ffn, MoeWeights):  # the norm may fold into the router's launch
-                h, x = sparse_moe_after_norm(
-                    h, x, layer.post_attention_layernorm, eps, layer.ffn,
-                    top_k=c.num_experts_per_tok, norm_topk_prob=c.norm_topk_prob,
-                )  # fmt: skip
+            h, x = dispatch.add_rms_norm(h, x, layer.post_attention_layernorm, eps)
+            if isinstance(layer.ffn, MoeWeights):
+                h = sparse_moe(
+                    h, layer.ffn, top_k=c.num_experts_per_tok, norm_topk_prob=c.norm_topk_prob
+                )
             else:
-                h, x = dispatch.add_rms_norm(h, x, layer.post_attention_layernorm, eps)
                 h = mlp(h, layer.ffn)
         if not self.layers:
             return dispatch.rms_norm(x, self.norm, eps)

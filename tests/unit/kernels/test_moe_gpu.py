@@ -27,7 +27,7 @@ from ninfer.kernels.moe_routing import launch as routing_cuda
 from ninfer.kernels.moe_routing import reference as routing_ref
 from ninfer.model.layers import moe
 from ninfer.model.layers.moe import ExpertPath, MoeWeights
-from support.gpu_checks import check_bf16_product, rel
+from support.gpu_checks import rel
 
 pytestmark = pytest.mark.gpu
 TOL = {torch.bfloat16: 1e-2, torch.float32: 1e-4}
@@ -177,134 +177,6 @@ def test_moe_routing_bf16_keys_choose_as_the_butterfly(
     assert ids[1].tolist() == list(range(top_k)) and ids[8].tolist() == list(range(top_k))
 
 
-# --- the router GEMV with the routing in its last block ---------------------------------------
-
-
-def check_router_replays(run, rows: torch.Tensor, counter: torch.Tensor, gen, *, replays: int):
-    """`run` (a router_route launch reading `rows`) captured once: after each refill of `rows`
-    with fresh values a replay gives exactly what an eager call gives, and the completion
-    counter is back at 0."""
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = run()
-    for _ in range(replays):
-        rows.copy_(torch.randn(rows.shape, device="cuda", generator=gen).to(rows.dtype))
-        graph.replay()
-        assert all(torch.equal(a, b) for a, b in zip(captured, run(), strict=True))
-        assert counter.item() == 0
-
-
-@pytest.mark.parametrize(
-    ("rows", "n", "k", "num_experts", "top_k", "normalize"),
-    [
-        (1, 264, 2048, 256, 8, True),  # the 35B-A3B router + shared gate + padding, one row
-        (4, 264, 2048, 256, 8, True),  # the MTP verify's 4 columns
-        (8, 264, 2048, 256, 8, False),
-        (6, 257, 2048, 256, 8, True),  # unpadded: a partial last block
-        (3, 40, 4096, 33, 5, True),  # K past one pass of 8 steps a lane; E off the warp width
-        (2, 17, 64, 16, 16, False),  # short rows: most lanes idle; k = E
-    ],
-)
-def test_router_route_is_the_gemv_then_the_routing(
-    rows, n, k, num_experts, top_k, normalize, gen, monkeypatch
-):
-    """The logits within the bf16 product bounds of x @ W.T; the weights and ids exactly what
-    route_topk gives for those logits (both the key and the butterfly choice); the completion
-    counter back at 0 after eager calls and after every replay of a captured launch, whose
-    results equal an eager call's on the same new x."""
-    x = torch.randn(rows, k + 8, device="cuda", generator=gen).to(torch.bfloat16)[:, :k]
-    w = (torch.randn(n, k, device="cuda", generator=gen) * k**-0.5).to(torch.bfloat16)
-    assert routing_cuda.supports_router_route(x, w, num_experts, top_k)
-    counter = routing_cuda.router_counter(w)
-    assert counter is routing_cuda.router_counter(w)  # one per router matrix
-
-    def fused() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return routing_cuda.router_route(x, w, counter, num_experts, top_k, normalize=normalize)
-
-    for keys in ("", "routing_keys"):
-        monkeypatch.setenv("NINFER_KERNELS_OFF", keys)
-        logits, weights, ids = fused()
-        check_bf16_product(logits, x, w)
-        want_weights, want_ids = routing_cuda.route_topk(
-            logits[:, :num_experts], top_k, normalize=normalize
-        )
-        assert torch.equal(ids, want_ids) and torch.equal(weights, want_weights)
-        assert counter.item() == 0
-    monkeypatch.delenv("NINFER_KERNELS_OFF")
-    check_router_replays(fused, x, counter, gen, replays=3)
-
-
-@pytest.mark.parametrize("tokens", [1, 4, 9])
-def test_decode_moe_with_the_router_routing_in_one_launch(tokens, big_moe, gen, monkeypatch):
-    """sparse_moe with `router_route` on (the router GEMV routes in its last block; up to 8
-    rows, 9 takes the two launches) against it off: the same block within bf16 tolerance (the
-    logits are summed in another order), and against the twins."""
-    w = with_shared_gate_up(with_fused_router(big_moe))
-    x = torch.randn(tokens, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16)
-    monkeypatch.delenv("NINFER_KERNELS_ON", raising=False)
-    assert dispatch.router_and_route(x, w.router_and_gate, EXPERTS, TOP_K, normalize=True) is None
-    off = moe.sparse_moe(x, w, top_k=TOP_K, norm_topk_prob=True)
-    monkeypatch.setenv("NINFER_KERNELS_ON", "router_route")
-    fused = dispatch.router_and_route(x, w.router_and_gate, EXPERTS, TOP_K, normalize=True)
-    assert (fused is None) == (tokens > routing_cuda.ROUTER_MAX_ROWS)
-    on = moe.sparse_moe(x, w, top_k=TOP_K, norm_topk_prob=True)
-    with monkeypatch.context() as m:
-        m.setenv("NINFER_KERNELS", "torch")
-        want = moe.sparse_moe(x, w, top_k=TOP_K, norm_topk_prob=True)
-    assert on.shape == (tokens, HIDDEN)
-    assert rel(on, off) < TOL[torch.bfloat16] and rel(on, want) < TOL[torch.bfloat16]
-
-
-@pytest.mark.parametrize("rows", [1, 4, 8])
-def test_norm_router_route_forms_add_rms_norm_bit_for_bit(rows, gen):
-    """The residual add and norm formed inside the router's launch: normed rows and sums equal to
-    add_rms_norm's bits, and logits, weights and ids equal to router_route's on those rows; in a
-    graph too, the counter back at 0 after each replay."""
-    h = torch.randn(rows, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16)
-    residual = (torch.randn(rows, HIDDEN, device="cuda", generator=gen) * 4).to(torch.bfloat16)
-    norm_w = (torch.randn(HIDDEN, device="cuda", generator=gen) * 0.1).to(torch.bfloat16)
-    router = (torch.randn(264, HIDDEN, device="cuda", generator=gen) * 0.02).to(torch.bfloat16)
-    counter = routing_cuda.router_counter(router)
-
-    def fused() -> tuple[torch.Tensor, ...]:
-        return routing_cuda.norm_router_route(
-            h, residual, norm_w, 1e-6, router, counter, EXPERTS, TOP_K, normalize=True
-        )
-
-    normed, summed, logits, weights, ids = fused()
-    want_normed, want_summed = dispatch.add_rms_norm(h, residual, norm_w, 1e-6)
-    assert torch.equal(normed, want_normed) and torch.equal(summed, want_summed)
-    unfused = routing_cuda.router_route(normed, router, counter, EXPERTS, TOP_K, normalize=True)
-    assert all(torch.equal(a, b) for a, b in zip((logits, weights, ids), unfused, strict=True))
-    check_router_replays(fused, h, counter, gen, replays=2)
-
-
-@pytest.mark.parametrize("tokens", [1, 4])
-def test_moe_after_norm_folds_the_norm_into_the_router_launch(tokens, big_moe, gen, monkeypatch):
-    """sparse_moe_after_norm with `router_route` on: with the norm folded into the router's
-    launch (the default then) the block's output and residual are bit for bit those of the
-    separate add_rms_norm (`router_norm` off); both within bf16 tolerance of the twins."""
-    w = with_shared_gate_up(with_fused_router(big_moe))
-    h = torch.randn(tokens, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16)
-    residual = torch.randn(tokens, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16)
-    norm_w = (torch.randn(HIDDEN, device="cuda", generator=gen) * 0.1).to(torch.bfloat16)
-
-    def block() -> tuple[torch.Tensor, torch.Tensor]:
-        return moe.sparse_moe_after_norm(
-            h, residual, norm_w, 1e-6, w, top_k=TOP_K, norm_topk_prob=True
-        )
-
-    monkeypatch.setenv("NINFER_KERNELS_ON", "router_route")
-    folded = block()
-    monkeypatch.setenv("NINFER_KERNELS_OFF", "router_norm")
-    separate = block()
-    assert all(torch.equal(a, b) for a, b in zip(folded, separate, strict=True))
-    monkeypatch.setenv("NINFER_KERNELS", "torch")
-    want = block()
-    assert rel(folded[0], want[0]) < TOL[torch.bfloat16]
-    assert torch.equal(folded[1], want[1])  # h + residual, rounded once either way
-
-
 # --- fused decode tail --------------------------------------------------------------------------
 
 
@@ -433,34 +305,6 @@ def test_expert_down_sum_with_shared_down(dtype, tokens, num_experts, top_k, hid
         shared_gate=gate,
     )
     assert rel(got, separate) < TOL[dtype]
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@SHARED_CASES
-def test_expert_down_sum_four_blocks_an_sm_gives_the_same_bits(
-    dtype, tokens, num_experts, top_k, hidden, inter, gen, monkeypatch
-):
-    """`down_blocks4` (registers capped for four 9-warp blocks an SM) is the same code under
-    another launch bound: equal bits to the default instance, in a graph too."""
-    _, _, down, ids, weights, gate, _, sdown = shared_operands(
-        gen, dtype, tokens, num_experts, top_k, hidden, inter
-    )
-    rows = torch.randn(tokens * (top_k + 1), 2 * inter, device="cuda", generator=gen).to(dtype)
-
-    def run() -> torch.Tensor:
-        return expert_cuda.expert_down_sum(
-            rows, down, ids, weights, shared_gate=gate, shared_down=sdown
-        )
-
-    monkeypatch.delenv("NINFER_KERNELS_ON", raising=False)
-    base = run()
-    monkeypatch.setenv("NINFER_KERNELS_ON", "down_blocks4")
-    assert torch.equal(run(), base)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = run()
-    graph.replay()
-    assert torch.equal(captured, base)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -13,14 +13,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from ninfer.kernels import dispatch
 from ninfer.kernels import runtime as rt
-from ninfer.kernels.add_rms_norm import launch as add_rms_norm_launch
 from ninfer.kernels.expert_gemv import launch as expert_launch
 from ninfer.kernels.expert_gemv.reference import expert_down_sum, expert_gemv
 from ninfer.kernels.moe_routing import launch as routing_launch
@@ -115,55 +113,6 @@ def test_routing_keys_rule(monkeypatch) -> None:
     assert not routing_launch.chooses_by_keys(torch.zeros(2, 256))
     monkeypatch.setenv("NINFER_KERNELS_OFF", "routing_keys")
     assert not routing_launch.chooses_by_keys(torch.zeros(2, 256, dtype=torch.bfloat16))
-
-
-def test_router_route_launch_and_rules(monkeypatch) -> None:
-    """router_route at the 35B-A3B router (264 rows of 2,048: 33 blocks of 8 warps, a warp per
-    output row) for the verify's 4 rows: its instance, grid and arguments; what it takes; and
-    dispatch leaves it off unless switched on (and on the CPU always)."""
-    launches = Launches(monkeypatch)
-    x = torch.zeros(4, 2048, dtype=torch.bfloat16)
-    w = torch.zeros(264, 2048, dtype=torch.bfloat16)
-    counter = torch.zeros(1, dtype=torch.int32)
-    logits, weights, ids = routing_launch.router_route(x, w, counter, 256, 8, normalize=True)
-    assert logits.shape == (4, 264) and weights.shape == ids.shape == (4, 8)
-    (call,) = launches.calls
-    assert call["instance"] == "router_route<4, 8, true, false>"
-    assert call["grid"] == (33,) and call["block"] == (256,)
-    args = call["args"]
-    assert args[:4] == tuple(rt.ptr(t) for t in (logits, weights, ids, counter))
-    assert args[4:12] == (rt.ptr(x), 2048, rt.ptr(w), 264, 2048, 256, 8, 1)
-    assert args[12:16] == (0, 0, 0, 0)  # no norm: residual, norm weight, outputs
-    # the norm formed in the same launch: h takes x's place, the norm's operands follow
-    h, residual = torch.zeros(4, 2048, dtype=torch.bfloat16), torch.zeros(4, 2048).bfloat16()
-    norm_w = torch.zeros(2048, dtype=torch.bfloat16)
-    normed, summed, *_ = routing_launch.norm_router_route(
-        h, residual, norm_w, 1e-6, w, counter, 256, 8, normalize=True
-    )
-    assert normed.shape == summed.shape == (4, 2048)
-    call = launches.calls[-1]
-    assert call["instance"] == "router_route<4, 8, true, true>" and call["grid"] == (33,)
-    assert call["args"][4:6] == (rt.ptr(h), 2048) and call["args"][12:16] == tuple(
-        rt.ptr(t) for t in (residual, norm_w, normed, summed)
-    )
-    assert call["args"][16] == np.float32(1e-6)
-    # the kernel forms the norm as add_rms_norm_vec's one-vector-a-thread plan on 256 threads
-    assert add_rms_norm_launch.vec_plan(routing_launch.ROUTER_NORM_WIDTH, 2) == (1, 256)
-    assert not routing_launch.supports_norm_router_route(h[:, :1024], residual, norm_w, w, 256, 8)
-    assert not routing_launch.supports_norm_router_route(h, residual, norm_w.float(), w, 256, 8)
-    monkeypatch.setenv("NINFER_KERNELS_OFF", "routing_keys")
-    routing_launch.router_route(x[:1], w, counter, 256, 8, normalize=False)
-    assert launches.calls[-1]["instance"] == "router_route<1, 8, false, false>"
-    supports = routing_launch.supports_router_route
-    assert supports(x, w, 256, 8) and supports(x, w, 264, 32)
-    assert not supports(x, w, 265, 8)  # more experts than logits
-    assert not supports(torch.zeros(9, 2048, dtype=torch.bfloat16), w, 256, 8)  # 9 rows
-    assert not supports(x.float(), w.float(), 256, 8)
-    assert not supports(torch.zeros(4, 2052, dtype=torch.bfloat16)[:, :2048], w, 256, 8)
-    with pytest.raises(rt.KernelInputError, match="router_route"):
-        routing_launch.router_route(x, w, counter, 256, 33, normalize=True)
-    monkeypatch.setenv("NINFER_KERNELS_ON", "router_route")
-    assert dispatch.router_and_route(x, w, 256, 8, normalize=True) is None  # the CPU
 
 
 def down_sum_by_hand(gate_up_out, down, ids, weights, shared=None, shared_gate=None):
@@ -439,18 +388,3 @@ def test_expert_down_sum_launch_at_35b_shapes(with_shared, monkeypatch) -> None:
     assert args[2] == 1024  # gate-up row stride
     assert args[6] == rt.ptr(shared) and args[10] == rt.ptr(sdown)
     assert args[11:] == (8, 1, 2048, 512)  # top_k, groups, n, k
-    # opt-in four blocks an SM: the 288-thread bound instance for blocks of up to 9 warps
-    monkeypatch.setenv("NINFER_KERNELS_ON", "down_blocks4")
-    expert_launch.expert_down_sum(
-        rows, down, ids, torch.zeros(2, 8), shared=shared, shared_gate=gate, shared_down=sdown
-    )
-    assert launches.calls[-1]["instance"] == "expert_down_sum4<bf16, 8>"
-    again = launches.calls[-1]["args"]
-    assert again[1:5] == args[1:5] and again[6:] == args[6:]  # fresh out and routing weights
-    wide = torch.zeros(2 * 10, 1024, dtype=torch.bfloat16)  # 10 slots: 10 warps, the old bound
-    expert_launch.expert_down_sum(
-        wide, down, torch.zeros(2, 10, dtype=torch.int64), torch.zeros(2, 10), shared_gate=gate,
-        shared=torch.zeros(2, 2048, dtype=torch.bfloat16),
-    )  # fmt: skip
-    assert launches.calls[-1]["instance"] == "expert_down_sum<bf16, 8>"
-    assert launches.calls[-1]["block"] == (320,)

@@ -157,11 +157,12 @@ __global__ void __launch_bounds__(256) expert_gemv(
 // expert output to T, the weighted sum in fp32 then to T, and the shared-expert combine op by op
 // in T (sigmoid, product, sum).
 template <typename T, int ROWS>
-__device__ __forceinline__ void down_sum_body(
+__global__ void __launch_bounds__(512) expert_down_sum(
     T* __restrict__ out, const T* __restrict__ gate_up, long long gu_stride,
     const T* __restrict__ w, const long long* __restrict__ ids, const float* __restrict__ route_w,
     const T* __restrict__ shared, long long shared_stride, const T* __restrict__ shared_gate,
     long long gate_stride, const T* __restrict__ shared_w, int top_k, int groups, int n, int k) {
+  pdl_begin();
   __shared__ float part[32 * ROWS];  // [unit][ROWS], units = slots * groups <= 32
   constexpr int V = 16 / sizeof(T);  // elements per 16-byte load
   const int slots = top_k + (shared_w != nullptr ? 1 : 0);
@@ -222,31 +223,6 @@ __device__ __forceinline__ void down_sum_body(
     y = moe_output(sum, shared, t * shared_stride + row, shared_gate, t * gate_stride);
   }
   out[static_cast<long long>(t) * n + row] = y;
-}
-
-template <typename T, int ROWS>
-__global__ void __launch_bounds__(512) expert_down_sum(
-    T* __restrict__ out, const T* __restrict__ gate_up, long long gu_stride,
-    const T* __restrict__ w, const long long* __restrict__ ids, const float* __restrict__ route_w,
-    const T* __restrict__ shared, long long shared_stride, const T* __restrict__ shared_gate,
-    long long gate_stride, const T* __restrict__ shared_w, int top_k, int groups, int n, int k) {
-  pdl_begin();
-  down_sum_body<T, ROWS>(out, gate_up, gu_stride, w, ids, route_w, shared, shared_stride,
-                         shared_gate, gate_stride, shared_w, top_k, groups, n, k);
-}
-
-// The same body with registers capped at 56 so that four 9-warp blocks fit an SM instead of three
-// (ncu, run AC5: three, register-bound, 2.6 waves at the MTP verify's 4 tokens); ptxas spills ~44
-// bytes a thread for it. Opt-in `down_blocks4` for blocks of at most 288 threads; same bits.
-template <typename T, int ROWS>
-__global__ void __launch_bounds__(288, 4) expert_down_sum4(
-    T* __restrict__ out, const T* __restrict__ gate_up, long long gu_stride,
-    const T* __restrict__ w, const long long* __restrict__ ids, const float* __restrict__ route_w,
-    const T* __restrict__ shared, long long shared_stride, const T* __restrict__ shared_gate,
-    long long gate_stride, const T* __restrict__ shared_w, int top_k, int groups, int n, int k) {
-  pdl_begin();
-  down_sum_body<T, ROWS>(out, gate_up, gu_stride, w, ids, route_w, shared, shared_stride,
-                         shared_gate, gate_stride, shared_w, top_k, groups, n, k);
 }
 
 // expert_group_gemv: the same products as expert_gemv (out[a] = W[ids[a]] @ x[a / x_div]) with

@@ -33,9 +33,6 @@ GEMV_UNROLL = 2
 GEMV_UNROLLS = (1, 2)  # the instances the launcher may request
 DOWN_ROWS = 8  # rows per warp of expert_down_sum (its instance's template argument)
 MAX_TOP_K = 32  # expert_down_sum's shared partials hold at most 32 units of DOWN_ROWS rows
-# expert_down_sum4 (opt-in `down_blocks4` until measured): launch bounds of 288 threads and four
-# blocks an SM, so it serves blocks of at most 9 warps (the 35B-A3B's k = 8 + shared)
-DOWN_BLOCKS4_THREADS = 288
 DOWN_MAX_WARPS = 16  # expert_down_sum's __launch_bounds__(512): one warp per unit up to 16
 MAX_TOKENS = 65535  # grid.y of expert_down_sum
 
@@ -243,11 +240,8 @@ def expert_down_sum(
     if route_w.numel() != ids.numel():
         raise rt.KernelInputError(f"{route_w.numel()} routing weights for {ids.numel()} experts")
     groups, threads = down_sum_block(top_k, shared_down is not None)
-    name = "expert_down_sum"
-    if switched_on("down_blocks4") and threads <= DOWN_BLOCKS4_THREADS:
-        name = "expert_down_sum4"
     kernel = rt.get_kernel(
-        OP, f"{name}<{rt.cuda_type(gate_up_out, 'gate_up_out')}, {DOWN_ROWS}>", device
+        OP, f"expert_down_sum<{rt.cuda_type(gate_up_out, 'gate_up_out')}, {DOWN_ROWS}>", device
     )
     args = (
         rt.ptr(out),

@@ -7,8 +7,6 @@
 // exponentials, makes the choice independent of exp rounding, so kernel and twin agree exactly.
 // The softmax runs in fp32 with IEEE division and an exp accurate to a few ulp (--use_fast_math
 // would otherwise turn expf and '/' into approximations). NaN logits: the choice is unspecified.
-//
-// router_route (below) is the router's GEMV with the routing in its last block.
 
 #define ROUTE_NONE 0x7fffffff
 
@@ -109,13 +107,15 @@ __device__ __forceinline__ void choose_by_butterfly(const float (&v)[VALS], unsi
   }
 }
 
-// One warp routes one row: src holds the row's E logits (global or shared memory), and lane
-// r < k writes the r-th choice's weight and id at weights / ids [row * k + r]. The moe_routing
-// kernel and the router GEMV's last block (router_route) both route through it.
 template <typename T, int VALS, bool KEYS>
-__device__ __forceinline__ void route_row(float* __restrict__ weights, long long* __restrict__ ids,
-                                          const T* src, long long row, int lane, int num_experts,
-                                          int top_k, int normalize) {
+__global__ void __launch_bounds__(128) moe_routing(
+    float* __restrict__ weights, long long* __restrict__ ids, const T* __restrict__ logits,
+    long long row_stride, int num_rows, int num_experts, int top_k, int normalize) {
+  pdl_begin();
+  const int lane = threadIdx.x & 31;
+  const long long row = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (row >= num_rows) return;  // warp-uniform: the whole warp leaves together
+  const T* src = logits + row * row_stride;
   float v[VALS];
   unsigned int taken = 0u;  // bit j: expert lane + 32 j is chosen already or does not exist
 #pragma unroll
@@ -148,140 +148,6 @@ __device__ __forceinline__ void route_row(float* __restrict__ weights, long long
     weights[row * top_k + lane] = p;
     ids[row * top_k + lane] = static_cast<long long>(chosen_id);
   }
-}
-template <typename T, int VALS, bool KEYS>
-__global__ void __launch_bounds__(128) moe_routing(
-    float* __restrict__ weights, long long* __restrict__ ids, const T* __restrict__ logits,
-    long long row_stride, int num_rows, int num_experts, int top_k, int normalize) {
-  pdl_begin();
-  const int lane = threadIdx.x & 31;
-  const long long row = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (row >= num_rows) return;  // warp-uniform: the whole warp leaves together
-  route_row<T, VALS, KEYS>(weights, ids, logits + row * row_stride, row, lane, num_experts, top_k,
-                           normalize);
-}
-
-// router_route: the MoE router's GEMV and the routing of its logits in one launch, for decode
-// rows (M = 1..8 bf16 rows of x).
-//
-// Why. At batch 1 the router (the 35B-A3B's 264 x 2,048 router-and-shared-gate rows, 1 MB) and
-// the routing are two latency-bound launches per MoE layer, the routing a single warp that the
-// expert GEMV then waits for (ncu, run AC5). Here the last block of the GEMV to finish routes:
-// every block writes its logits, fences, and counts itself done on `counter`; the block that
-// counts last reads the M logit rows back (through L2) into shared memory and routes them with
-// route_row, one warp a row, then sets the counter back to 0 for the next launch (a graph replays
-// the same counter). PDL: the next kernel's wait covers the whole grid, the routing included.
-//
-// GEMV: one warp per output row (8 a block), every x row against it; lane l takes the chunks c =
-// l + 32 i (16 bytes, 8 weights), up to RR_STEPS of them in flight at once (all of a 2,048-wide
-// row), fp32 products summed in chunk order, then a warp sum and one rounding to bf16: the logits
-// the unfused path would route are these (their own bits; the plain GEMVs sum in other orders).
-// The weights are read before pdl_wait (no kernel writes them), x after it.
-//
-// NORM: x holds h, and the GEMV's input is formed from it: the residual add and the zero-centred
-// RMSNorm before the MoE (add_rms_norm's work, one launch fewer again). Every block forms all M
-// rows from h and the residual (dense rows of k) into shared memory; block 0 also writes them
-// (`normed_out`, for the expert GEMVs) and the sums (`summed_out`, the residual stream). Width
-// k = RR_NORM_VECS x 8 exactly, one 16-byte vector a thread, where add_rms_norm_vec's plan is
-// one vector a thread on 256 threads too: its add_vec16, norm_vec16, block_sum and order, so
-// the same bits as add_rms_norm.
-constexpr int RR_STEPS = 8;  // 16-byte chunks per lane in flight
-constexpr int RR_WARPS = 8;
-constexpr int RR_NORM_VECS = 256;  // NORM's row width in 16-byte vectors (k = 2048 bf16)
-
-template <int M, int VALS, bool KEYS, bool NORM>
-__global__ void __launch_bounds__(256) router_route(
-    bf16* __restrict__ logits, float* __restrict__ weights, long long* __restrict__ ids,
-    unsigned int* __restrict__ counter, const bf16* __restrict__ x, long long x_stride,
-    const bf16* __restrict__ w, int n, int k, int num_experts, int top_k, int normalize,
-    const bf16* __restrict__ residual, const bf16* __restrict__ norm_w,
-    bf16* __restrict__ normed_out, bf16* __restrict__ summed_out, float eps) {
-  pdl_trigger();
-  __shared__ bf16 rows[M * 32 * VALS];  // the last block's copy of the M rows' E logits
-  __shared__ uint4 xs[NORM ? M * RR_NORM_VECS : 1];  // NORM: the formed x rows
-  __shared__ int is_last;
-  const int warp = threadIdx.x >> 5;
-  const int lane = threadIdx.x & 31;
-  const int row = blockIdx.x * RR_WARPS + warp;
-  const int chunks = k >> 3;
-  const unsigned char* wr =
-      reinterpret_cast<const unsigned char*>(w + static_cast<long long>(row < n ? row : n - 1) * k);
-  uint4 wv[RR_STEPS];
-#pragma unroll
-  for (int i = 0; i < RR_STEPS; ++i) {
-    const int c = lane + 32 * i;
-    wv[i] = c < chunks ? ld_weight16(wr + 16ll * c) : make_uint4(0u, 0u, 0u, 0u);
-  }
-  pdl_wait();
-  if constexpr (NORM) {  // add_rms_norm_vec's steps for one vector a thread (CHUNKS = 1)
-    const int idx = threadIdx.x;
-    const uint4 wu = reinterpret_cast<const uint4*>(norm_w)[idx];
-    for (int m = 0; m < M; ++m) {
-      float sv[8];
-      const uint4 su = add_vec16<bf16>(reinterpret_cast<const uint4*>(x + m * x_stride)[idx],
-                                       reinterpret_cast<const uint4*>(residual + m * k)[idx], sv);
-      float sq = 0.0f;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) sq += sv[j] * sv[j];
-      const float inv = rsqrtf(block_sum(sq) / static_cast<float>(k) + eps);
-      const uint4 ou = norm_vec16<bf16>(sv, inv, wu);
-      xs[m * RR_NORM_VECS + idx] = ou;
-      if (blockIdx.x == 0) {
-        reinterpret_cast<uint4*>(summed_out + static_cast<long long>(m) * k)[idx] = su;
-        reinterpret_cast<uint4*>(normed_out + static_cast<long long>(m) * k)[idx] = ou;
-      }
-    }
-    __syncthreads();
-  }
-  float acc[M];
-#pragma unroll
-  for (int m = 0; m < M; ++m) acc[m] = 0.0f;
-  for (int c0 = lane; c0 < chunks; c0 += 32 * RR_STEPS) {
-    if (c0 != lane) {
-#pragma unroll
-      for (int i = 0; i < RR_STEPS; ++i) {
-        const int c = c0 + 32 * i;
-        wv[i] = c < chunks ? ld_weight16(wr + 16ll * c) : make_uint4(0u, 0u, 0u, 0u);
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < RR_STEPS; ++i) {
-      const int c = c0 + 32 * i;
-      if (c >= chunks) break;
-      const bf16* we = reinterpret_cast<const bf16*>(&wv[i]);
-#pragma unroll
-      for (int m = 0; m < M; ++m) {
-        const uint4 xq = NORM ? xs[m * RR_NORM_VECS + c]
-                              : __ldg(reinterpret_cast<const uint4*>(x + m * x_stride) + c);
-        const bf16* xe = reinterpret_cast<const bf16*>(&xq);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) acc[m] = fmaf(to_float(we[j]), to_float(xe[j]), acc[m]);
-      }
-    }
-  }
-#pragma unroll
-  for (int m = 0; m < M; ++m) {
-    const float total = warp_sum(acc[m]);
-    if (lane == 0 && row < n) logits[static_cast<long long>(m) * n + row] = from_float<bf16>(total);
-  }
-  __threadfence();  // this block's logits are visible device-wide before it counts itself done
-  __syncthreads();
-  if (threadIdx.x == 0) is_last = atomicAdd(counter, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
-  const unsigned short* bits = reinterpret_cast<const unsigned short*>(logits);
-  for (int i = threadIdx.x; i < M * num_experts; i += blockDim.x) {
-    const int m = i / num_experts;
-    const int e = i - m * num_experts;
-    rows[i].bits = __ldcg(bits + static_cast<long long>(m) * n + e);  // L2: other blocks wrote it
-  }
-  __syncthreads();
-  if (warp < M) {
-    route_row<bf16, VALS, KEYS>(weights, ids, rows + warp * num_experts, warp, lane, num_experts,
-                                top_k, normalize);
-  }
-  if (threadIdx.x == 0) *counter = 0u;
 }
 
 // expert_sort: the grouped MoE path's sort of A assignments by expert in one launch, where torch

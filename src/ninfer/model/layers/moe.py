@@ -36,7 +36,6 @@ __all__ = [
     "route_topk",
     "shared_expert_in_kernels",
     "sparse_moe",
-    "sparse_moe_after_norm",
 ]
 
 
@@ -279,22 +278,12 @@ def _gate_logits(
     return both[:, :num_experts], both[:, num_experts : num_experts + 1], shared
 
 
-def sparse_moe(
-    x: torch.Tensor,
-    w: MoeWeights,
-    *,
-    top_k: int,
-    norm_topk_prob: bool,
-    routed: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-) -> torch.Tensor:
+def sparse_moe(x: torch.Tensor, w: MoeWeights, *, top_k: int, norm_topk_prob: bool) -> torch.Tensor:
     """Routed experts plus the shared expert scaled by sigmoid(shared_gate . x).
 
     On the gathered (decode) path the shared expert runs inside the expert kernels where it fits
     (`shared_expert_in_kernels`): at batch 1 its own GEMV, SwiGLU and GEMV were three
     latency-bound launches per layer. Both forms round alike (see expert_gemv/reference.py).
-    There, with `router_route` on, the router's GEMV also routes (`dispatch.router_and_route`);
-    `routed` is that launch's (router_and_gate logits, weights, ids) made already
-    (`sparse_moe_after_norm`).
 
     Args:
         x: [T, H].
@@ -302,18 +291,11 @@ def sparse_moe(
         [T, H].
     """
     path = expert_path(x, w.experts_gate_up, w.experts_down, x.shape[0] * top_k)
-    in_kernels = _shared_in_kernels(w, path)
-    num_experts = w.router.shape[0]
-    if routed is None and in_kernels is not None and w.router_and_gate is not None:
-        routed = dispatch.router_and_route(
-            x, w.router_and_gate, num_experts, top_k, normalize=norm_topk_prob
-        )
-    if routed is not None:  # the router GEMV routed in its last block (no shared GEMM to fold)
-        both, weights, ids = routed
-        gate_logits, shared = both[:, num_experts : num_experts + 1], None
-    else:
-        router_logits, gate_logits, shared = _gate_logits(x, w, with_shared=in_kernels is None)
-        weights, ids = dispatch.route_topk(router_logits, top_k, normalize=norm_topk_prob)
+    # `shared_expert_in_kernels` in NINFER_KERNELS_OFF keeps the separate mlp (a device A/B)
+    fuse = path is ExpertPath.GATHERED and not dispatch.switched_off("shared_expert_in_kernels")
+    in_kernels = shared_expert_in_kernels(w) if fuse else None
+    router_logits, gate_logits, shared = _gate_logits(x, w, with_shared=in_kernels is None)
+    weights, ids = dispatch.route_topk(router_logits, top_k, normalize=norm_topk_prob)
     if in_kernels is None and shared is None:  # not from the router's GEMM
         shared = mlp(
             x,
@@ -330,40 +312,3 @@ def sparse_moe(
         shared_expert=in_kernels,
         path=path,
     )
-
-
-def _shared_in_kernels(w: MoeWeights, path: ExpertPath) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """`shared_expert_in_kernels(w)` on the gathered path (`shared_expert_in_kernels` in
-    NINFER_KERNELS_OFF keeps the separate mlp, a device A/B), else None."""
-    if path is not ExpertPath.GATHERED or dispatch.switched_off("shared_expert_in_kernels"):
-        return None
-    return shared_expert_in_kernels(w)
-
-
-def sparse_moe_after_norm(
-    h: torch.Tensor,
-    residual: torch.Tensor,
-    norm_weight: torch.Tensor,
-    eps: float,
-    w: MoeWeights,
-    *,
-    top_k: int,
-    norm_topk_prob: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sparse_moe(add_rms_norm(h, residual)'s normed rows), h + residual): the layer's
-    post-attention norm and its MoE. Where the router GEMV routes (`router_route` on, the shared
-    expert in the expert kernels) it forms the norm as well (`dispatch.norm_router_and_route`,
-    the same bits as add_rms_norm), one launch fewer again; else add_rms_norm, then sparse_moe."""
-    path = expert_path(h, w.experts_gate_up, w.experts_down, h.shape[0] * top_k)
-    fused = None
-    if w.router_and_gate is not None and _shared_in_kernels(w, path) is not None:
-        fused = dispatch.norm_router_and_route(
-            h, residual, norm_weight, eps, w.router_and_gate, w.router.shape[0], top_k,
-            normalize=norm_topk_prob,
-        )  # fmt: skip
-    if fused is None:
-        x, summed = dispatch.add_rms_norm(h, residual, norm_weight, eps)
-        return sparse_moe(x, w, top_k=top_k, norm_topk_prob=norm_topk_prob), summed
-    x, summed, logits, weights, ids = fused
-    routed = (logits, weights, ids)
-    return sparse_moe(x, w, top_k=top_k, norm_topk_prob=norm_topk_prob, routed=routed), summed
