@@ -252,8 +252,14 @@ class Qwen3_5Model:
         return dispatch.add_rms_norm(h, x, self.norm, eps)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[N, H] final-normed hidden states -> [N, vocab] fp32 logits."""
-        return F.linear(hidden, self.lm_head).float()
+        """[N, H] final-normed hidden states -> [N, vocab] fp32 logits.
+
+        Through `dispatch.linear` like every projection, so one row runs the bf16 GEMV (which
+        overlaps the final norm's tail); `NINFER_KERNELS_OFF=lm_head_gemv` keeps cuBLAS (A/B).
+        """
+        if dispatch.switched_off("lm_head_gemv"):
+            return F.linear(hidden, self.lm_head).float()
+        return dispatch.linear(hidden, self.lm_head).float()
 
     def _check(self, batch: ForwardBatch, cache: ModelCache) -> None:
         """Host-side checks only (no device sync): the batch must fit the cache it will write."""

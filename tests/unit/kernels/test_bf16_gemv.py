@@ -40,7 +40,13 @@ def test_twin_and_cpu_dispatch_are_f_linear(rows: int, dtype: torch.dtype, seed:
 
 def test_preferred_follows_the_measured_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     preferred = bf16_cuda.bf16_gemv_preferred
-    # one row: N up to ONE_ROW_MAX_OUT at any K, up to SHORT_K_MAX_OUT for K <= SHORT_K
+    monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
+    # one row: every shape (the 27B's gate-up and an lm_head too)
+    for n, k in ((2048, 4096), (34816, 5120), (12352, 2048), (248320, 2048), (8193, 5120)):
+        assert preferred(1, n, k), (n, k)
+    # with gemv_one_row off, the per-kernel table: N up to ONE_ROW_MAX_OUT at any K, up to
+    # SHORT_K_MAX_OUT for K <= SHORT_K
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "gemv_one_row")
     assert preferred(1, 2048, 4096) and preferred(1, 5120, 6144) and preferred(1, 8192, 5120)
     assert not preferred(1, 8193, 5120)
     assert not preferred(1, 34816, 5120)
@@ -57,7 +63,7 @@ def test_preferred_follows_the_measured_rule(monkeypatch: pytest.MonkeyPatch) ->
     assert not preferred(0, 2048, 4096)
     assert not preferred(bf16_cuda.MAX_ROWS + 1, 2048, 4096)
     assert not preferred(1, 0, 4096)
-    # the constants are the knobs
+    # the constants are the knobs (the table's with gemv_one_row off)
     monkeypatch.setattr(bf16_cuda, "ONE_ROW_MAX_OUT", 65536)
     assert preferred(1, 34816, 5120) and not preferred(2, 34816, 5120)
     monkeypatch.setattr(bf16_cuda, "MULTI_ROW_MAX_WEIGHTS", 0)
@@ -247,9 +253,12 @@ def test_dispatch_routing_decision(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not dispatch.bf16_gemv_routed(torch.zeros(9, 64, dtype=bf16), w)
     assert not dispatch.bf16_gemv_routed(torch.zeros(1, 64), w.float())
     assert not dispatch.bf16_gemv_routed(torch.zeros(1, 1, 64, dtype=bf16), w)
-    assert not dispatch.bf16_gemv_routed(
-        torch.zeros(1, 4096, dtype=bf16), torch.zeros(9000, 4096, dtype=bf16)
-    )
+    wide = torch.zeros(9000, 4096, dtype=bf16)
+    assert dispatch.bf16_gemv_routed(torch.zeros(1, 4096, dtype=bf16), wide)  # any one-row N
+    assert not dispatch.bf16_gemv_routed(torch.zeros(2, 4096, dtype=bf16), wide)
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "gemv_one_row")
+    assert not dispatch.bf16_gemv_routed(torch.zeros(1, 4096, dtype=bf16), wide)
+    monkeypatch.delenv("NINFER_KERNELS_OFF")
     calls: list[tuple[int, int]] = []
     monkeypatch.setattr(
         bf16_cuda, "bf16_linear", lambda x, w: calls.append((x.shape[0], w.shape[0])) or x
@@ -283,14 +292,20 @@ def test_source_instances_match_the_launcher() -> None:
 
 
 @pytest.mark.parametrize(
-    ("on", "want"),
-    [("", 0), ("gemv_prefetch", 1), ("gemv_early_loads", 2), ("gemv_early_loads,gemv_prefetch", 3)],
+    ("on", "off", "want"),
+    [
+        ("", "", 2),
+        ("gemv_prefetch", "", 3),
+        ("", "gemv_early_loads", 0),
+        ("gemv_prefetch", "gemv_early_loads", 1),
+    ],
 )
-def test_launch_options_follow_the_opt_in_switches(
-    monkeypatch: pytest.MonkeyPatch, on: str, want: int
+def test_launch_options_follow_the_switches(
+    monkeypatch: pytest.MonkeyPatch, on: str, off: str, want: int
 ) -> None:
-    """Both load options are opt-in (NINFER_KERNELS_ON), and their bits are the .cu's."""
+    """Early loads are on unless switched off, the L2 prefetch opt-in; the bits are the .cu's."""
     monkeypatch.setenv("NINFER_KERNELS_ON", on)
+    monkeypatch.setenv("NINFER_KERNELS_OFF", off)
     assert bf16_cuda.launch_options() == want
     source = (runtime.KERNEL_DIR / "bf16_gemv" / "bf16_gemv.cu").read_text()
     assert f"constexpr int BF16_GEMV_L2_PREFETCH = {bf16_cuda.OPTION_L2_PREFETCH};" in source

@@ -82,7 +82,7 @@ def test_dispatch_routes_decode_rows_to_the_kernel(gen, monkeypatch) -> None:
     # more rows than a decode batch, fp32 x, out_features past the table, strided x rows:
     # F.linear, bit for bit
     prefill = torch.randn(9, 4096, device="cuda", generator=gen).to(torch.bfloat16)
-    wide_n = bf16_operands(1, bf16_cuda.ONE_ROW_MAX_OUT + 64, 4096, gen)  # K > SHORT_K
+    wide_n = bf16_operands(2, bf16_cuda.MULTI_ROW_MAX_WEIGHTS // 4096 + 8, 4096, gen)
     odd_stride = torch.randn(3, 4100, device="cuda", generator=gen).to(torch.bfloat16)[:, :4096]
     for xx, ww in ((prefill, w), (x.float(), w.float()), wide_n, (odd_stride, w)):
         assert not dispatch.bf16_gemv_routed(xx, ww)
@@ -197,9 +197,9 @@ def test_sigmoid_gate_linear_routes_and_switches(gen, monkeypatch) -> None:
 @pytest.mark.parametrize("rows", [1, 4, 8])
 @pytest.mark.parametrize("form", ["plain", "swiglu", "gate"])
 def test_early_loads_give_the_same_bits(rows: int, form: str, gen, monkeypatch) -> None:
-    """`NINFER_KERNELS_ON=gemv_early_loads` (the first weight loads before the dependency wait)
-    issues the same loads in the same order: every input form's outputs are bit-equal, eager
-    and in a graph replay after the inputs changed."""
+    """The early loads (the first weight loads before the dependency wait; on unless
+    `NINFER_KERNELS_OFF=gemv_early_loads`) issue the same loads in the same order: every input
+    form's outputs are bit-equal, eager and in a graph replay after the inputs changed."""
     heads, head_dim, n = 24, 256, 5120
     k = heads * head_dim
     x, w = bf16_operands(rows, n, k, gen)
@@ -210,12 +210,13 @@ def test_early_loads_give_the_same_bits(rows: int, form: str, gen, monkeypatch) 
     elif form == "gate":
         qg = torch.randn(rows, heads, 2, head_dim, device="cuda", generator=gen) * 3
         kwargs = {"gate": qg.to(torch.bfloat16)[:, :, 1]}
-    monkeypatch.setenv("NINFER_KERNELS_ON", "")
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "gemv_early_loads")
     want = bf16_cuda.bf16_linear(x, w, **kwargs)
-    monkeypatch.setenv("NINFER_KERNELS_ON", "gemv_early_loads")
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "")
+    assert bf16_cuda.launch_options() & bf16_cuda.OPTION_EARLY_LOADS
     assert torch.equal(bf16_cuda.bf16_linear(x, w, **kwargs), want)
     graph, out = capture_graph(lambda: bf16_cuda.bf16_linear(x, w, **kwargs))
     x.copy_(torch.randn(x.shape, device="cuda", generator=gen).to(torch.bfloat16))
     graph.replay()
-    monkeypatch.setenv("NINFER_KERNELS_ON", "")
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "gemv_early_loads")
     assert torch.equal(out, bf16_cuda.bf16_linear(x, w, **kwargs))

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from ninfer.kernels import runtime as rt
-from ninfer.kernels.switches import switched_on
+from ninfer.kernels.switches import switched_off, switched_on
 
 OP = "bf16_gemv"
 THREADS = 256  # 8 warps per block (the .cu's BF16_GEMV_WARPS)
@@ -31,14 +31,16 @@ MIN_BLOCKS_PER_SM = 2  # R is halved (down to 1) until the grid has this many bl
 # 1-4 rows 64-80 registers and 5-8 rows 128, and these are the U that fit them without spilling
 UNROLL = {1: 2, 2: 2, 3: 2, 4: 2, 5: 1, 6: 1, 7: 1, 8: 1}
 
-# Routing (dispatch.linear), from `python -m ninfer.bench.kernel_bench --gemv-shapes --gemv-rows
-# 1,4,8` (docs/perf.md runs T3, U2). One x row: the kernel is preferred up to ONE_ROW_MAX_OUT
-# outputs at any K, and for short rows (K <= SHORT_K, the 35B-A3B's hidden size) up to
-# SHORT_K_MAX_OUT (12352 x 2048: 15.5 µs against cuBLAS's 16.2; 9216 x 2048 even). Two or more
-# rows: cuBLAS reuses each weight load across the rows and wins from 5120 x 6144 up (23.3 against
-# 18.0 µs at 4 rows; 12352 x 2048: 27.5 against 16.2), while the kernel still wins on small
-# matrices up to 8 rows (2048 x 4096: 9.2 against 9.6; 1024 x 2048: 4.7 against 5.8; 257 x 2048:
-# 2.7 against 8.2), hence a weight-count limit. 2 and 3 rows were not measured and follow 4.
+# Routing (dispatch.linear). One x row: every shape, since run S32 (docs/perf.md, H100): in the
+# model the kernel beats cuBLAS on the 27B's wide projections too (gate-up 34,816 x 5,120, in_proj,
+# qkv: batch-1 step 19.79 -> 18.70 ms, 18.34 with the early weight loads below), though cuBLAS
+# led those shapes by 2-4 % in isolation (run X1, H200): the kernel overlaps the previous one's
+# tail (PDL), cuBLAS does not. `NINFER_KERNELS_OFF=gemv_one_row` restores the per-kernel table:
+# up to ONE_ROW_MAX_OUT outputs at any K, up to SHORT_K_MAX_OUT for K <= SHORT_K (runs T3, U2).
+# Two or more rows: cuBLAS reuses each weight load across the rows and wins from 5120 x 6144 up
+# (23.3 against 18.0 µs at 4 rows; 12352 x 2048: 27.5 against 16.2), while the kernel still wins
+# on small matrices up to 8 rows (2048 x 4096: 9.2 against 9.6; 1024 x 2048: 4.7 against 5.8; 257
+# x 2048: 2.7 against 8.2), hence a weight-count limit. 2 and 3 rows were not measured and follow 4.
 ONE_ROW_MAX_OUT = 8192
 SHORT_K, SHORT_K_MAX_OUT = 2048, 16384
 MULTI_ROW_MAX_WEIGHTS = 2048 * 4096
@@ -78,27 +80,31 @@ def plan(num_rows: int, n: int, k: int, num_sms: int) -> Plan:
 
 
 def launch_options() -> int:
-    """The kernel's `options` bits, both opt-in: `gemv_prefetch` (the first weight lines into L2
-    before the dependency wait: slower in run V2) and `gemv_early_loads` (the first U steps of
-    weight loads into registers before the wait; compile-checked, not yet run on a GPU). Neither
-    changes a result: the same loads in the same order."""
+    """The kernel's `options` bits. Early loads (the first U steps of weight loads into registers
+    before the dependency wait) are on unless `NINFER_KERNELS_OFF=gemv_early_loads`: with every
+    one-row projection here they took the 27B batch-1 step from 18.70 to 18.34 ms and the 35B-A3B
+    one from 3.19 to 3.15 (run S32, H100). `gemv_prefetch` (the first weight lines into L2
+    before the wait) is opt-in: slower in runs V2 and S32. Neither changes a result: the same
+    loads in the same order."""
     return (OPTION_L2_PREFETCH if switched_on("gemv_prefetch") else 0) | (
-        OPTION_EARLY_LOADS if switched_on("gemv_early_loads") else 0
+        0 if switched_off("gemv_early_loads") else OPTION_EARLY_LOADS
     )
 
 
 def bf16_gemv_preferred(num_rows: int, out_features: int, in_features: int) -> bool:
     """Whether dispatch should run the kernel rather than cuBLAS for this decode-sized shape.
 
-    A measured choice, kept in one place (the routing constants above): the kernel splits K
-    across warps to keep loads in flight where N is too small for cuBLAS's row tiling; for wide N
-    and long rows cuBLAS already streams near the device bandwidth, and from two x rows up its
-    tiles reuse every weight load. Operand limits are `supports`' business.
+    A measured choice, kept in one place (the routing notes above): one row always (the kernel
+    splits K across warps, so small N keeps loads in flight too, and it overlaps its predecessor
+    where cuBLAS cannot); from two x rows up cuBLAS's tiles reuse every weight load, so only small
+    matrices. Operand limits are `supports`' business.
     """
     if not 1 <= num_rows <= MAX_ROWS or out_features < 1:
         return False
     if num_rows > 1:
         return out_features * in_features <= MULTI_ROW_MAX_WEIGHTS
+    if not switched_off("gemv_one_row"):
+        return True
     limit = SHORT_K_MAX_OUT if in_features <= SHORT_K else ONE_ROW_MAX_OUT
     return out_features <= limit
 
