@@ -82,6 +82,3 @@ def test_routing_rule_takes_long_rows_of_two_to_eight_x_rows(monkeypatch) -> Non
     assert not launch.tc_preferred(8, 34816, 5120)  # wide: cuBLAS
     monkeypatch.setenv("NINFER_KERNELS_ON", "bf16_tc_gemv")
     assert launch.tc_preferred(1, 34816, 5120)
-    monkeypatch.setenv("NINFER_KERNELS_ON", "tc_multi_row")  # 2..8 rows of any shape, not one
-    assert launch.tc_preferred(2, 34816, 5120) and launch.tc_preferred(8, 14336, 5120)
-    assert not launch.tc_preferred(1, 34816, 5120) and not launch.tc_preferred(9, 34816, 5120)
