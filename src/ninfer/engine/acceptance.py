@@ -93,12 +93,25 @@ def verify(
         (committed [B, W] int64: the a + 1 committed tokens first, then padding,
         num_accepted [B] int64: a, the drafts kept).
     """
-    if counts is not None:  # each column's penalties, the drafts before it counted
-        logits = penalized_columns(
-            logits, drafts, rows, num_sampleable=num_sampleable, counts=counts,
-            count_rows=count_rows,
-        )  # fmt: skip
+    logits = _column_logits(logits, drafts, rows, num_sampleable, counts, count_rows)
     return _verify_at_once(logits, drafts, rows, num_sampleable=num_sampleable)
+
+
+def _column_logits(
+    logits: torch.Tensor,
+    drafts: torch.Tensor,
+    rows: RowParams,
+    num_sampleable: int,
+    counts: torch.Tensor | None,
+    count_rows: torch.Tensor | None,
+) -> torch.Tensor:
+    """The logits the acceptance reads: as given without counts, else each column's penalized
+    ones (`penalized_columns`: the drafts before a column counted)."""
+    if counts is None:
+        return logits
+    return penalized_columns(
+        logits, drafts, rows, num_sampleable=num_sampleable, counts=counts, count_rows=count_rows
+    )
 
 
 def penalized_columns(
@@ -282,10 +295,7 @@ def verify_greedy(
     if counts is not None:
         if rows is None:
             raise ValueError("penalty counts need the rows' penalties")
-        logits = penalized_columns(
-            logits, drafts, rows, num_sampleable=num_sampleable, counts=counts,
-            count_rows=count_rows,
-        )  # fmt: skip
+        logits = _column_logits(logits, drafts, rows, num_sampleable, counts, count_rows)
     target = logits[:, :, :num_sampleable].argmax(dim=-1)  # [B, W]: first maximum, lowest id
     return _commit(target, target[:, :-1] == drafts)
 

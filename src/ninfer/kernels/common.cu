@@ -164,39 +164,6 @@ __device__ __forceinline__ unsigned int sigmoid_gate_bf16x2(unsigned int o, unsi
                           __uint_as_float(o & 0xffff0000u) * __uint_as_float(s & 0xffff0000u));
 }
 
-// The residual add of the norm kernels, 16 bytes at a time: x + residual element by element,
-// each sum rounded to T as torch's add rounds it; returns the rounded vector and leaves its
-// values in s (add_rms_norm_vec; with norm_vec16, one formula for any kernel that forms this
-// norm). The vectors come by value: a reference into global memory lets the compiler split the
-// 16-byte load into element loads.
-template <typename T>
-__device__ __forceinline__ uint4 add_vec16(uint4 xu, uint4 ru, float (&s)[16 / sizeof(T)]) {
-  const T* xe = reinterpret_cast<const T*>(&xu);
-  const T* re = reinterpret_cast<const T*>(&ru);
-  uint4 su;
-  T* se = reinterpret_cast<T*>(&su);
-#pragma unroll
-  for (int j = 0; j < 16 / static_cast<int>(sizeof(T)); ++j) {
-    se[j] = from_float<T>(to_float(xe[j]) + to_float(re[j]));
-    s[j] = to_float(se[j]);
-  }
-  return su;
-}
-
-// 16 bytes of zero-centred RMSNorm output: (s * inv) * (1 + w), rounded to T once.
-template <typename T>
-__device__ __forceinline__ uint4 norm_vec16(const float (&s)[16 / sizeof(T)], float inv,
-                                            uint4 wu) {
-  const T* we = reinterpret_cast<const T*>(&wu);
-  uint4 ou;
-  T* oe = reinterpret_cast<T*>(&ou);
-#pragma unroll
-  for (int j = 0; j < 16 / static_cast<int>(sizeof(T)); ++j) {
-    oe[j] = from_float<T>((s[j] * inv) * (1.0f + to_float(we[j])));
-  }
-  return ou;
-}
-
 // 16 bytes of a read-once weight stream: not allocated in L1, 256-byte L2 prefetch (sm_80+).
 __device__ __forceinline__ uint4 ld_stream16(const unsigned char* p) {
   uint4 v;

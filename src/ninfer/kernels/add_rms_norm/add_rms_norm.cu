@@ -37,10 +37,19 @@ __global__ void __launch_bounds__(512)
     if (idx < num_vecs) {
       wu[c] = wr[idx];
       const uint4 xu = xr[idx];
+      const T* xe = reinterpret_cast<const T*>(&xu);
       if constexpr (HAS_RESIDUAL) {
-        sr[idx] = add_vec16<T>(xu, rr[idx], s[c]);  // rounded as torch's add
+        const uint4 ru = rr[idx];
+        const T* re = reinterpret_cast<const T*>(&ru);
+        uint4 su;
+        T* se = reinterpret_cast<T*>(&su);
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          se[j] = from_float<T>(to_float(xe[j]) + to_float(re[j]));  // rounded as torch's add
+          s[c][j] = to_float(se[j]);
+        }
+        sr[idx] = su;
       } else {
-        const T* xe = reinterpret_cast<const T*>(&xu);
 #pragma unroll
         for (int j = 0; j < V; ++j) s[c][j] = to_float(xe[j]);
       }
@@ -53,7 +62,14 @@ __global__ void __launch_bounds__(512)
 #pragma unroll
   for (int c = 0; c < CHUNKS; ++c) {
     const int idx = c * blockDim.x + threadIdx.x;
-    if (idx < num_vecs) outr[idx] = norm_vec16<T>(s[c], inv, wu[c]);
+    if (idx < num_vecs) {
+      const T* we = reinterpret_cast<const T*>(&wu[c]);
+      uint4 ou;
+      T* oe = reinterpret_cast<T*>(&ou);
+#pragma unroll
+      for (int j = 0; j < V; ++j) oe[j] = from_float<T>((s[c][j] * inv) * (1.0f + to_float(we[j])));
+      outr[idx] = ou;
+    }
   }
 }
 
