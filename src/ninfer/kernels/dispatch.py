@@ -740,6 +740,21 @@ def sigmoid_gate(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     return _sigmoid_gate_ref.sigmoid_gate(o, gate)
 
 
+def _cublaslt_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """`F.linear` through cuBLASLt instead of torch's default cuBLAS entry point (opt-in,
+    `NINFER_KERNELS_ON=cublaslt`): the two libraries pick their kernels by different heuristics,
+    and the 2-8-row decode projections that stay on cuBLAS stream well under the bandwidth. The
+    choice is torch's process-wide preference, so it is set around this one call and restored;
+    a captured graph keeps the kernel chosen at capture."""
+    blas = torch.backends.cuda
+    before = blas.preferred_blas_library()
+    blas.preferred_blas_library("cublaslt")
+    try:
+        return F.linear(x, weight)
+    finally:
+        blas.preferred_blas_library(before)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torch.Tensor:
     """x @ weight.T for a plain weight or an fp8 block-scaled one (`Fp8Weight`).
 
@@ -760,6 +775,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torch.Tensor:
             return _bf16_gemv_cuda.bf16_linear(x, weight)
         if bf16_mma_routed(x, weight):
             return _bf16_mma_cuda.bf16_linear(x, weight)
+        if x.is_cuda and switches.switched_on("cublaslt"):
+            return _cublaslt_linear(x, weight)
         return F.linear(x, weight)
     if use_cuda_kernels(x, "fp8_gemv") and x.dim() == 2 and x.shape[0] <= _fp8_gemv_cuda.MAX_ROWS:
         x = x.contiguous()
