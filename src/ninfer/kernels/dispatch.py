@@ -28,6 +28,7 @@ from ninfer.kernels.fp8_gemv import launch as _fp8_gemv_cuda
 from ninfer.kernels.fp8_gemv import launch_tc as _fp8_tc_cuda
 from ninfer.kernels.fp8_gemv import reference as _fp8_gemv_ref
 from ninfer.kernels.fp8_gemv.reference import Fp8Weight
+from ninfer.kernels.fp8_split_gemv import launch as _fp8_split_cuda
 from ninfer.kernels.gated_delta_chunk import launch as _chunk_cuda
 from ninfer.kernels.gated_delta_decode import launch as _delta_cuda
 from ninfer.kernels.gated_delta_decode import reference as _delta_ref
@@ -780,6 +781,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torch.Tensor:
         return F.linear(x, weight)
     if use_cuda_kernels(x, "fp8_gemv") and x.dim() == 2 and x.shape[0] <= _fp8_gemv_cuda.MAX_ROWS:
         x = x.contiguous()
+        # opt-in: one or two rows on the CUDA cores with the bf16 GEMV's split-K grid
+        if switches.switched_on("fp8_split") and _fp8_split_cuda.supports(x, weight):
+            return _fp8_split_cuda.fp8_linear(x, weight)
         # tensor cores first (sm_90, bf16 x); NINFER_KERNELS_OFF=fp8_tc falls back to the
         # CUDA-core GEMV, which also takes fp32 x (full fp32 products)
         if not switched_off("fp8_tc") and _fp8_tc_cuda.supports(x, weight):

@@ -60,15 +60,24 @@ class Plan:
         return (WARPS >> self.ks_log2) * self.rows_per_group
 
 
-def plan(num_rows: int, n: int, k: int, num_sms: int) -> Plan:
-    """The launch for x [num_rows, k] against W [n, k] on a GPU of `num_sms` SMs.
+def plan(
+    num_rows: int,
+    n: int,
+    k: int,
+    num_sms: int,
+    *,
+    chunk: int = CHUNK,
+    unroll: dict[int, int] = UNROLL,
+) -> Plan:
+    """The launch for x [num_rows, k] against W [n, k] on a GPU of `num_sms` SMs; `chunk` is the
+    weights per 16-byte load and `unroll` the U by x rows (fp8_split_gemv: 16 and its own).
 
     K split: as many warps per group (8, 4, 2, 1) as keep every lane on at least one 16-byte chunk
     of the row (8 from K = 2048 up), so short rows (K = 512) do not leave most lanes idle. Rows
     per group: 4 (four loads in flight per lane and step), halved while the grid would have fewer
     than MIN_BLOCKS_PER_SM blocks per SM (small N: more, smaller blocks keep the SMs busy).
     """
-    chunks = k // CHUNK
+    chunks = k // chunk
     ks_log2 = 3
     while ks_log2 > 0 and 32 << ks_log2 > chunks:
         ks_log2 -= 1
@@ -76,7 +85,7 @@ def plan(num_rows: int, n: int, k: int, num_sms: int) -> Plan:
     rows = MAX_ROWS_PER_GROUP
     while rows > 1 and -(-n // (groups * rows)) < MIN_BLOCKS_PER_SM * num_sms:
         rows //= 2
-    return Plan(rows, ks_log2, UNROLL[num_rows], -(-n // (groups * rows)))
+    return Plan(rows, ks_log2, unroll[num_rows], -(-n // (groups * rows)))
 
 
 def launch_options() -> int:
