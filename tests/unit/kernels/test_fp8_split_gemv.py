@@ -10,8 +10,9 @@ from ninfer.kernels.fp8_gemv.reference import Fp8Weight
 from ninfer.kernels.fp8_split_gemv import launch as split
 
 
-def _plan(rows: int, n: int, k: int) -> bf16_launch.Plan:
-    return bf16_launch.plan(rows, n, k, 132, chunk=split.CHUNK, unroll=split.UNROLL)
+def _plan(rows: int, n: int, k: int, form: int = split.PLAIN) -> bf16_launch.Plan:
+    unroll = {rows: split.UNROLL[rows, form]}
+    return bf16_launch.plan(rows, n, k, 132, chunk=split.CHUNK, unroll=unroll)
 
 
 def test_plan_counts_16_weights_a_load() -> None:
@@ -21,8 +22,9 @@ def test_plan_counts_16_weights_a_load() -> None:
     # K = 2048 is 128 chunks: 4 warps a group (the bf16 plan, counting 8 a load, would give 8)
     assert _plan(1, 2048, 2048).ks_log2 == 2
     assert bf16_launch.plan(1, 2048, 2048, 132).ks_log2 == 3
-    # two rows take one step of loads at a time (registers)
+    # two plain rows take one step of loads at a time (registers), two SwiGLU rows two
     assert _plan(2, 5120, 17408).unroll == 1
+    assert _plan(2, 5120, 17408, bf16_launch.INPUT_SWIGLU).unroll == 2
     # a short N halves the rows per group until the grid has 2 blocks an SM
     assert _plan(1, 1000, 272).rows_per_group == 1
 
@@ -38,7 +40,7 @@ def _operands(rows: int, n: int, k: int, dtype=torch.bfloat16) -> tuple[torch.Te
     [
         (3, 256, 256, torch.bfloat16, "x has 3 rows"),
         (1, 256, 256, torch.float32, "x must be bfloat16"),
-        (1, 256, 72, torch.bfloat16, "% 16 == 0"),
+        (1, 256, 72, torch.bfloat16, "positive multiple of 16"),
         (1, 256, 256, torch.bfloat16, "one CUDA device"),  # every operand check passed
     ],
 )

@@ -134,3 +134,52 @@ def test_rejects_what_it_does_not_take(gen) -> None:
     assert not split_cuda.supports(_x(1, 64, gen).float(), weight)
     with pytest.raises(rt.KernelInputError, match="fp8 split GEMV: x has 3 rows"):
         split_cuda.fp8_linear(_x(3, 64, gen), weight)
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_swiglu_form_is_silu_mul_then_the_kernel_bit_for_bit(rows: int, gen, monkeypatch) -> None:
+    """The down projection over a gate-up row: the same activated bits as `silu_mul` (the shared
+    swiglu_bf16x2), the same sums; dispatch takes it only when switched on."""
+    weight = _weight(5120, 17408)
+    gate_up = torch.randn(rows, 2 * 17408, device="cuda", generator=gen).to(torch.bfloat16)
+    activated = dispatch.silu_mul(gate_up)
+    fused = split_cuda.fp8_linear(gate_up, weight, swiglu_input=True)
+    assert torch.equal(fused, split_cuda.fp8_linear(activated, weight))
+    monkeypatch.setenv("NINFER_KERNELS_ON", "fp8_split")
+    assert torch.equal(dispatch.swiglu_linear(gate_up, weight), fused)
+    monkeypatch.delenv("NINFER_KERNELS_ON")
+    assert torch.equal(dispatch.swiglu_linear(gate_up, weight), dispatch.linear(activated, weight))
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+@pytest.mark.parametrize("n,heads,head_dim", [(5120, 24, 256), (1003, 5, 112)])
+def test_sigmoid_gate_form_matches_the_gate_kernel_then_the_gemv(
+    rows: int, n: int, heads: int, head_dim: int, gen, monkeypatch
+) -> None:
+    """x = o * sigmoid(gate), the gate a strided view of a [M, H, 2, D] projection as the model
+    slices it: against `sigmoid_gate` then the plain kernel (1e-3: the gate's exp may round a
+    gated input to its neighbouring bf16) and against the fp64 product of the eager torch ops."""
+    weight = _weight(n, heads * head_dim)
+    o = torch.randn(rows, heads, head_dim, device="cuda", generator=gen).to(torch.bfloat16)
+    qg = torch.randn(rows, heads, 2, head_dim, device="cuda", generator=gen) * 3
+    gate = qg.to(torch.bfloat16)[:, :, 1]
+    got = split_cuda.fp8_linear(o.reshape(rows, -1), weight, gate=gate)
+    gated = dispatch.sigmoid_gate(o, gate)
+    want = split_cuda.fp8_linear(gated.contiguous(), weight)
+    err = ((got.double() - want.double()).norm() / want.double().norm()).item()
+    assert err < 1e-3
+    eager = (o * torch.sigmoid(gate)).reshape(rows, -1)
+    exact = eager.double() @ fp8_ref.dequantize(weight.weight, weight.scale_inv, torch.float64).T
+    _rows_close(got, exact, "fp64 product of the eager gate")
+    monkeypatch.setenv("NINFER_KERNELS_ON", "fp8_split")
+    assert torch.equal(dispatch.sigmoid_gate_linear(o, gate, weight), got)
+
+
+def test_input_forms_are_checked(gen) -> None:
+    weight = _weight(48, 64)
+    x = _x(1, 64, gen)
+    assert "[gate | up]" in split_cuda.problem(x, weight, swiglu_input=True)  # needs 2K wide
+    gate = torch.randn(1, 2, 32, device="cuda").to(torch.bfloat16)
+    assert split_cuda.problem(x, weight, gate=gate) is None
+    assert "one input form" in split_cuda.problem(x, weight, swiglu_input=True, gate=gate)
+    assert "does not match" in split_cuda.problem(x, weight, gate=gate[:, :1])

@@ -162,7 +162,7 @@ def _problem(x: torch.Tensor, weight: torch.Tensor, swiglu_input: bool = False) 
     )
 
 
-def _gate_problem(x: torch.Tensor, gate: torch.Tensor) -> str | None:
+def gate_problem(x: torch.Tensor, gate: torch.Tensor) -> str | None:
     """Why a sigmoid gate [M, H, D] cannot go with x [M, H * D], or None when it can."""
     if gate.dim() != 3 or gate.dtype != torch.bfloat16 or gate.device != x.device:
         return f"gate must be a bf16 [M, H, D] on x's device, got {gate.dtype} {tuple(gate.shape)}"
@@ -186,7 +186,7 @@ def supports(
     """Whether the kernel takes these operands (otherwise the twin runs)."""
     if _problem(x, weight, swiglu_input) is not None:
         return False
-    return gate is None or (not swiglu_input and _gate_problem(x, gate) is None)
+    return gate is None or (not swiglu_input and gate_problem(x, gate) is None)
 
 
 def bf16_linear(
@@ -201,7 +201,7 @@ def bf16_linear(
     device = rt.check_cuda(x, weight)
     problem = _problem(x, weight, swiglu_input)
     if problem is None and gate is not None:
-        problem = "one input form at a time" if swiglu_input else _gate_problem(x, gate)
+        problem = "one input form at a time" if swiglu_input else gate_problem(x, gate)
     if problem is not None:
         raise rt.KernelInputError(f"bf16 GEMV: {problem}")
     num_rows = x.shape[0]

@@ -12,7 +12,9 @@
 // - Lane l of warp s in a group reads chunks c = 32 s + l + 32 ks step of its R rows (chunk c:
 //   weights 16c .. 16c + 15, all in k block c / 8); per (x row, weight row) the 16 products are
 //   summed in fp32 and added times the block's scale * 2^8 (one more FMA per 16 weights).
-// - x is read through the read-only path as in bf16_gemv (bf16 -> fp32 is a shift or a mask);
+// - x is read through the read-only path as in bf16_gemv (bf16 -> fp32 is a shift or a mask),
+//   in its three input forms (INPUT: plain, SwiGLU of a gate-up row, the attention's sigmoid
+//   output gate), which fold the elementwise op before a projection into the x loads;
 //   the scales are weights too: one per step (a group's rows share their 128-row block), loaded
 //   with the weights (L1/L2 hits after the first group of a row block).
 // - Reduction: bf16_gemv's reduce-scatter and fixed warp order (deterministic).
@@ -26,11 +28,42 @@ __device__ __forceinline__ void f16x2_to_float2(unsigned int h2, float& lo, floa
       : "r"(h2));
 }
 
-template <int M, int R, int U>
-__global__ void __launch_bounds__(256, 4) fp8_split_gemv(
+// One 16-byte piece (8 values) of x row m for chunk piece q (16-byte index into the row), in the
+// INPUT form of bf16_gemv.cu: plain, SwiGLU of [gate | up] (up K further on), or o * sigmoid(g)
+// with g a strided per-head view (a piece never spans heads: head_dim % 8 == 0).
+template <int INPUT>
+__device__ __forceinline__ uint4 fp8_split_x16(const bf16* x, long long q, int k,
+                                               const bf16* gate, long long gate_stride_m,
+                                               long long gate_head_stride, int head_dim) {
+  uint4 v = __ldg(reinterpret_cast<const uint4*>(x) + q);
+  if constexpr (INPUT == BF16_GEMV_SWIGLU) {
+    const uint4 up = __ldg(reinterpret_cast<const uint4*>(x + k) + q);
+    v = make_uint4(swiglu_bf16x2(v.x, up.x), swiglu_bf16x2(v.y, up.y), swiglu_bf16x2(v.z, up.z),
+                   swiglu_bf16x2(v.w, up.w));
+  } else if constexpr (INPUT == BF16_GEMV_SIGMOID_GATE) {
+    const long long e = 8 * q;
+    const long long h = e / head_dim;
+    const uint4 g = __ldg(reinterpret_cast<const uint4*>(gate + gate_stride_m +
+                                                         h * gate_head_stride + (e - h * head_dim)));
+    v = make_uint4(sigmoid_gate_bf16x2(v.x, g.x), sigmoid_gate_bf16x2(v.y, g.y),
+                   sigmoid_gate_bf16x2(v.z, g.z), sigmoid_gate_bf16x2(v.w, g.w));
+  }
+  return v;
+}
+
+// Launch bounds: 64 registers (4 blocks an SM) where that holds U = 2 steps of loads without
+// spilling (one x row, plain or SwiGLU input), else 80 (3 blocks; nvcc -Xptxas -v, sm_90).
+template <int M, int INPUT>
+constexpr int fp8_split_blocks_per_sm() {
+  return M == 1 && INPUT != BF16_GEMV_SIGMOID_GATE ? 4 : 3;
+}
+
+template <int M, int R, int U, int INPUT = BF16_GEMV_PLAIN>
+__global__ void __launch_bounds__(256, fp8_split_blocks_per_sm<M, INPUT>()) fp8_split_gemv(
     bf16* __restrict__ out, const bf16* __restrict__ x, long long x_stride,
     const unsigned char* __restrict__ w, const float* __restrict__ scale, int n, int k,
-    int k_blocks, int ks_log2, int options) {
+    int k_blocks, int ks_log2, const bf16* __restrict__ gate, long long gate_stride,
+    long long gate_head_stride, int head_dim, int options) {
   pdl_trigger();
   constexpr int V = M * R;  // sums per lane, index m * R + r
   constexpr int P = bf16_gemv_pow2(V);
@@ -85,8 +118,9 @@ __global__ void __launch_bounds__(256, 4) fp8_split_gemv(
         for (int m = 0; m < M; ++m) {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            xq[m][h] = c < chunks ? __ldg(reinterpret_cast<const uint4*>(x + m * x_stride) +
-                                          2 * c + h)
+            xq[m][h] = c < chunks ? fp8_split_x16<INPUT>(x + m * x_stride, 2ll * c + h, k, gate,
+                                                         m * gate_stride, gate_head_stride,
+                                                         head_dim)
                                   : bf16_gemv_zero16();
           }
         }
