@@ -92,22 +92,6 @@ def test_dispatch_routes_decode_rows_to_the_kernel(gen, monkeypatch) -> None:
     assert torch.equal(dispatch.linear(x, w), F.linear(x, w))
 
 
-@pytest.mark.parametrize("rows", [2, 8, 64])
-def test_cublaslt_switch_gives_the_product_and_restores_the_preference(
-    rows: int, gen, monkeypatch
-) -> None:
-    # NINFER_KERNELS_ON=cublaslt: the projections cuBLAS takes go through cuBLASLt, in a graph
-    # too; the product keeps the fp64 bounds and torch's process-wide preference comes back
-    monkeypatch.setenv("NINFER_KERNELS_OFF", "bf16_gemv,bf16_tc_gemv")
-    monkeypatch.setenv("NINFER_KERNELS_ON", "cublaslt")
-    x, w = bf16_operands(rows, 5120, 6144, gen)
-    before = torch.backends.cuda.preferred_blas_library()
-    graph, got = capture_graph(lambda: dispatch.linear(x, w))
-    graph.replay()
-    check_bf16_product(got, x, w)
-    assert torch.backends.cuda.preferred_blas_library() == before
-
-
 SWIGLU_SHAPES = [
     pytest.param(5120, 17408, id="27b-down"),
     pytest.param(2048, 512, id="35b-shared-down"),
