@@ -27,6 +27,7 @@ from ninfer.kernels.bf16_tc_gemv import launch as bf16_tc_cuda
 from ninfer.kernels.fp8_gemv import launch_tc as tc_cuda
 from ninfer.kernels.fp8_gemv import reference as fp8_ref
 from ninfer.kernels.fp8_gemv.reference import Fp8Weight
+from ninfer.kernels.fp8_split_gemv import launch as split_cuda
 
 ROTATE_BYTES = 250 * 2**20
 MAX_COPIES = 64
@@ -44,10 +45,12 @@ def fp8_gemv_sweep(
     forms = (0, *tc_cuda.STAGES)
     names = ["registers µs", *(f"ring {s} µs" for s in tc_cuda.STAGES)]
     names += [f"S={z} µs" for z in tc_cuda.SPLITS]  # the routed form at each k split count
+    names += ["split-K CUDA cores µs"]  # fp8_split_gemv (1..MAX_ROWS rows; other sums)
     lines = [
         "fp8 tensor-core GEMV forms (bf16 x, e4m3 W [N, K] with 128x128 scales), graphs, cold L2",
-        "| N x K | rows | splits | " + " | ".join(names) + " | best GB/s | routed | rel err |",
-        "| --- | ---: | ---: | " + "---: | " * len(names) + "---: | --- | ---: |",
+        "| N x K | rows | splits | " + " | ".join(names) + " | best GB/s | routed | rel err | "
+        "split-K rel err |",
+        "| --- | ---: | ---: | " + "---: | " * len(names) + "---: | --- | ---: | ---: |",
     ]
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     for n, k in shapes:
@@ -75,14 +78,20 @@ def fp8_gemv_sweep(
                          5, calls)
                 for p in plans
             ]  # fmt: skip
+            split_err = "—"
+            if m <= split_cuda.MAX_ROWS:
+                got = split_cuda.fp8_linear(x, weights[0])
+                split_err = f"{((got.double() - exact).norm() / exact.norm()).item():.1e}"
+                run = rotating(lambda w, x=x: split_cuda.fp8_linear(x, w), weights)
+                times.append(graph_us(run, 5, calls))
             best = min(times)
             splits = tc_cuda.choose_splits(-(-n // 128), -(-k // 128), sms)
             routed = tc_cuda.ring_stages(m)
-            cells = " | ".join(f"{t:.1f}" for t in times)
+            cells = " | ".join(f"{t:.1f}" for t in times) + (" | —" if split_err == "—" else "")
             lines.append(
                 f"| {n}x{k} | {m} | {splits} | {cells} | {moved / best / 1e3:.0f} | "
                 f"{'registers' if routed == 0 else f'ring {routed}'} | "
-                f"{err:.1e}{'' if same else ' (forms differ!)'} |"
+                f"{err:.1e}{'' if same else ' (forms differ!)'} | {split_err} |"
             )
         del weights
         torch.cuda.empty_cache()

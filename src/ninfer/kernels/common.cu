@@ -178,6 +178,10 @@ __device__ __forceinline__ uint4 ld_stream16(const unsigned char* p) {
 // allows it there by this name), so its first loads overlap the previous kernel's tail.
 __device__ __forceinline__ uint4 ld_weight16(const unsigned char* p) { return ld_stream16(p); }
 
+// A weight's fp32 block scale (also never written by a kernel), through the read-only path: the
+// other load allowed before pdl_wait() (test_pdl.py: names beginning ld_weight).
+__device__ __forceinline__ float ld_weight_scale(const float* p) { return __ldg(p); }
+
 // e4m3 (fn: no infinities, S.1111.111 is NaN) to fp32, exact.
 __device__ __forceinline__ float e4m3_to_float(unsigned int v) {
   const unsigned int sign = (v & 0x80u) << 24;

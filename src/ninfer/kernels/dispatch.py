@@ -28,6 +28,7 @@ from ninfer.kernels.fp8_gemv import launch as _fp8_gemv_cuda
 from ninfer.kernels.fp8_gemv import launch_tc as _fp8_tc_cuda
 from ninfer.kernels.fp8_gemv import reference as _fp8_gemv_ref
 from ninfer.kernels.fp8_gemv.reference import Fp8Weight
+from ninfer.kernels.fp8_split_gemv import launch as _fp8_split_cuda
 from ninfer.kernels.gated_delta_chunk import launch as _chunk_cuda
 from ninfer.kernels.gated_delta_decode import launch as _delta_cuda
 from ninfer.kernels.gated_delta_decode import reference as _delta_ref
@@ -712,6 +713,8 @@ def swiglu_linear(gate_up: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> to
     """
     if not isinstance(weight, Fp8Weight) and bf16_gemv_routed(gate_up, weight, swiglu_input=True):
         return _bf16_gemv_cuda.bf16_linear(gate_up, weight, swiglu_input=True)
+    if _fp8_split_routed(gate_up, weight, swiglu_input=True):
+        return _fp8_split_cuda.fp8_linear(gate_up, weight, swiglu_input=True)
     return linear(silu_mul(gate_up), weight)
 
 
@@ -726,11 +729,30 @@ def sigmoid_gate_linear(
     `sigmoid_gate` (one kernel on CUDA in bf16) then `linear`.
     """
     # a view only: a head-major prefill output would be copied just to be turned down here
-    if not isinstance(weight, Fp8Weight) and o.is_contiguous():
+    if o.is_contiguous():
         x = o.view(o.shape[0], -1)
-        if bf16_gemv_routed(x, weight, gate=gate):
+        if not isinstance(weight, Fp8Weight) and bf16_gemv_routed(x, weight, gate=gate):
             return _bf16_gemv_cuda.bf16_linear(x, weight, gate=gate)
+        if _fp8_split_routed(x, weight, gate=gate):
+            return _fp8_split_cuda.fp8_linear(x, weight, gate=gate)
     return linear(sigmoid_gate(o, gate), weight)
+
+
+def _fp8_split_routed(
+    x: torch.Tensor,
+    weight: torch.Tensor | Fp8Weight,
+    *,
+    swiglu_input: bool = False,
+    gate: torch.Tensor | None = None,
+) -> bool:
+    """Whether the split-K CUDA-core fp8 GEMV takes this decode-sized fp8 projection: opt-in
+    (`NINFER_KERNELS_ON=fp8_split`) until a model step says it beats the tensor-core kernel."""
+    return (
+        isinstance(weight, Fp8Weight)
+        and use_cuda_kernels(x, "fp8_gemv")
+        and switches.switched_on("fp8_split")
+        and _fp8_split_cuda.supports(x, weight, swiglu_input=swiglu_input, gate=gate)
+    )
 
 
 def sigmoid_gate(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
@@ -763,6 +785,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torch.Tensor:
         return F.linear(x, weight)
     if use_cuda_kernels(x, "fp8_gemv") and x.dim() == 2 and x.shape[0] <= _fp8_gemv_cuda.MAX_ROWS:
         x = x.contiguous()
+        # opt-in: one or two rows on the CUDA cores with the bf16 GEMV's split-K grid
+        if _fp8_split_routed(x, weight):
+            return _fp8_split_cuda.fp8_linear(x, weight)
         # tensor cores first (sm_90, bf16 x); NINFER_KERNELS_OFF=fp8_tc falls back to the
         # CUDA-core GEMV, which also takes fp32 x (full fp32 products)
         if not switched_off("fp8_tc") and _fp8_tc_cuda.supports(x, weight):

@@ -147,19 +147,19 @@ def test_swiglu_routing_decision(monkeypatch: pytest.MonkeyPatch) -> None:
     assert calls == [True, False]
 
 
-def test_gate_problem_names_what_is_wrong() -> None:
+def testgate_problem_names_what_is_wrong() -> None:
     bf16 = torch.bfloat16
     x = torch.randn(2, 4 * 16).to(bf16)
     qg = torch.randn(2, 4, 2, 16).to(bf16)  # [M, H, (q, gate), D]: the gate a strided view
     gate = qg[:, :, 1]
-    assert bf16_cuda._gate_problem(x, gate) is None
-    assert "bf16 [M, H, D]" in bf16_cuda._gate_problem(x, gate.float())
-    assert "bf16 [M, H, D]" in bf16_cuda._gate_problem(x, gate.reshape(2, -1))
-    assert "does not match" in bf16_cuda._gate_problem(x, gate[:1])
-    assert "does not match" in bf16_cuda._gate_problem(x[:, :32], gate)
-    assert "dense runs" in bf16_cuda._gate_problem(x, torch.randn(2, 4, 32).to(bf16)[:, :, ::2])
+    assert bf16_cuda.gate_problem(x, gate) is None
+    assert "bf16 [M, H, D]" in bf16_cuda.gate_problem(x, gate.float())
+    assert "bf16 [M, H, D]" in bf16_cuda.gate_problem(x, gate.reshape(2, -1))
+    assert "does not match" in bf16_cuda.gate_problem(x, gate[:1])
+    assert "does not match" in bf16_cuda.gate_problem(x[:, :32], gate)
+    assert "dense runs" in bf16_cuda.gate_problem(x, torch.randn(2, 4, 32).to(bf16)[:, :, ::2])
     odd = torch.randn(2, 4, 2 * 16 + 2).to(bf16)[:, :, 1:17]  # heads start 2 bytes in
-    assert "16-byte" in bf16_cuda._gate_problem(x, odd)
+    assert "16-byte" in bf16_cuda.gate_problem(x, odd)
 
 
 @pytest.mark.parametrize("rows", [1, 3, 9])

@@ -42,8 +42,8 @@ def _kernel_bodies(source: str) -> list[tuple[str, str]]:
 def _waits_first(body: str) -> bool:
     """pdl_begin() first; or pdl_trigger() first, then only declarations, arithmetic, L2
     prefetches, the tensor-core GEMVs' weight copies (`issue_tile`) and weight loads
-    (`ld_weight16`; weights are never a predecessor's output) before pdl_wait(): no other loads
-    or stores through pointers."""
+    (`ld_weight16`, `ld_weight_scale`: weights are never a predecessor's output) before
+    pdl_wait(): no other loads or stores through pointers."""
     first = body.lstrip().split(";")[0]
     if first == "pdl_begin()":
         return True
@@ -51,7 +51,9 @@ def _waits_first(body: str) -> bool:
         return False
     before = body[: body.index("pdl_wait();")]
     touches = re.findall(r"(?:ld_\w+|__ldg|atomic\w*|\w+\s*\[[^\]]*\]\s*=[^=])", before)
-    return not [t for t in touches if not t.startswith(("acc[", "wrow[", "ld_weight16"))]
+    # registers being filled (accumulators, row pointers, weight scales) and the weight loads
+    allowed = ("acc[", "wrow[", "wscale[", "ld_weight16", "ld_weight_scale")
+    return not [t for t in touches if not t.startswith(allowed)]
 
 
 def test_every_kernel_begins_with_the_dependency_wait():

@@ -60,15 +60,24 @@ class Plan:
         return (WARPS >> self.ks_log2) * self.rows_per_group
 
 
-def plan(num_rows: int, n: int, k: int, num_sms: int) -> Plan:
-    """The launch for x [num_rows, k] against W [n, k] on a GPU of `num_sms` SMs.
+def plan(
+    num_rows: int,
+    n: int,
+    k: int,
+    num_sms: int,
+    *,
+    chunk: int = CHUNK,
+    unroll: dict[int, int] = UNROLL,
+) -> Plan:
+    """The launch for x [num_rows, k] against W [n, k] on a GPU of `num_sms` SMs; `chunk` is the
+    weights per 16-byte load and `unroll` the U by x rows (fp8_split_gemv: 16 and its own).
 
     K split: as many warps per group (8, 4, 2, 1) as keep every lane on at least one 16-byte chunk
     of the row (8 from K = 2048 up), so short rows (K = 512) do not leave most lanes idle. Rows
     per group: 4 (four loads in flight per lane and step), halved while the grid would have fewer
     than MIN_BLOCKS_PER_SM blocks per SM (small N: more, smaller blocks keep the SMs busy).
     """
-    chunks = k // CHUNK
+    chunks = k // chunk
     ks_log2 = 3
     while ks_log2 > 0 and 32 << ks_log2 > chunks:
         ks_log2 -= 1
@@ -76,7 +85,7 @@ def plan(num_rows: int, n: int, k: int, num_sms: int) -> Plan:
     rows = MAX_ROWS_PER_GROUP
     while rows > 1 and -(-n // (groups * rows)) < MIN_BLOCKS_PER_SM * num_sms:
         rows //= 2
-    return Plan(rows, ks_log2, UNROLL[num_rows], -(-n // (groups * rows)))
+    return Plan(rows, ks_log2, unroll[num_rows], -(-n // (groups * rows)))
 
 
 def launch_options() -> int:
@@ -153,7 +162,7 @@ def _problem(x: torch.Tensor, weight: torch.Tensor, swiglu_input: bool = False) 
     )
 
 
-def _gate_problem(x: torch.Tensor, gate: torch.Tensor) -> str | None:
+def gate_problem(x: torch.Tensor, gate: torch.Tensor) -> str | None:
     """Why a sigmoid gate [M, H, D] cannot go with x [M, H * D], or None when it can."""
     if gate.dim() != 3 or gate.dtype != torch.bfloat16 or gate.device != x.device:
         return f"gate must be a bf16 [M, H, D] on x's device, got {gate.dtype} {tuple(gate.shape)}"
@@ -177,7 +186,7 @@ def supports(
     """Whether the kernel takes these operands (otherwise the twin runs)."""
     if _problem(x, weight, swiglu_input) is not None:
         return False
-    return gate is None or (not swiglu_input and _gate_problem(x, gate) is None)
+    return gate is None or (not swiglu_input and gate_problem(x, gate) is None)
 
 
 def bf16_linear(
@@ -192,7 +201,7 @@ def bf16_linear(
     device = rt.check_cuda(x, weight)
     problem = _problem(x, weight, swiglu_input)
     if problem is None and gate is not None:
-        problem = "one input form at a time" if swiglu_input else _gate_problem(x, gate)
+        problem = "one input form at a time" if swiglu_input else gate_problem(x, gate)
     if problem is not None:
         raise rt.KernelInputError(f"bf16 GEMV: {problem}")
     num_rows = x.shape[0]
