@@ -418,6 +418,7 @@ __global__ void __launch_bounds__(fp8tc::kThreads, 3)
   uint4* ring = reinterpret_cast<uint4*>(smem);
   unsigned short* xs = reinterpret_cast<unsigned short*>(ring + STAGES * 4 * kThreads);
   float* comb = reinterpret_cast<float*>(xs + M * kRowHalves);
+  float* scl = comb + kChunk * 8;  // [STAGES][kThreads]: each thread's copy of its tile's scale
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
   const int lane = tid & 31;
@@ -438,6 +439,7 @@ __global__ void __launch_bounds__(fp8tc::kThreads, 3)
       issue_tile(ring + p * 4 * kThreads, tid, w + static_cast<long long>(row_g < n ? row_g : 0) * k,
                  w + static_cast<long long>(row_g + 8 < n ? row_g + 8 : 0) * k, row_g < n,
                  row_g + 8 < n, static_cast<int>(u - static_cast<long long>(rb) * k_blocks), t, k);
+      issue_scale(scl + p * kThreads + tid, scale + u);  // [R, KB] row-major: tile u's scale
     }
     cp_commit();  // empty groups keep the wait count uniform
   }
@@ -460,6 +462,7 @@ __global__ void __launch_bounds__(fp8tc::kThreads, 3)
                  w + static_cast<long long>(row_g + 8 < n ? row_g + 8 : 0) * k, row_g < n,
                  row_g + 8 < n, static_cast<int>(u - static_cast<long long>(rba) * k_blocks), t,
                  k);
+      issue_scale(scl + (ahead % STAGES) * kThreads + tid, scale + u);
     }
     cp_commit();
     const int chunk = kb / kChunk;
@@ -475,7 +478,7 @@ __global__ void __launch_bounds__(fp8tc::kThreads, 3)
     const uint4* slot = ring + (i % STAGES) * 4 * kThreads + tid;
     const uint4 b[4] = {slot[0], slot[kThreads], slot[2 * kThreads], slot[3 * kThreads]};
     const int kbl = kb - chunk * kChunk;
-    const float wscale = __ldg(scale + static_cast<long long>(rb) * k_blocks + kb);
+    const float wscale = scl[(i % STAGES) * kThreads + tid];
     const float2 c2 = *reinterpret_cast<const float2*>(comb + kbl * 8 + 2 * t);
     float frag[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     mma_tile(frag, b, x_lane + kbl * 128);

@@ -239,7 +239,7 @@ def _stream_linear(x: torch.Tensor, weight: Fp8Weight, num_blocks: int) -> torch
     stages = RING_STAGES[num_rows]
     out = torch.empty((num_rows, n), dtype=x.dtype, device=device)
     instance = f"fp8_tc_gemv_stream<{rt.cuda_type(x, 'x')}, {num_rows}, {stages}>"
-    shared = ring_shared_bytes(num_rows, stages)
+    shared = ring_shared_bytes(num_rows, stages) + stages * THREADS * 4  # + the scales' ring
     rt.allow_shared(OP, instance, rt.device_index(device), shared, HEADERS)
     kernel = rt.get_kernel(OP, instance, device, HEADERS)
     args = (
