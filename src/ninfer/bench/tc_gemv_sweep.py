@@ -1,8 +1,8 @@
 """The tensor-core decode GEMVs on decode shapes, for `python -m ninfer.bench.kernel_bench
---fp8-shapes` (the fp8 kernel's forms: weights in flight in registers, in a cp.async ring of 2-4
-stages, which `launch_tc.RING_STAGES` should route, or the ring as one persistent stream) and
-`--bf16-tc-shapes` (the bf16 ring kernel against the CUDA-core GEMV and cuBLAS: whether
-`bf16_tc_gemv.launch.tc_preferred` should route a shape).
+--fp8-shapes` (the fp8 kernel's two forms: weights in flight in registers, or in a cp.async ring
+of 2-4 stages; which `launch_tc.RING_STAGES` should route) and `--bf16-tc-shapes` (the bf16 ring
+kernel against the CUDA-core GEMV and cuBLAS: whether `bf16_tc_gemv.launch.tc_preferred` should
+route a shape).
 
 Weights come from DRAM as in a decode step: each captured call reads the next of enough weight
 copies to span five times the H200's 50 MB L2.
@@ -45,13 +45,12 @@ def fp8_gemv_sweep(
     forms = (0, *tc_cuda.STAGES)
     names = ["registers µs", *(f"ring {s} µs" for s in tc_cuda.STAGES)]
     names += [f"S={z} µs" for z in tc_cuda.SPLITS]  # the routed form at each k split count
-    names += ["stream µs"]  # the persistent stream form (its own sums on cut row blocks)
     names += ["split-K CUDA cores µs"]  # fp8_split_gemv (1..MAX_ROWS rows; other sums)
     lines = [
         "fp8 tensor-core GEMV forms (bf16 x, e4m3 W [N, K] with 128x128 scales), graphs, cold L2",
         "| N x K | rows | splits | " + " | ".join(names) + " | best GB/s | routed | rel err | "
-        "stream rel err | split-K rel err |",
-        "| --- | ---: | ---: | " + "---: | " * len(names) + "---: | --- | ---: | ---: | ---: |",
+        "split-K rel err |",
+        "| --- | ---: | ---: | " + "---: | " * len(names) + "---: | --- | ---: | ---: |",
     ]
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     for n, k in shapes:
@@ -79,10 +78,6 @@ def fp8_gemv_sweep(
                          5, calls)
                 for p in plans
             ]  # fmt: skip
-            got = tc_cuda.fp8_linear(x, weights[0], stream_blocks=0)  # its workspace, eagerly
-            stream_err = f"{((got.double() - exact).norm() / exact.norm()).item():.1e}"
-            run = rotating(lambda w, x=x: tc_cuda.fp8_linear(x, w, stream_blocks=0), weights)
-            times.append(graph_us(run, 5, calls))
             split_err = "—"
             if m <= split_cuda.MAX_ROWS:
                 got = split_cuda.fp8_linear(x, weights[0])
@@ -96,7 +91,7 @@ def fp8_gemv_sweep(
             lines.append(
                 f"| {n}x{k} | {m} | {splits} | {cells} | {moved / best / 1e3:.0f} | "
                 f"{'registers' if routed == 0 else f'ring {routed}'} | "
-                f"{err:.1e}{'' if same else ' (forms differ!)'} | {stream_err} | {split_err} |"
+                f"{err:.1e}{'' if same else ' (forms differ!)'} | {split_err} |"
             )
         del weights
         torch.cuda.empty_cache()

@@ -328,7 +328,7 @@ def test_decode_moe_with_the_shared_expert_in_kernels_at_35b_shapes(
     shared expert; against the twins, and against the kernels with the separate shared mlp."""
     w = with_shared_gate_up(big_moe)
     assert moe.shared_expert_in_kernels(w) is not None
-    x = torch.randn(tokens, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16)
+    x = tie_free_x(tokens, w.router, gen)
     got = moe.sparse_moe(x, w, top_k=TOP_K, norm_topk_prob=True)
     with monkeypatch.context() as m:
         m.setattr(moe, "shared_expert_in_kernels", lambda _: None)
@@ -337,29 +337,26 @@ def test_decode_moe_with_the_shared_expert_in_kernels_at_35b_shapes(
         m.setenv("NINFER_KERNELS", "torch")
         want = moe.sparse_moe(x, w, top_k=TOP_K, norm_topk_prob=True)
     assert got.shape == (tokens, HIDDEN) and got.dtype == torch.bfloat16
-    assert_tokens_match_or_tie(got, want, x, w.router)
+    assert rel(got, want) < TOL[torch.bfloat16]
     assert rel(got, separate) < TOL[torch.bfloat16]
 
 
-def assert_tokens_match_or_tie(
-    got: torch.Tensor, want: torch.Tensor, x: torch.Tensor, router: torch.Tensor
-) -> None:
-    """Each token's output within the bf16 tolerance of the twin's, except where the two may
-    route it differently: the kernels' router GEMM and the twin's (cuBLAS) round the bf16 logits
-    apart by up to an ulp, so a token whose k-th and (k+1)-th exact logits lie within two bf16
-    ulps may pick another expert (random 256-expert routers give such ties in a few % of tokens;
-    fresh inputs each run made this test fail now and then). A token off by more must have such
-    a tie, and at most half of them may."""
-    exact = (x.double() @ router.double().T).topk(TOP_K + 1, dim=-1).values
-    margin = exact[:, TOP_K - 1] - exact[:, TOP_K]
-    ulp = torch.exp2(torch.floor(torch.log2(exact[:, TOP_K - 1].abs().clamp(min=2**-30))) - 7)
-    off = [t for t in range(got.shape[0]) if rel(got[t], want[t]) >= TOL[torch.bfloat16]]
-    for t in off:
-        assert margin[t] <= 2 * ulp[t], (
-            f"token {t}: {rel(got[t], want[t]):.2e} off the twin with a routing margin of "
-            f"{margin[t].item():.2e} (bf16 ulp {ulp[t].item():.2e}): not a tie"
-        )
-    assert len(off) <= max(1, got.shape[0] // 2), f"{len(off)} of {got.shape[0]} tokens off"
+def tie_free_x(tokens: int, router: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """bf16 decode rows that route the same way through any bf16 router GEMM: rows whose k-th
+    and (k+1)-th exact logits lie within two bf16 ulps are drawn again. The kernels' router GEMM
+    and the twin's (cuBLAS) may round such logits apart, so the two would pick different experts
+    (random 256-expert routers give such ties in a few % of rows; run S34B saw one fail the
+    comparison with the twins)."""
+    x = torch.randn(tokens, router.shape[1], device="cuda", generator=gen).to(torch.bfloat16)
+    for _ in range(100):
+        top = (x.double() @ router.double().T).topk(TOP_K + 1, dim=-1).values
+        ulp = torch.exp2(torch.floor(torch.log2(top[:, TOP_K - 1].abs().clamp(min=2**-30))) - 7)
+        tied = (top[:, TOP_K - 1] - top[:, TOP_K] <= 2 * ulp).nonzero().flatten()
+        if tied.numel() == 0:
+            return x
+        fresh = torch.randn(tied.numel(), x.shape[1], device="cuda", generator=gen)
+        x[tied] = fresh.to(torch.bfloat16)
+    raise AssertionError("no tie-free rows in 100 draws")
 
 
 # --- the whole MoE block ------------------------------------------------------------------------
@@ -367,7 +364,7 @@ def assert_tokens_match_or_tie(
 
 @pytest.mark.parametrize("tokens", [1, 4, 8])
 def test_decode_moe_kernels_match_twins_at_35b_shapes(tokens, big_moe, gen, monkeypatch):
-    x = torch.randn(tokens, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16)
+    x = tie_free_x(tokens, big_moe.router, gen)
     logits = F.linear(x, big_moe.router)
     assert dispatch.use_cuda_kernels(x, "moe_routing") and routing_cuda.supports(logits, TOP_K)
     assert moe.expert_path(x, big_moe.experts_gate_up, big_moe.experts_down, tokens * TOP_K) is (
@@ -379,7 +376,7 @@ def test_decode_moe_kernels_match_twins_at_35b_shapes(tokens, big_moe, gen, monk
             m.setenv("NINFER_KERNELS", "torch")
             want = moe.sparse_moe(x, w, top_k=TOP_K, norm_topk_prob=True)
         assert got.shape == (tokens, HIDDEN) and got.dtype == torch.bfloat16
-        assert_tokens_match_or_tie(got, want, x, big_moe.router)
+        assert rel(got, want) < TOL[torch.bfloat16]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

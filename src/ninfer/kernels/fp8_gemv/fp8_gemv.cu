@@ -190,8 +190,7 @@ __device__ __forceinline__ void stage_x(unsigned short* xs, float* comb, const T
       const int k0 = (kb0 + j) * 128 + 4 * lane;
       // K % 16 == 0: a lane's 4 values are all in or all out
       load_x4(x + m * x_stride + k0, p < num_pairs && k0 < k, v[u]);
-      // no row_scales (the stream form): comb holds 2^8 * 2^-s alone, the scale comes per tile
-      wscale[u] = p >= num_pairs ? 0.0f : row_scales ? __ldg(row_scales + kb0 + j) : 1.0f;
+      wscale[u] = p < num_pairs ? __ldg(row_scales + kb0 + j) : 0.0f;
     }
 #pragma unroll
     for (int u = 0; u < kStagePairs; ++u) {
@@ -235,9 +234,11 @@ __device__ __forceinline__ void load_tile(uint4 (&b)[4], const unsigned char* w_
   b[3] = ok_g8 && off1 < k ? ld_stream16(w_g8 + off1) : zero;
 }
 
-// One 128-wide k block of the warp's 16 rows: 8 mma into a zeroed fragment `frag`.
-__device__ __forceinline__ void mma_tile(float (&frag)[4], const uint4 (&b)[4],
-                                         const unsigned short* x_row) {
+// One 128-wide k block of the warp's 16 rows: 8 mma into a zeroed fragment, then the fixup.
+__device__ __forceinline__ void compute_tile(float (&acc)[4], const uint4 (&b)[4],
+                                             const unsigned short* x_row, const float* comb_kb,
+                                             int t) {
+  float frag[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const uint4 xa = *reinterpret_cast<const uint4*>(x_row + 64 * h);      // words i = 0, 1
@@ -252,14 +253,6 @@ __device__ __forceinline__ void mma_tile(float (&frag)[4], const uint4 (&b)[4],
               xw[2 * i + 1]);
     }
   }
-}
-
-// One 128-wide k block of the warp's 16 rows: 8 mma into a zeroed fragment, then the fixup.
-__device__ __forceinline__ void compute_tile(float (&acc)[4], const uint4 (&b)[4],
-                                             const unsigned short* x_row, const float* comb_kb,
-                                             int t) {
-  float frag[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  mma_tile(frag, b, x_row);
   const float2 c = *reinterpret_cast<const float2*>(comb_kb + 2 * t);  // x rows 2t, 2t + 1
   acc[0] += frag[0] * c.x;
   acc[1] += frag[1] * c.y;
@@ -392,152 +385,4 @@ __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(fp8tc::kThreads, 3)
   cp_wait<0>();
   __syncthreads();  // the ring is free: the reduction tile may overwrite it
   reduce_store<T, M, S>(out, red, acc, rb, split, n, warp, g, t);
-}
-
-// fp8_tc_gemv_stream: the ring form as a persistent stream over k blocks (opt-in,
-// NINFER_KERNELS_ON=fp8_stream). The weight is U = R row blocks x KB k blocks of 16 KiB, taken in
-// row-block-major order; the grid's P blocks (all resident: 3 per SM) each take one contiguous
-// range of U / P units, so every block streams one long run through its ring, with no waves, no
-// ramp per short block and no cluster barriers. A row block inside one range is stored from
-// registers; one cut by a range boundary (at most two per block: its first and its last) leaves
-// fp32 partials in `partials` [P][2][M][128], and the last of its contributors to arrive (an
-// atomic count in `counters`, reset to 0 by that block for the next launch) adds them in block
-// order: deterministic, with the same per-tile products as the ring and register forms (the
-// weight scale times the exact power of two of the staged x is the same float either way).
-template <typename T, int M, int STAGES>
-__global__ void __launch_bounds__(fp8tc::kThreads, 3)
-    fp8_tc_gemv_stream(T* __restrict__ out, const T* __restrict__ x, long long x_stride,
-                       const unsigned char* __restrict__ w, const float* __restrict__ scale,
-                       int n, int k, int k_blocks, int row_blocks, float* __restrict__ partials,
-                       int* __restrict__ counters) {
-  pdl_trigger();
-  using namespace fp8tc;
-  static_assert(STAGES >= 2, "ring size");
-  extern __shared__ __align__(16) unsigned char smem[];
-  __shared__ int last_flag;
-  uint4* ring = reinterpret_cast<uint4*>(smem);
-  unsigned short* xs = reinterpret_cast<unsigned short*>(ring + STAGES * 4 * kThreads);
-  float* comb = reinterpret_cast<float*>(xs + M * kRowHalves);
-  float* scl = comb + kChunk * 8;  // [STAGES][kThreads]: each thread's copy of its tile's scale
-  const int tid = threadIdx.x;
-  const int warp = tid >> 5;
-  const int lane = tid & 31;
-  const int g = lane >> 2;
-  const int t = lane & 3;
-  const long long units = static_cast<long long>(row_blocks) * k_blocks;
-  const long long num_blocks = gridDim.x;
-  const long long u_begin = blockIdx.x * units / num_blocks;
-  const int num_units = static_cast<int>((blockIdx.x + 1) * units / num_blocks - u_begin);
-  const unsigned short* x_lane = xs + (g < M ? g : M - 1) * kRowHalves + 16 * t;
-
-#pragma unroll
-  for (int p = 0; p < STAGES - 1; ++p) {
-    if (p < num_units) {
-      const long long u = u_begin + p;
-      const int rb = static_cast<int>(u / k_blocks);
-      const int row_g = rb * 128 + warp * 16 + g;
-      issue_tile(ring + p * 4 * kThreads, tid, w + static_cast<long long>(row_g < n ? row_g : 0) * k,
-                 w + static_cast<long long>(row_g + 8 < n ? row_g + 8 : 0) * k, row_g < n,
-                 row_g + 8 < n, static_cast<int>(u - static_cast<long long>(rb) * k_blocks), t, k);
-      issue_scale(scl + p * kThreads + tid, scale + u);  // [R, KB] row-major: tile u's scale
-    }
-    cp_commit();  // empty groups keep the wait count uniform
-  }
-  pdl_wait();
-
-  const int rb_first = static_cast<int>(u_begin / k_blocks);
-  int rb = rb_first;
-  int kb = static_cast<int>(u_begin - static_cast<long long>(rb) * k_blocks);
-  int seg_start_kb = kb;  // where this block's part of row block rb began
-  int staged_chunk = -1;  // the x chunk (k blocks / kChunk) now in xs
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  for (int i = 0; i < num_units; ++i) {
-    const int ahead = i + STAGES - 1;  // into the slot read at i - 1 (by this thread, done)
-    if (ahead < num_units) {
-      const long long u = u_begin + ahead;
-      const int rba = static_cast<int>(u / k_blocks);
-      const int row_g = rba * 128 + warp * 16 + g;
-      issue_tile(ring + (ahead % STAGES) * 4 * kThreads, tid,
-                 w + static_cast<long long>(row_g < n ? row_g : 0) * k,
-                 w + static_cast<long long>(row_g + 8 < n ? row_g + 8 : 0) * k, row_g < n,
-                 row_g + 8 < n, static_cast<int>(u - static_cast<long long>(rba) * k_blocks), t,
-                 k);
-      issue_scale(scl + (ahead % STAGES) * kThreads + tid, scale + u);
-    }
-    cp_commit();
-    const int chunk = kb / kChunk;
-    if (chunk != staged_chunk) {  // block-uniform: a new chunk of x
-      __syncthreads();  // every warp is done with the previous chunk
-      const int kc = chunk * kChunk;
-      stage_x<T, M>(xs, comb, x, x_stride, k, kc, min(kChunk, k_blocks - kc), nullptr, warp,
-                    lane);
-      __syncthreads();
-      staged_chunk = chunk;
-    }
-    cp_wait<STAGES - 1>();  // this thread's copies of unit i have landed
-    const uint4* slot = ring + (i % STAGES) * 4 * kThreads + tid;
-    const uint4 b[4] = {slot[0], slot[kThreads], slot[2 * kThreads], slot[3 * kThreads]};
-    const int kbl = kb - chunk * kChunk;
-    const float wscale = scl[(i % STAGES) * kThreads + tid];
-    const float2 c2 = *reinterpret_cast<const float2*>(comb + kbl * 8 + 2 * t);
-    float frag[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    mma_tile(frag, b, x_lane + kbl * 128);
-    acc[0] += frag[0] * (c2.x * wscale);
-    acc[1] += frag[1] * (c2.y * wscale);
-    acc[2] += frag[2] * (c2.x * wscale);
-    acc[3] += frag[3] * (c2.y * wscale);
-
-    const bool seg_end = kb == k_blocks - 1 || i == num_units - 1;  // block-uniform
-    if (seg_end) {
-      const int row0 = rb * 128 + warp * 16 + g;
-      const int col0 = 2 * t, col1 = 2 * t + 1;
-      if (seg_start_kb == 0 && kb == k_blocks - 1) {  // the whole row block: store
-        if (col0 < M && row0 < n) out[static_cast<long long>(col0) * n + row0] = from_float<T>(acc[0]);
-        if (col1 < M && row0 < n) out[static_cast<long long>(col1) * n + row0] = from_float<T>(acc[1]);
-        if (col0 < M && row0 + 8 < n) out[static_cast<long long>(col0) * n + row0 + 8] = from_float<T>(acc[2]);
-        if (col1 < M && row0 + 8 < n) out[static_cast<long long>(col1) * n + row0 + 8] = from_float<T>(acc[3]);
-      } else {  // a cut row block: partials, then the last contributor adds them
-        const int which = rb == rb_first ? 0 : 1;
-        float* mine = partials + (static_cast<long long>(blockIdx.x) * 2 + which) * M * 128;
-        const int r0 = warp * 16 + g;
-        if (col0 < M) { mine[col0 * 128 + r0] = acc[0]; mine[col0 * 128 + r0 + 8] = acc[2]; }
-        if (col1 < M) { mine[col1 * 128 + r0] = acc[1]; mine[col1 * 128 + r0 + 8] = acc[3]; }
-        // contributors: the blocks owning the row block's first and last units
-        const long long u0 = static_cast<long long>(rb) * k_blocks;
-        const long long u1 = u0 + k_blocks - 1;
-        const int first = static_cast<int>(((u0 + 1) * num_blocks - 1) / units);
-        const int last = static_cast<int>(((u1 + 1) * num_blocks - 1) / units);
-        __threadfence();
-        __syncthreads();
-        if (tid == 0) {
-          const int arrived = atomicAdd(counters + rb, 1);
-          last_flag = arrived == last - first;
-          if (last_flag) counters[rb] = 0;  // every contributor has counted: ready for next launch
-        }
-        __syncthreads();
-        if (last_flag) {
-          __threadfence();
-          for (int e = tid; e < M * 128; e += kThreads) {
-            const int col = e / 128;
-            const int r = e - col * 128;
-            float total = 0.0f;
-            for (int c = first; c <= last; ++c) {
-              const long long cb = c * units / num_blocks;  // block c's first unit
-              const int slot_c = cb / k_blocks == rb ? 0 : 1;
-              total += __ldcg(partials + (static_cast<long long>(c) * 2 + slot_c) * M * 128 + e);
-            }
-            const int row = rb * 128 + r;
-            if (row < n) out[static_cast<long long>(col) * n + row] = from_float<T>(total);
-          }
-        }
-      }
-      acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
-      seg_start_kb = 0;
-    }
-    if (++kb == k_blocks) {
-      kb = 0;
-      ++rb;
-    }
-  }
-  cp_wait<0>();
 }

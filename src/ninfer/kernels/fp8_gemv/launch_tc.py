@@ -13,15 +13,6 @@ Two forms of the same kernel: `fp8_tc_gemv` keeps one k block of weights in flig
 registers; `fp8_tc_gemv_ring` keeps STAGES - 1 in flight through a cp.async ring in shared memory
 (and issues the first ones before waiting on the previous kernel). Same sums, same bits.
 `ring_stages` says which runs for a row count (0: the register form).
-
-A third form, opt-in (`NINFER_KERNELS_ON=fp8_stream`): `fp8_tc_gemv_stream`, the ring as a
-persistent stream. The S33 analysis (docs/perf.md) put the fp8 GEMVs' shortfall on the H200 on
-short blocks: a gate-up block at 4 splits streams 160 KiB and pays its ring's ramp, a cluster
-reduction and a 2.75-wave tail. The stream form launches one resident wave (3 blocks per SM),
-gives each block one contiguous run of (row block, k block) tiles and mends the row blocks cut by
-a run's ends through an fp32 workspace (`_stream_workspace`). Same per-tile products; the sums of
-a cut row block are grouped by run, so its bits can differ from the other forms' (deterministic,
-and the same for every x row count: the grid depends on the weight and the GPU only).
 """
 
 from __future__ import annotations
@@ -29,7 +20,6 @@ from __future__ import annotations
 import torch
 
 from ninfer.kernels import runtime as rt
-from ninfer.kernels import switches
 from ninfer.kernels.fp8_gemv.reference import BLOCK, Fp8Weight
 from ninfer.kernels.switches import switched_off
 
@@ -48,8 +38,6 @@ COMB_BYTES = 16 * 8 * 4  # kChunk x 8 combined scales
 # Run X1 (H200, docs/perf.md): the 27B fp8 step at batch 8 12.52 ms against 13.19 with the
 # register form, batch 1 9.95 against 10.05.
 RING_STAGES = {1: 4, 2: 4, 3: 3, 4: 3, 5: 2, 6: 2, 7: 2, 8: 2}
-STREAM_MAX_ROW_BLOCKS = 4096  # the stream form's counters: weights up to 524,288 rows
-_STREAM_WORKSPACE: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 class Fp8TcError(rt.KernelInputError):
@@ -131,46 +119,15 @@ def ring_stages(num_rows: int) -> int:
     return RING_STAGES[num_rows]
 
 
-def stream_routed(num_row_blocks: int) -> bool:
-    """Whether dispatch runs the stream form: opt-in, and weights within its counters."""
-    return switches.switched_on("fp8_stream") and num_row_blocks <= STREAM_MAX_ROW_BLOCKS
-
-
-def stream_grid(num_row_blocks: int, num_k_blocks: int, num_sms: int) -> int:
-    """The stream form's blocks: one resident wave, at most one per (row block, k block) tile."""
-    return min(BLOCKS_PER_SM * num_sms, num_row_blocks * num_k_blocks)
-
-
-def _stream_workspace(device: torch.device, num_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The partials [blocks, 2, MAX_ROWS, 128] fp32 and the zeroed per-row-block counters of the
-    stream form on `device`, made once outside any graph capture (each launch leaves the counters
-    at zero again). One set per device: launches on one stream use it in turn."""
-    index = rt.device_index(device)
-    have = _STREAM_WORKSPACE.get(index)
-    if have is None or have[0].shape[0] < num_blocks:
-        if torch.cuda.is_current_stream_capturing():
-            raise Fp8TcError(
-                "the fp8 stream GEMV's workspace is made on its first call, which must run "
-                "before graph capture (the engine's warm-up step does)"
-            )
-        partials = torch.empty((num_blocks, 2, MAX_ROWS, 128), dtype=torch.float32, device=device)
-        counters = torch.zeros(STREAM_MAX_ROW_BLOCKS, dtype=torch.int32, device=device)
-        have = _STREAM_WORKSPACE[index] = (partials, counters)
-    return have
-
-
 def fp8_linear(
     x: torch.Tensor,
     weight: Fp8Weight,
     *,
     splits: int | None = None,
     stages: int | None = None,
-    stream_blocks: int | None = None,
 ) -> torch.Tensor:
     """See `reference.fp8_linear`; `splits` overrides the k split count (1, 2, 4 or 8) and
-    `stages` the form (0: registers, else a ring depth in STAGES): tests and kernel_bench.
-    `stream_blocks` runs the stream form on that many blocks (0: its grid; None: as dispatch
-    says, `stream_routed`)."""
+    `stages` the form (0: registers, else a ring depth in STAGES): tests and kernel_bench."""
     device = rt.check_cuda(x, weight.weight, weight.scale_inv)
     if not supports(x, weight):
         raise Fp8TcError(
@@ -183,11 +140,6 @@ def fp8_linear(
     n, k = weight.shape
     num_rows = x.shape[0]
     num_row_blocks, num_k_blocks = weight.scale_inv.shape
-    routed = splits is None and stages is None and stream_routed(num_row_blocks)
-    if stream_blocks is None and routed:
-        stream_blocks = 0
-    if stream_blocks is not None:
-        return _stream_linear(x, weight, stream_blocks)
     if splits is None:
         splits = choose_splits(num_row_blocks, num_k_blocks, rt.num_sms(device))
     elif splits not in SPLITS:
@@ -217,43 +169,4 @@ def fp8_linear(
         rt.i32(num_k_blocks),
     )
     rt.launch(kernel, (num_row_blocks * splits,), (THREADS,), args, device, shared_mem=shared)
-    return out
-
-
-def _stream_linear(x: torch.Tensor, weight: Fp8Weight, num_blocks: int) -> torch.Tensor:
-    """The stream form on `num_blocks` blocks (0: `stream_grid`); `fp8_linear` checked x."""
-    device = x.device
-    n, k = weight.shape
-    num_rows = x.shape[0]
-    num_row_blocks, num_k_blocks = weight.scale_inv.shape
-    if num_row_blocks > STREAM_MAX_ROW_BLOCKS:
-        raise Fp8TcError(
-            f"the fp8 stream GEMV takes at most {STREAM_MAX_ROW_BLOCKS * 128} weight rows, got {n}"
-        )
-    units = num_row_blocks * num_k_blocks
-    if num_blocks == 0:
-        num_blocks = stream_grid(num_row_blocks, num_k_blocks, rt.num_sms(device))
-    elif not 1 <= num_blocks <= units:
-        raise Fp8TcError(f"stream blocks must be 1..{units} (the weight's tiles), got {num_blocks}")
-    partials, counters = _stream_workspace(device, num_blocks)
-    stages = RING_STAGES[num_rows]
-    out = torch.empty((num_rows, n), dtype=x.dtype, device=device)
-    instance = f"fp8_tc_gemv_stream<{rt.cuda_type(x, 'x')}, {num_rows}, {stages}>"
-    shared = ring_shared_bytes(num_rows, stages) + stages * THREADS * 4  # + the scales' ring
-    rt.allow_shared(OP, instance, rt.device_index(device), shared, HEADERS)
-    kernel = rt.get_kernel(OP, instance, device, HEADERS)
-    args = (
-        rt.ptr(out),
-        rt.ptr(x),
-        rt.i64(x.stride(0)),
-        rt.ptr(weight.weight),
-        rt.ptr(weight.scale_inv),
-        rt.i32(n),
-        rt.i32(k),
-        rt.i32(num_k_blocks),
-        rt.i32(num_row_blocks),
-        rt.ptr(partials),
-        rt.ptr(counters),
-    )
-    rt.launch(kernel, (num_blocks,), (THREADS,), args, device, shared_mem=shared)
     return out

@@ -75,13 +75,6 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) 
                : "memory");
 }
 
-// cp.async of one weight scale (4 bytes; .ca, the only form below 16) into shared memory: like
-// issue_tile, a weight copy allowed before pdl_wait().
-__device__ __forceinline__ void issue_scale(void* dst, const void* src) {
-  const unsigned int d = static_cast<unsigned int>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src) : "memory");
-}
-
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
 template <int N>
