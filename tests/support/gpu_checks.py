@@ -1,5 +1,6 @@
 """Shared helpers of the kernel tests: the relative-error metric, CUDA-graph capture, and the
-bf16 GEMV kernels' operands and product bounds, the int4 kernels' operands.
+bf16 GEMV kernels' operands and product bounds, the int4 kernels' operands, the fp8 GEMVs'
+decode shapes and block-quantized weights.
 
 The metric is the one docs/kernels.md states tolerances in: ||a - b|| / ||b|| over the whole
 tensor, in float64 on the CPU (so a GPU result compares with a CPU twin directly), after checking
@@ -77,3 +78,54 @@ def int4_operands(
     )
     scale = torch.rand(rows, hidden // 64, device="cuda", generator=gen) * 0.05 + 1e-3
     return packed, scale
+
+
+# The 27B's fp8 decode projections (gate-up, down, DeltaNet in_proj, out_proj, attention qkv),
+# then shapes off the 128 grid: N tails, K tails (4112 = 32 * 128 + 16), short rows (K = 64:
+# fewer 16-byte chunks than a warp), a single output row
+FP8_SHAPES = [
+    (34816, 5120),
+    (5120, 17408),
+    (16480, 5120),
+    (5120, 6144),
+    (14336, 5120),
+    (1000, 272),
+    (130, 4112),
+    (48, 64),
+    (1, 16),
+]
+_FP8_WEIGHTS: dict[tuple[int, int], Any] = {}
+
+
+def fp8_weight(n: int, k: int) -> Any:
+    """A fresh random [n, k] weight, rows of different magnitude, block-quantized to fp8 on the
+    GPU (an `Fp8Weight`); made once per shape and test session (the 27B shapes take ~0.5 GB)."""
+    if (n, k) not in _FP8_WEIGHTS:
+        from ninfer.artifact.quantize import quantize_fp8_block
+        from ninfer.kernels.fp8_gemv.reference import Fp8Weight
+
+        gen = torch.Generator("cuda").manual_seed(torch.seed() % 2**31)
+        w = torch.randn(n, k, device="cuda", generator=gen) * k**-0.5
+        w *= torch.rand(n, 1, device="cuda", generator=gen) * 4
+        _FP8_WEIGHTS[(n, k)] = Fp8Weight(*quantize_fp8_block(w))
+    return _FP8_WEIGHTS[(n, k)]
+
+
+def fp8_hard_rows(
+    rows: int, k: int, gen: torch.Generator, dtype: torch.dtype = torch.bfloat16
+) -> torch.Tensor:
+    """x rows for the fp8 GEMVs' per-row scaling: row r gets pattern (r + rows) % 4, so one row
+    already sees entries beyond f16's 65,504 (with tiny ones), a row below f16's subnormals, or
+    a row of 1e30 with tiny entries."""
+    x = torch.randn(rows, k, device="cuda", generator=gen)
+    for r in range(rows):
+        pattern = (r + rows) % 4
+        if pattern == 1:
+            x[r, ::29] *= 3e5
+            x[r, 5::31] *= 1e-7
+        elif pattern == 2:
+            x[r] *= 1e-30
+        elif pattern == 3:
+            x[r] *= 1e30
+            x[r, ::3] *= 1e-33
+    return x.to(dtype)

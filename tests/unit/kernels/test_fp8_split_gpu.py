@@ -12,56 +12,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.support.gpu_checks import capture_graph
+from tests.support.gpu_checks import FP8_SHAPES, capture_graph, fp8_hard_rows, fp8_weight
 
-from ninfer.artifact.quantize import quantize_fp8_block
 from ninfer.kernels import dispatch
 from ninfer.kernels import runtime as rt
 from ninfer.kernels.fp8_gemv import launch_tc as tc_cuda
 from ninfer.kernels.fp8_gemv import reference as fp8_ref
-from ninfer.kernels.fp8_gemv.reference import Fp8Weight
 from ninfer.kernels.fp8_split_gemv import launch as split_cuda
 
 pytestmark = pytest.mark.gpu
 TOL = 1e-2
-# the 27B's decode projections, then N and K off the 128 grid, short rows (K = 64: fewer chunks
-# than a warp, so fewer warps split K), one output row
-SHAPES = [
-    (34816, 5120),
-    (5120, 17408),
-    (16480, 5120),
-    (5120, 6144),
-    (14336, 5120),
-    (1000, 272),
-    (130, 4112),
-    (48, 64),
-    (1, 16),
-]
-_WEIGHTS: dict[tuple[int, int], Fp8Weight] = {}
-
-
-def _weight(n: int, k: int) -> Fp8Weight:
-    if (n, k) not in _WEIGHTS:
-        gen = torch.Generator("cuda").manual_seed(torch.seed() % 2**31)
-        w = torch.randn(n, k, device="cuda", generator=gen) * k**-0.5
-        w *= torch.rand(n, 1, device="cuda", generator=gen) * 4  # rows of different magnitude
-        _WEIGHTS[(n, k)] = Fp8Weight(*quantize_fp8_block(w))
-    return _WEIGHTS[(n, k)]
-
-
-def _x(rows: int, k: int, gen: torch.Generator) -> torch.Tensor:
-    x = torch.randn(rows, k, device="cuda", generator=gen)
-    for r in range(rows):
-        pattern = (r + rows) % 4
-        if pattern == 1:
-            x[r, ::29] *= 3e5
-            x[r, 5::31] *= 1e-7
-        elif pattern == 2:
-            x[r] *= 1e-30
-        elif pattern == 3:
-            x[r] *= 1e30
-            x[r, ::3] *= 1e-33
-    return x.to(torch.bfloat16)
+SHAPES = FP8_SHAPES
 
 
 def _rows_close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
@@ -74,8 +35,8 @@ def _rows_close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
 @pytest.mark.parametrize("rows", range(1, split_cuda.MAX_ROWS + 1))
 @pytest.mark.parametrize("n,k", SHAPES)
 def test_split_gemv_matches_fp64_and_the_tc_kernel(rows: int, n: int, k: int, gen) -> None:
-    weight = _weight(n, k)
-    x = _x(rows, k, gen)
+    weight = fp8_weight(n, k)
+    x = fp8_hard_rows(rows, k, gen)
     assert split_cuda.supports(x, weight)
     got = split_cuda.fp8_linear(x, weight)
     assert got.shape == (rows, n) and got.dtype == torch.bfloat16
@@ -89,8 +50,8 @@ def test_split_gemv_matches_fp64_and_the_tc_kernel(rows: int, n: int, k: int, ge
 def test_early_loads_give_the_same_bits_and_the_result_is_deterministic(
     rows: int, gen, monkeypatch
 ) -> None:
-    weight = _weight(5120, 17408)
-    x = _x(rows, 17408, gen)
+    weight = fp8_weight(5120, 17408)
+    x = fp8_hard_rows(rows, 17408, gen)
     monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
     first = split_cuda.fp8_linear(x, weight)
     assert torch.equal(first, split_cuda.fp8_linear(x, weight))
@@ -99,18 +60,18 @@ def test_early_loads_give_the_same_bits_and_the_result_is_deterministic(
 
 
 def test_row_views_of_a_merged_weight(gen) -> None:
-    fused = _weight(34816, 5120)
-    x = _x(1, 5120, gen)
+    fused = fp8_weight(34816, 5120)
+    x = fp8_hard_rows(1, 5120, gen)
     whole = split_cuda.fp8_linear(x, fused)
     part = fused.rows(17408, 34816)  # the up half: its own scale rows
     assert torch.equal(split_cuda.fp8_linear(x, part), whole[:, 17408:])
 
 
 def test_replays_in_a_cuda_graph(gen) -> None:
-    weight = _weight(5120, 6144)
-    x = _x(1, 6144, gen)
+    weight = fp8_weight(5120, 6144)
+    x = fp8_hard_rows(1, 6144, gen)
     graph, out = capture_graph(lambda: split_cuda.fp8_linear(x, weight))
-    x.copy_(_x(1, 6144, gen))  # new inputs, same buffer
+    x.copy_(fp8_hard_rows(1, 6144, gen))  # new inputs, same buffer
     graph.replay()
     torch.cuda.synchronize()
     exact = x.double() @ fp8_ref.dequantize(weight.weight, weight.scale_inv, torch.float64).T
@@ -118,29 +79,29 @@ def test_replays_in_a_cuda_graph(gen) -> None:
 
 
 def test_dispatch_runs_it_only_when_switched_on(gen, monkeypatch) -> None:
-    weight = _weight(5120, 6144)
-    x = _x(1, 6144, gen)
+    weight = fp8_weight(5120, 6144)
+    x = fp8_hard_rows(1, 6144, gen)
     monkeypatch.delenv("NINFER_KERNELS_ON", raising=False)
     assert torch.equal(dispatch.linear(x, weight), tc_cuda.fp8_linear(x, weight))
     monkeypatch.setenv("NINFER_KERNELS_ON", "fp8_split")
     assert torch.equal(dispatch.linear(x, weight), split_cuda.fp8_linear(x, weight))
-    three = _x(3, 6144, gen)  # past MAX_ROWS: the tensor-core kernel
+    three = fp8_hard_rows(3, 6144, gen)  # past MAX_ROWS: the tensor-core kernel
     assert torch.equal(dispatch.linear(three, weight), tc_cuda.fp8_linear(three, weight))
 
 
 def test_rejects_what_it_does_not_take(gen) -> None:
-    weight = _weight(48, 64)
-    assert not split_cuda.supports(_x(3, 64, gen), weight)
-    assert not split_cuda.supports(_x(1, 64, gen).float(), weight)
+    weight = fp8_weight(48, 64)
+    assert not split_cuda.supports(fp8_hard_rows(3, 64, gen), weight)
+    assert not split_cuda.supports(fp8_hard_rows(1, 64, gen).float(), weight)
     with pytest.raises(rt.KernelInputError, match="fp8 split GEMV: x has 3 rows"):
-        split_cuda.fp8_linear(_x(3, 64, gen), weight)
+        split_cuda.fp8_linear(fp8_hard_rows(3, 64, gen), weight)
 
 
 @pytest.mark.parametrize("rows", [1, 2])
 def test_swiglu_form_is_silu_mul_then_the_kernel_bit_for_bit(rows: int, gen, monkeypatch) -> None:
     """The down projection over a gate-up row: the same activated bits as `silu_mul` (the shared
     swiglu_bf16x2), the same sums; dispatch takes it only when switched on."""
-    weight = _weight(5120, 17408)
+    weight = fp8_weight(5120, 17408)
     gate_up = torch.randn(rows, 2 * 17408, device="cuda", generator=gen).to(torch.bfloat16)
     activated = dispatch.silu_mul(gate_up)
     fused = split_cuda.fp8_linear(gate_up, weight, swiglu_input=True)
@@ -159,7 +120,7 @@ def test_sigmoid_gate_form_matches_the_gate_kernel_then_the_gemv(
     """x = o * sigmoid(gate), the gate a strided view of a [M, H, 2, D] projection as the model
     slices it: against `sigmoid_gate` then the plain kernel (1e-3: the gate's exp may round a
     gated input to its neighbouring bf16) and against the fp64 product of the eager torch ops."""
-    weight = _weight(n, heads * head_dim)
+    weight = fp8_weight(n, heads * head_dim)
     o = torch.randn(rows, heads, head_dim, device="cuda", generator=gen).to(torch.bfloat16)
     qg = torch.randn(rows, heads, 2, head_dim, device="cuda", generator=gen) * 3
     gate = qg.to(torch.bfloat16)[:, :, 1]
@@ -176,8 +137,8 @@ def test_sigmoid_gate_form_matches_the_gate_kernel_then_the_gemv(
 
 
 def test_input_forms_are_checked(gen) -> None:
-    weight = _weight(48, 64)
-    x = _x(1, 64, gen)
+    weight = fp8_weight(48, 64)
+    x = fp8_hard_rows(1, 64, gen)
     assert "[gate | up]" in split_cuda.problem(x, weight, swiglu_input=True)  # needs 2K wide
     gate = torch.randn(1, 2, 32, device="cuda").to(torch.bfloat16)
     assert split_cuda.problem(x, weight, gate=gate) is None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.support.gpu_checks import capture_graph
+from tests.support.gpu_checks import FP8_SHAPES, capture_graph, fp8_hard_rows, fp8_weight
 
 from ninfer.artifact.quantize import quantize_fp8_block
 from ninfer.kernels import dispatch
@@ -21,46 +21,7 @@ from ninfer.kernels.fp8_gemv.reference import Fp8Weight
 
 pytestmark = pytest.mark.gpu
 TOL = 1e-2  # bf16 outputs
-# 27B decode projections (gate-up, down, DeltaNet in_proj, out_proj, attention qkv), then shapes
-# off the 128 grid: N tails, K tails (4112 = 32 * 128 + 16), a single row and a single k chunk
-SHAPES = [
-    (34816, 5120),
-    (5120, 17408),
-    (16480, 5120),
-    (5120, 6144),
-    (14336, 5120),
-    (1000, 272),
-    (130, 4112),
-    (48, 64),
-    (1, 16),
-]
-_WEIGHTS: dict[tuple[int, int], Fp8Weight] = {}
-
-
-def _weight(n: int, k: int) -> Fp8Weight:
-    """Quantized once per shape and test session (the 27B shapes take ~0.5 GB of GPU memory)."""
-    if (n, k) not in _WEIGHTS:
-        gen = torch.Generator("cuda").manual_seed(torch.seed() % 2**31)
-        w = torch.randn(n, k, device="cuda", generator=gen) * k**-0.5
-        w *= torch.rand(n, 1, device="cuda", generator=gen) * 4  # rows of different magnitude
-        _WEIGHTS[(n, k)] = Fp8Weight(*quantize_fp8_block(w))
-    return _WEIGHTS[(n, k)]
-
-
-def _x(rows: int, k: int, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
-    """Row r gets pattern (r + rows) % 4, so M = 1 already sees entries beyond f16's range."""
-    x = torch.randn(rows, k, device="cuda", generator=gen)
-    for r in range(rows):
-        pattern = (r + rows) % 4
-        if pattern == 1:
-            x[r, ::29] *= 3e5  # beyond 65,504
-            x[r, 5::31] *= 1e-7  # and tiny ones
-        elif pattern == 2:
-            x[r] *= 1e-30  # the whole row below f16's subnormals
-        elif pattern == 3:
-            x[r] *= 1e30
-            x[r, ::3] *= 1e-33
-    return x.to(dtype)
+SHAPES = FP8_SHAPES
 
 
 def _exact(x: torch.Tensor, weight: Fp8Weight) -> torch.Tensor:
@@ -78,8 +39,8 @@ def _assert_rows_close(got: torch.Tensor, want: torch.Tensor, tol: float, what: 
 @pytest.mark.parametrize("n,k", SHAPES)
 def test_tc_gemv_matches_twin_and_fp64(rows: int, n: int, k: int, gen) -> None:
     dtype = torch.bfloat16
-    weight = _weight(n, k)
-    x = _x(rows, k, dtype, gen)
+    weight = fp8_weight(n, k)
+    x = fp8_hard_rows(rows, k, gen, dtype)
     assert tc_cuda.supports(x, weight)
     got = tc_cuda.fp8_linear(x, weight)
     assert got.shape == (rows, n) and got.dtype == dtype
@@ -95,8 +56,8 @@ def test_tc_gemv_matches_twin_and_fp64(rows: int, n: int, k: int, gen) -> None:
 @pytest.mark.parametrize("n,k", [(640, 2048), (300, 272), (5120, 5120)])
 def test_every_split_count_gives_the_product(splits: int, n: int, k: int, gen) -> None:
     """Each cluster size, including splits left without k blocks (k = 272: 3 blocks, 8 splits)."""
-    weight = _weight(n, k)
-    x = _x(8, k, torch.bfloat16, gen)
+    weight = fp8_weight(n, k)
+    x = fp8_hard_rows(8, k, gen, torch.bfloat16)
     got = tc_cuda.fp8_linear(x, weight, splits=splits)
     _assert_rows_close(got, _exact(x, weight), TOL, f"fp64 product, {splits} splits")
 
@@ -107,8 +68,8 @@ def test_every_split_count_gives_the_product(splits: int, n: int, k: int, gen) -
 def test_ring_form_gives_the_register_forms_bits(stages: int, rows: int, n: int, k: int, gen):
     """Same mma in the same order: every ring depth equals the register form bit for bit, at
     every split count (k blocks fewer than the ring's depth included: k = 64, 272)."""
-    weight = _weight(n, k)
-    x = _x(rows, k, torch.bfloat16, gen)
+    weight = fp8_weight(n, k)
+    x = fp8_hard_rows(rows, k, gen, torch.bfloat16)
     for splits in (None, *tc_cuda.SPLITS):
         want = tc_cuda.fp8_linear(x, weight, splits=splits, stages=0)
         got = tc_cuda.fp8_linear(x, weight, splits=splits, stages=stages)
@@ -117,8 +78,8 @@ def test_ring_form_gives_the_register_forms_bits(stages: int, rows: int, n: int,
 
 
 def test_ring_switch_and_stage_checks(gen, monkeypatch) -> None:
-    weight = _weight(5120, 6144)
-    x = _x(1, 6144, torch.bfloat16, gen)
+    weight = fp8_weight(5120, 6144)
+    x = fp8_hard_rows(1, 6144, gen, torch.bfloat16)
     monkeypatch.setenv("NINFER_KERNELS_OFF", "fp8_ring")
     assert tc_cuda.ring_stages(1) == 0
     assert torch.equal(dispatch.linear(x, weight), tc_cuda.fp8_linear(x, weight, stages=0))
@@ -127,8 +88,8 @@ def test_ring_switch_and_stage_checks(gen, monkeypatch) -> None:
 
 
 def test_result_is_deterministic_and_row_views_work(gen) -> None:
-    fused = _weight(34816, 5120)
-    x = _x(3, 5120, torch.bfloat16, gen)
+    fused = fp8_weight(34816, 5120)
+    x = fp8_hard_rows(3, 5120, gen, torch.bfloat16)
     first = tc_cuda.fp8_linear(x, fused, splits=2)
     assert torch.equal(first, tc_cuda.fp8_linear(x, fused, splits=2))  # fixed reduction order
     part = fused.rows(17408, 34816)  # the up half of a merged gate-up: views with own scales
@@ -137,7 +98,7 @@ def test_result_is_deterministic_and_row_views_work(gen) -> None:
 
 
 def test_dispatch_runs_tc_first_and_the_switch_falls_back(gen, monkeypatch) -> None:
-    weight = _weight(5120, 6144)
+    weight = fp8_weight(5120, 6144)
     wide = torch.randn(2, 8192, device="cuda", generator=gen).to(torch.bfloat16)
     x = wide[:, 1024:7168]  # a column slice: dispatch makes it contiguous
     monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
@@ -147,17 +108,17 @@ def test_dispatch_runs_tc_first_and_the_switch_falls_back(gen, monkeypatch) -> N
 
 
 def test_tc_gemv_replays_in_a_cuda_graph(gen) -> None:
-    weight = _weight(5120, 5120)  # 8 splits: a cluster launch inside the graph
-    x = _x(4, 5120, torch.bfloat16, gen)
+    weight = fp8_weight(5120, 5120)  # 8 splits: a cluster launch inside the graph
+    x = fp8_hard_rows(4, 5120, gen, torch.bfloat16)
     graph, out = capture_graph(lambda: tc_cuda.fp8_linear(x, weight))
-    x.copy_(_x(4, 5120, torch.bfloat16, gen))  # new inputs, same buffer
+    x.copy_(fp8_hard_rows(4, 5120, gen, torch.bfloat16))  # new inputs, same buffer
     graph.replay()
     torch.cuda.synchronize()
     _assert_rows_close(out, _exact(x, weight), 1e-2, "fp64 product after replay")
 
 
 def test_tc_gemv_rejects_what_it_does_not_take(gen) -> None:
-    weight = _weight(48, 64)
+    weight = fp8_weight(48, 64)
 
     def x(rows: int, k: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         return torch.randn(rows, k, device="cuda").to(dtype)
