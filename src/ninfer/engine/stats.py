@@ -27,7 +27,8 @@ HOST_PHASES = (
 class EngineStats:
     """One published snapshot. Counters are totals since the engine started; gauges are current.
 
-    Speculative decoding and the `materializing` gauge are not built yet: they read zero.
+    The speculative counters read zero without `--spec`; the `materializing` gauge is not built
+    yet (no request materializes context from host backing): it reads zero.
     """
 
     published_at: float = 0.0  # time.monotonic() of publication

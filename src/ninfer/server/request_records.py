@@ -14,7 +14,6 @@ from ninfer.engine.request import RequestStats, SchedulingTransition
 from ninfer.protocol.errors import ProtocolError
 
 # Without a speculative backend (no --spec) request_done.speculative is present and zero.
-# Features not built yet: their request_done objects are present and zero.
 SPECULATIVE_OFF = {
     "backend": None,
     "draft_window": 0,
