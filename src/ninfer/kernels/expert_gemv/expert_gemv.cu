@@ -319,7 +319,8 @@ __global__ void __launch_bounds__(256) expert_group_gemv(
 // device copies at ~4.2: every weight costs a conversion and MAXM fp32 FMAs, and every (row,
 // input) pair a warp reduction, so the SM issue rate binds, not the loads. Here the products run
 // on mma.m16n8k16 (bf16 in, fp32 accumulate) and a lane's only per-weight work is its share of
-// the loads, so the kernel should be load-bound (compile-checked; not yet measured).
+// the loads, so the kernel is load-bound: run U3 measured the layer at 64 rows at 388 µs (3.70
+// TB/s) against 498 on CUDA cores (docs/perf.md).
 //
 // Layout. Grid (row tiles of 128, experts), 8 warps; an expert with no assignment returns at
 // once. The block takes the expert's assignments (sorted, as above) in passes of up to 8 NT and
