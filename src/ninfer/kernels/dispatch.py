@@ -687,8 +687,9 @@ def bf16_tc_routed(x: torch.Tensor, weight: torch.Tensor) -> bool:
 def bf16_mma_routed(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `linear` runs the tensor-core skinny GEMM (`bf16_mma_gemv`) for a plain weight.
 
-    Off by default: the kernel is compile-checked but not measured, and `bf16_mma_gemv.launch.
-    mma_preferred` routes nothing until its ROUTE_ROWS constant names a row range. Then: bf16
+    Off by default: cuBLAS beat it on every decode shape (run V1, docs/perf.md: 181 against 95
+    µs for the gate-up at 64 rows), so `bf16_mma_gemv.launch.mma_preferred` routes nothing until
+    its ROUTE_ROWS constant names a row range. Then: bf16
     2-D x on CUDA of a routed row count and shape, operands `supports` takes, and not
     `bf16_mma_gemv` in `NINFER_KERNELS_OFF`. The routing constant is read first, so with routing
     off this costs one comparison per projection call.

@@ -151,8 +151,8 @@ __global__ void __launch_bounds__(128) int4_gemv(
 }
 
 // ================================================================================================
-// int4_mma: the same product on tensor cores for bf16 x, 1..64 rows (compile-checked only; not
-// yet run on a GPU). out[m, r] as above, fp32 [M, R]; x bf16 [M, H] with dense 16-byte-aligned
+// int4_mma: the same product on tensor cores for bf16 x, 1..64 rows (GPU tests and timings: run
+// V1 in docs/perf.md). out[m, r] as above, fp32 [M, R]; x bf16 [M, H] with dense 16-byte-aligned
 // rows. Grid: ceil(R / 128) blocks of 8 warps; warp w owns weight rows [16w, 16w + 16) of its
 // block and runs mma.m16n8k16 (bf16 in, fp32 accumulate) with those rows as A and NT n-tiles of
 // 8 x rows as B (NT = ceil(M / 8); B columns >= M are zeros in shared memory, never stored).
