@@ -15,6 +15,9 @@ from typing import Any
 
 import torch
 
+from ninfer.artifact.quantize import quantize_fp8_block
+from ninfer.kernels.fp8_gemv.reference import Fp8Weight
+
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     """||a - b|| / ||b|| in float64; `a` is the result under test and must hold no NaN."""
@@ -94,16 +97,13 @@ FP8_SHAPES = [
     (48, 64),
     (1, 16),
 ]
-_FP8_WEIGHTS: dict[tuple[int, int], Any] = {}
+_FP8_WEIGHTS: dict[tuple[int, int], Fp8Weight] = {}
 
 
-def fp8_weight(n: int, k: int) -> Any:
+def fp8_weight(n: int, k: int) -> Fp8Weight:
     """A fresh random [n, k] weight, rows of different magnitude, block-quantized to fp8 on the
     GPU (an `Fp8Weight`); made once per shape and test session (the 27B shapes take ~0.5 GB)."""
     if (n, k) not in _FP8_WEIGHTS:
-        from ninfer.artifact.quantize import quantize_fp8_block
-        from ninfer.kernels.fp8_gemv.reference import Fp8Weight
-
         gen = torch.Generator("cuda").manual_seed(torch.seed() % 2**31)
         w = torch.randn(n, k, device="cuda", generator=gen) * k**-0.5
         w *= torch.rand(n, 1, device="cuda", generator=gen) * 4
