@@ -219,16 +219,3 @@ def test_every_routed_ring_depth_keeps_three_blocks_per_sm(monkeypatch) -> None:
         assert launch_tc.BLOCKS_PER_SM * per_block <= launch_tc.SHARED_PER_SM, (rows, stages)
     monkeypatch.setenv("NINFER_KERNELS_OFF", "fp8_ring")
     assert launch_tc.ring_stages(1) == 0
-
-
-def test_flat_reduction_routing(monkeypatch) -> None:
-    """The flat form is opt-in (`NINFER_KERNELS_ON=tc_flat`), needs two or more splits and every
-    (row block, split) slot within the workspace; otherwise the cluster form runs."""
-    monkeypatch.delenv("NINFER_KERNELS_ON", raising=False)
-    assert not launch_tc.flat_routed(272, 4)
-    monkeypatch.setenv("NINFER_KERNELS_ON", "tc_flat")
-    assert launch_tc.flat_routed(272, 4)
-    assert launch_tc.flat_routed(40, 8)
-    assert not launch_tc.flat_routed(272, 1)  # one split stores directly: nothing to reduce
-    assert launch_tc.flat_routed(launch_tc.FLAT_MAX_SLOTS // 8, 8)
-    assert not launch_tc.flat_routed(launch_tc.FLAT_MAX_SLOTS // 8 + 1, 8)

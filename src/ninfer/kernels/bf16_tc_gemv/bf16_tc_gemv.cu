@@ -11,9 +11,8 @@
 //
 // Layout: grid ceil(N / 128) * S blocks of 256 threads; the S k splits of a 128-row block form a
 // cluster and add their partials through distributed shared memory (tcg::reduce_store:
-// deterministic), or in the FLAT form through an fp32 workspace (tcg::reduce_store_flat). A k
-// block is 64 k = 128 bytes of a row; lane (g, t) of warp w copies 16 bytes at 16t and at
-// 64 + 16t of rows 16w + g and 16w + g + 8 (tcg::issue_tile), i.e. k [8t, 8t + 8)
+// deterministic). A k block is 64 k = 128 bytes of a row; lane (g, t) of warp w copies 16 bytes
+// at 16t and at 64 + 16t of rows 16w + g and 16w + g + 8 (tcg::issue_tile), i.e. k [8t, 8t + 8)
 // and [32 + 8t, 40 + 8t) of the block. Inside one mma the k order is free as long as A and B
 // agree, so mma h of a piece takes words (2h, 2h + 1) of the row-g and row-g+8 loads as A
 // (k slots 2t, 2t + 1 <- real k 8t + 4h, +1; slots 2t + 8, 2t + 9 <- 8t + 4h + 2, +3) and the
@@ -23,13 +22,10 @@
 // K and rows past N are zero-filled by the copies, x past K is zero.
 // tests/unit/kernels/test_bf16_tc_gemv_layout.py replays the lane mapping on the CPU.
 
-// FLAT: the S splits are plain blocks, not a cluster, and add their partial sums through
-// `partials` / `counters` (tcg::reduce_store_flat: the same bits); unused (null) otherwise.
-template <int M, int S, int STAGES, bool FLAT>
-__global__ void __cluster_dims__(FLAT ? 1 : S, 1, 1) __launch_bounds__(tcg::kThreads, 3)
+template <int M, int S, int STAGES>
+__global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(tcg::kThreads, 3)
     bf16_tc_gemv(bf16* __restrict__ out, const bf16* __restrict__ x, long long x_stride,
-                 const bf16* __restrict__ w, int n, int k, int k_blocks,
-                 float* __restrict__ partials, int* __restrict__ counters) {
+                 const bf16* __restrict__ w, int n, int k, int k_blocks) {
   pdl_trigger();
   using namespace tcg;
   static_assert(STAGES >= 2 && STAGES * 4 * kThreads * 16 >= 8 * kRedStride * 4, "ring size");
@@ -42,7 +38,7 @@ __global__ void __cluster_dims__(FLAT ? 1 : S, 1, 1) __launch_bounds__(tcg::kThr
   const int g = lane >> 2;
   const int t = lane & 3;
   const int rb = blockIdx.x / S;
-  const int split = split_of_block<S, FLAT>();
+  const int split = S == 1 ? 0 : static_cast<int>(cluster_rank());
   const int kb_begin = static_cast<int>(static_cast<long long>(split) * k_blocks / S);
   const int kb_end = static_cast<int>(static_cast<long long>(split + 1) * k_blocks / S);
   const int num_kb = kb_end - kb_begin;
@@ -87,5 +83,5 @@ __global__ void __cluster_dims__(FLAT ? 1 : S, 1, 1) __launch_bounds__(tcg::kThr
   }
   cp_wait<0>();
   __syncthreads();  // the ring is free: the reduction tile may overwrite it
-  reduce_store_any<bf16, M, S, FLAT>(out, red, partials, counters, acc, rb, split, n, warp, g, t);
+  reduce_store<bf16, M, S>(out, red, acc, rb, split, n, warp, g, t);
 }

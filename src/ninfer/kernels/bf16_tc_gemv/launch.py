@@ -5,8 +5,7 @@ Imports torch and kernels.runtime. The grid is one 128-row block per k split, th
 planned exactly as the fp8 tensor-core GEMV's (`fp8_gemv.launch_tc.choose_splits`: a k block is
 128 bytes of every row in both); the splits of a row block form a thread-block cluster (sm_90+).
 Routing: `tc_preferred` (dispatch asks it before the CUDA-core GEMV and cuBLAS): the long-row
-projections where it measured faster than cuBLAS. The splits' reduction has the fp8 kernel's two
-forms (the cluster, or the flat workspace: `fp8_gemv.launch_tc.flat_routed`).
+projections where it measured faster than cuBLAS.
 """
 
 from __future__ import annotations
@@ -14,13 +13,7 @@ from __future__ import annotations
 import torch
 
 from ninfer.kernels import runtime as rt
-from ninfer.kernels.fp8_gemv.launch_tc import (
-    MAX_ROWS,
-    SPLITS,
-    choose_splits,
-    flat_args,
-    tc_operands_ok,
-)
+from ninfer.kernels.fp8_gemv.launch_tc import MAX_ROWS, SPLITS, choose_splits, tc_operands_ok
 from ninfer.kernels.switches import switched_on
 
 OP = "bf16_tc_gemv"
@@ -72,11 +65,9 @@ def bf16_linear(
     *,
     splits: int | None = None,
     stages: int = DEFAULT_STAGES,
-    flat: bool | None = None,
 ) -> torch.Tensor:
-    """x @ weight.T (see `bf16_gemv.reference.bf16_linear`); `splits` (1, 2, 4 or 8), `stages`
-    (2, 3 or 4) and `flat` (the splits' reduction; None: as routed) override the plan: tests and
-    kernel_bench."""
+    """x @ weight.T (see `bf16_gemv.reference.bf16_linear`); `splits` (1, 2, 4 or 8) and `stages`
+    (2, 3 or 4) override the plan: tests and kernel_bench."""
     device = rt.check_cuda(x, weight)
     if not supports(x, weight):
         raise Bf16TcError(
@@ -95,8 +86,7 @@ def bf16_linear(
     elif splits not in SPLITS:
         raise Bf16TcError(f"k splits must be one of {SPLITS}, got {splits}")
     out = torch.empty((num_rows, n), dtype=x.dtype, device=device)
-    flat, tail = flat_args(device, row_blocks, splits, flat)
-    instance = f"bf16_tc_gemv<{num_rows}, {splits}, {stages}, {'true' if flat else 'false'}>"
+    instance = f"bf16_tc_gemv<{num_rows}, {splits}, {stages}>"
     shared = stages * K_PER_BLOCK * 2 * ROWS_PER_BLOCK
     rt.allow_shared(OP, instance, rt.device_index(device), shared, HEADERS)
     kernel = rt.get_kernel(OP, instance, device, HEADERS)
@@ -108,7 +98,6 @@ def bf16_linear(
         rt.i32(n),
         rt.i32(k),
         rt.i32(k_blocks),
-        *tail,
     )
     rt.launch(kernel, (row_blocks * splits,), (THREADS,), args, device, shared_mem=shared)
     return out

@@ -324,13 +324,11 @@ __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(fp8tc::kThreads, 3)
 // issued before pdl_wait(): they overlap the predecessor's tail. Same grid, partial sums, cluster
 // reduction and bits as fp8_tc_gemv (the same mma in the same order). Dynamic shared memory:
 // STAGES * 16 KiB of ring (the reduction tile reuses it), M staged x rows, the chunk's scales.
-// FLAT: the S splits are plain blocks, not a cluster, and add their partial sums through
-// `partials` / `counters` (tcg::reduce_store_flat: the same bits); unused (null) otherwise.
-template <typename T, int M, int S, int STAGES, bool FLAT>
-__global__ void __cluster_dims__(FLAT ? 1 : S, 1, 1) __launch_bounds__(fp8tc::kThreads, 3)
+template <typename T, int M, int S, int STAGES>
+__global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(fp8tc::kThreads, 3)
     fp8_tc_gemv_ring(T* __restrict__ out, const T* __restrict__ x, long long x_stride,
                      const unsigned char* __restrict__ w, const float* __restrict__ scale, int n,
-                     int k, int k_blocks, float* __restrict__ partials, int* __restrict__ counters) {
+                     int k, int k_blocks) {
   pdl_trigger();
   using namespace fp8tc;
   static_assert(STAGES >= 2 && STAGES * 4 * kThreads * 16 >= 8 * kRedStride * 4, "ring size");
@@ -345,7 +343,7 @@ __global__ void __cluster_dims__(FLAT ? 1 : S, 1, 1) __launch_bounds__(fp8tc::kT
   const int g = lane >> 2;
   const int t = lane & 3;
   const int rb = blockIdx.x / S;
-  const int split = split_of_block<S, FLAT>();
+  const int split = S == 1 ? 0 : static_cast<int>(cluster_rank());
   const int kb_begin = static_cast<int>(static_cast<long long>(split) * k_blocks / S);
   const int kb_end = static_cast<int>(static_cast<long long>(split + 1) * k_blocks / S);
   const int num_kb = kb_end - kb_begin;
@@ -386,5 +384,5 @@ __global__ void __cluster_dims__(FLAT ? 1 : S, 1, 1) __launch_bounds__(fp8tc::kT
   }
   cp_wait<0>();
   __syncthreads();  // the ring is free: the reduction tile may overwrite it
-  reduce_store_any<T, M, S, FLAT>(out, red, partials, counters, acc, rb, split, n, warp, g, t);
+  reduce_store<T, M, S>(out, red, acc, rb, split, n, warp, g, t);
 }

@@ -9,12 +9,6 @@ is one 128-row block per k split; the splits of a row block form one thread-bloc
 (`choose_splits` says how many: at least a resident wave's worth, more while the splits stay
 long enough, measured in runs X1-X2 of docs/perf.md).
 
-The reduction of a row block's splits has two forms too: the splits form a thread-block cluster
-and add through distributed shared memory, or (`flat_routed`, opt-in as
-`NINFER_KERNELS_ON=tc_flat`) they are plain blocks that add through an fp32 workspace, the last
-to arrive summing in split order: the same bits, no cluster to co-schedule. The bf16 tensor-core
-GEMV shares both.
-
 Two forms of the same kernel: `fp8_tc_gemv` keeps one k block of weights in flight per thread in
 registers; `fp8_tc_gemv_ring` keeps STAGES - 1 in flight through a cp.async ring in shared memory
 (and issues the first ones before waiting on the previous kernel). Same sums, same bits.
@@ -27,7 +21,7 @@ import torch
 
 from ninfer.kernels import runtime as rt
 from ninfer.kernels.fp8_gemv.reference import BLOCK, Fp8Weight
-from ninfer.kernels.switches import switched_off, switched_on
+from ninfer.kernels.switches import switched_off
 
 OP = "fp8_gemv"  # the source file: fp8_gemv.cu holds both GEMV kernels
 HEADERS = ("fp8_gemv/tc_common.cu",)  # the cluster reduction and the cp.async ring
@@ -44,10 +38,6 @@ COMB_BYTES = 16 * 8 * 4  # kChunk x 8 combined scales
 # Run X1 (H200, docs/perf.md): the 27B fp8 step at batch 8 12.52 ms against 13.19 with the
 # register form, batch 1 9.95 against 10.05.
 RING_STAGES = {1: 4, 2: 4, 3: 3, 4: 3, 5: 2, 6: 2, 7: 2, 8: 2}
-
-
-FLAT_MAX_SLOTS = 4096  # the flat workspace's (row block, split) slots of MAX_ROWS x 128 fp32
-_FLAT_WORKSPACE: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 class Fp8TcError(rt.KernelInputError):
@@ -116,55 +106,6 @@ def choose_splits(num_row_blocks: int, num_k_blocks: int, num_sms: int) -> int:
     return max(one_wave, short)
 
 
-def flat_routed(num_row_blocks: int, splits: int) -> bool:
-    """Whether a tensor-core GEMV launch (this kernel's ring form or `bf16_tc_gemv`) reduces its
-    splits through the flat workspace: opt-in (`NINFER_KERNELS_ON=tc_flat`) until a model step
-    says it beats the cluster, more than one split, and every slot within the workspace."""
-    return splits > 1 and num_row_blocks * splits <= FLAT_MAX_SLOTS and switched_on("tc_flat")
-
-
-def flat_workspace(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The flat form's partial sums [FLAT_MAX_SLOTS, MAX_ROWS * 128] fp32 (16 MiB) and its
-    per-row-block arrival counters (zeroed; every launch leaves them at zero again) on `device`.
-
-    One set per device, made on the first flat launch, which must not be inside a graph capture
-    (the memory would belong to the graph's pool; the engine's and the bench's eager warm-ups run
-    first). Launches use it in turn: they must not run concurrently, which holds on one stream
-    (PDL-chained launches touch it only after their predecessor has completed).
-    """
-    index = rt.device_index(device)
-    have = _FLAT_WORKSPACE.get(index)
-    if have is None:
-        if torch.cuda.is_current_stream_capturing():
-            raise Fp8TcError(
-                "the tensor-core GEMVs' flat workspace is made on their first flat launch, "
-                "which must run before graph capture (an eager warm-up step)"
-            )
-        partials = torch.empty((FLAT_MAX_SLOTS, MAX_ROWS * 128), dtype=torch.float32, device=device)
-        counters = torch.zeros(FLAT_MAX_SLOTS, dtype=torch.int32, device=device)
-        have = _FLAT_WORKSPACE[index] = (partials, counters)
-    return have
-
-
-def flat_args(
-    device: torch.device, num_row_blocks: int, splits: int, flat: bool | None
-) -> tuple[bool, tuple]:
-    """Whether a launch of `num_row_blocks` x `splits` blocks runs the flat form (`flat`: None
-    asks `flat_routed`; True needs splits > 1 and the slots to fit) and its two trailing kernel
-    arguments, the workspace pointers (NULL for the cluster form)."""
-    if flat is None:
-        flat = flat_routed(num_row_blocks, splits)
-    elif flat and not (splits > 1 and num_row_blocks * splits <= FLAT_MAX_SLOTS):
-        raise Fp8TcError(
-            f"the flat form needs 2..8 splits and at most {FLAT_MAX_SLOTS} (row block, split) "
-            f"slots; got {num_row_blocks} row blocks x {splits} splits"
-        )
-    if not flat:
-        return False, (rt.ptr(None), rt.ptr(None))
-    partials, counters = flat_workspace(device)
-    return True, (rt.ptr(partials), rt.ptr(counters))
-
-
 def ring_shared_bytes(num_rows: int, stages: int) -> int:
     """Dynamic shared memory of the ring form: the ring, the staged x rows and their scales."""
     return stages * 16 * 1024 + num_rows * X_ROW_BYTES + COMB_BYTES
@@ -184,11 +125,9 @@ def fp8_linear(
     *,
     splits: int | None = None,
     stages: int | None = None,
-    flat: bool | None = None,
 ) -> torch.Tensor:
-    """See `reference.fp8_linear`; `splits` overrides the k split count (1, 2, 4 or 8),
-    `stages` the form (0: registers, else a ring depth in STAGES) and `flat` the ring form's
-    reduction (None: `flat_routed`): tests and kernel_bench."""
+    """See `reference.fp8_linear`; `splits` overrides the k split count (1, 2, 4 or 8) and
+    `stages` the form (0: registers, else a ring depth in STAGES): tests and kernel_bench."""
     device = rt.check_cuda(x, weight.weight, weight.scale_inv)
     if not supports(x, weight):
         raise Fp8TcError(
@@ -212,15 +151,10 @@ def fp8_linear(
     out = torch.empty((num_rows, n), dtype=x.dtype, device=device)
     t = rt.cuda_type(x, "x")
     shared = 0
-    tail: tuple = ()
     if stages == 0:
-        if flat:
-            raise Fp8TcError("the register form has no flat reduction (stages=0 with flat=True)")
         instance = f"fp8_tc_gemv<{t}, {num_rows}, {splits}>"
     else:
-        flat, tail = flat_args(device, num_row_blocks, splits, flat)
-        form = "true" if flat else "false"
-        instance = f"fp8_tc_gemv_ring<{t}, {num_rows}, {splits}, {stages}, {form}>"
+        instance = f"fp8_tc_gemv_ring<{t}, {num_rows}, {splits}, {stages}>"
         shared = ring_shared_bytes(num_rows, stages)
         rt.allow_shared(OP, instance, rt.device_index(device), shared, HEADERS)
     kernel = rt.get_kernel(OP, instance, device, HEADERS)
@@ -233,7 +167,6 @@ def fp8_linear(
         rt.i32(n),
         rt.i32(k),
         rt.i32(num_k_blocks),
-        *tail,
     )
     rt.launch(kernel, (num_row_blocks * splits,), (THREADS,), args, device, shared_mem=shared)
     return out

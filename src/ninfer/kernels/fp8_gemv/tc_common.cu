@@ -1,7 +1,6 @@
 // Shared by the tensor-core GEMVs (fp8_gemv.cu's fp8_tc_gemv and bf16_tc_gemv.cu), compiled
-// between common.cu and the op's source: the 8-warp, 128-row block's reduction of its k splits
-// (through a cluster's distributed shared memory, or in the flat form through an fp32 workspace),
-// and the cp.async weight ring's copies.
+// between common.cu and the op's source: the 8-warp, 128-row block's cluster reduction of its
+// k splits through distributed shared memory, and the cp.async weight ring's copies.
 //
 // Both kernels give each thread block 128 weight rows (warp w: rows 16w .. 16w + 15, lane (g, t)
 // = (lane / 4, lane % 4) on rows g and g + 8) and each k block 128 bytes of every row, which lane
@@ -65,75 +64,6 @@ __device__ __forceinline__ void reduce_store(T* __restrict__ out, float* red, co
     if (row < n) out[static_cast<long long>(col) * n + row] = from_float<T>(total);
   }
   if constexpr (S > 1) cluster_sync();  // no block leaves while its partials are being read
-}
-
-// The flat form of reduce_store (no cluster; S > 1): the S splits of a row block are plain blocks
-// of one grid. Each writes its partial sums [x row][128 rows] to its own slot of `partials` (fp32,
-// through L2) and counts itself into counters[rb]; the last to arrive adds the S slots in split
-// order (the order, hence the bits, of reduce_store's cluster read), stores the row block and sets
-// the counter back to zero for the next launch. One workspace serves launches that do not overlap:
-// a PDL-chained launch reaches this only after pdl_wait (its predecessor grid has completed).
-template <typename T, int M, int S>
-__device__ __forceinline__ void reduce_store_flat(T* __restrict__ out, float* __restrict__ partials,
-                                                  int* __restrict__ counters, const float (&acc)[4],
-                                                  int rb, int split, int n, int warp, int g, int t) {
-  static_assert(S > 1, "one split stores through reduce_store<T, M, 1>");
-  constexpr int kSlot = M * 128;
-  __shared__ int last;
-  float* mine = partials + (static_cast<long long>(rb) * S + split) * kSlot;
-  const int r0 = warp * 16 + g;
-  const int c0 = 2 * t, c1 = 2 * t + 1;  // the fragment's x rows; columns >= M are duplicates
-  if (c0 < M) {
-    mine[c0 * 128 + r0] = acc[0];
-    mine[c0 * 128 + r0 + 8] = acc[2];
-  }
-  if (c1 < M) {
-    mine[c1 * 128 + r0] = acc[1];
-    mine[c1 * 128 + r0 + 8] = acc[3];
-  }
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const int arrived = atomicAdd(counters + rb, 1);
-    last = arrived == S - 1;
-    if (last) counters[rb] = 0;  // every split has counted: ready for the next launch
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  const float* slots = partials + static_cast<long long>(rb) * S * kSlot;
-  for (int e = threadIdx.x; e < kSlot; e += kThreads) {
-    float total = 0.0f;
-#pragma unroll
-    for (int q = 0; q < S; ++q) total += __ldcg(slots + q * kSlot + e);
-    const int row = rb * 128 + (e & 127);
-    if (row < n) out[static_cast<long long>(e >> 7) * n + row] = from_float<T>(total);
-  }
-}
-
-// The reduction of either form: FLAT (and S > 1) through the workspace, else the cluster's.
-template <typename T, int M, int S, bool FLAT>
-__device__ __forceinline__ void reduce_store_any(T* __restrict__ out, float* red, float* partials,
-                                                 int* counters, const float (&acc)[4], int rb,
-                                                 int split, int n, int warp, int g, int t) {
-  if constexpr (FLAT && S > 1) {
-    reduce_store_flat<T, M, S>(out, partials, counters, acc, rb, split, n, warp, g, t);
-  } else {
-    reduce_store<T, M, S>(out, red, acc, rb, split, n, warp, g, t);
-  }
-}
-
-// A block's row block and k split: the cluster form's splits are its cluster ranks, the flat
-// form's consecutive blocks.
-template <int S, bool FLAT>
-__device__ __forceinline__ int split_of_block() {
-  if constexpr (S == 1) {
-    return 0;
-  } else if constexpr (FLAT) {
-    return static_cast<int>(blockIdx.x % S);
-  } else {
-    return static_cast<int>(cluster_rank());
-  }
 }
 
 // cp.async of 16 bytes into shared memory, bypassing L1 (zero-filled when !ok; src stays a
