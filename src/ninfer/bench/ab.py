@@ -6,6 +6,9 @@ Why in one process: a device call that compares two settings in two `ninfer benc
 machines. Here the model and cache are shared; only the decode graphs are captured again under
 each setting, since the switches (kernels/switches.py) are read when a kernel is launched or
 captured. The base is timed again at the end, so drift over the run shows beside the A/B.
+`rounds` > 1 repeats the whole cycle (each setting, then the base) so that each side has several
+timings spread over the run: a step moves by 1-1.5 % between two timings of the same setting on
+one card (docs/perf.md, runs S35E / S35G), as much as the effects an A/B is usually after.
 """
 
 from __future__ import annotations
@@ -53,16 +56,21 @@ def run_ab(
     context: int,
     decode_steps: int,
     on_progress: Callable[[str], None],
+    rounds: int = 1,
 ) -> list[AbResult]:
-    """Each setting's decode rows, then the base's again (setting ''), each with fresh graphs."""
+    """Each setting's decode rows, then the base's again (setting ''), each with fresh graphs;
+    the cycle `rounds` times (the list always ends with the base)."""
     results = []
-    for name, value in settings:
-        label = f"{name}={value}"
-        with setting(name, value):
-            results.append(AbResult(label, _rows(bench, decode_batches, context, decode_steps,
-                                                 on_progress, label)))  # fmt: skip
-    base = _rows(bench, decode_batches, context, decode_steps, on_progress, "the base again")
-    results.append(AbResult("", base))
+    for r in range(rounds):
+        of = f" (round {r + 1} of {rounds})" if rounds > 1 else ""
+        for name, value in settings:
+            label = f"{name}={value}"
+            with setting(name, value):
+                rows = _rows(bench, decode_batches, context, decode_steps, on_progress, label + of)
+            results.append(AbResult(label, rows))
+        again = f"the base again{of}"
+        base = _rows(bench, decode_batches, context, decode_steps, on_progress, again)
+        results.append(AbResult("", base))
     return results
 
 

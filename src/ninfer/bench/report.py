@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 from pathlib import Path
 
 from rich.console import Console
@@ -229,19 +230,31 @@ def _print_context_cache(report: BenchReport, console: Console) -> None:
 
 
 def _print_ab(report: BenchReport, console: Console) -> None:
-    """One row per decode batch: the matrix's step, each setting's, and the base re-timed last,
-    each setting also as a ratio to the mean of the two base timings."""
+    """One row per decode batch: each side's median decode step over its timings (the base: the
+    matrix's and every re-timing; a setting: once per `--ab-rounds` round), its ratio to the
+    base's median, and the base's spread, (max - min) / median. A ratio within that spread is
+    marked "≈": this run does not tell it apart from the base (steps drift by 1-1.5 % between
+    timings of one setting, docs/perf.md S35E / S35G)."""
     again = report.ab[-1]  # the base re-timed (bench/ab.py always ends with it)
     ctx, graphs = again.decode[0].context, again.decode[0].graphs
     first = {d.batch: d for d in report.decode if d.context == ctx and d.graphs == graphs}
-    table = Table(title=f"A/B in one process, {ctx} context (decode step ms; ratio to the base)")
-    for col in ("batch", "base", *(r.setting or "base again" for r in report.ab)):
+    labels = list(dict.fromkeys(r.setting for r in report.ab if r.setting))
+    table = Table(
+        title=f"A/B in one process, {ctx} context (decode step ms, the median of each side's "
+        "timings; ratio to the base; ≈: within the base's spread)"
+    )
+    for col in ("batch", "base (timings)", "base spread", *labels):
         table.add_column(col, justify="right")
     for j, d0 in enumerate(again.decode):
-        base = d0.step_ms if d0.batch not in first else (first[d0.batch].step_ms + d0.step_ms) / 2
-        cells = [str(d0.batch), f"{first[d0.batch].step_ms:.3f}" if d0.batch in first else "-"]
-        for r in report.ab:
-            ms = r.decode[j].step_ms
-            cells.append(f"{ms:.3f} ({ms / base:.3f})")
+        base = [r.decode[j].step_ms for r in report.ab if not r.setting]
+        if d0.batch in first:
+            base.append(first[d0.batch].step_ms)
+        mid = statistics.median(base)
+        spread = (max(base) - min(base)) / mid
+        cells = [str(d0.batch), f"{mid:.3f} ({len(base)})", f"{100 * spread:.1f} %"]
+        for label in labels:
+            ms = statistics.median(r.decode[j].step_ms for r in report.ab if r.setting == label)
+            ratio = ms / mid
+            cells.append(f"{ms:.3f} ({ratio:.3f}){' ≈' if abs(ratio - 1) <= spread else ''}")
         table.add_row(*cells)
     console.print(table)

@@ -74,6 +74,7 @@ class BenchOptions:
     cache_snapshot_tokens: int = 32768
     # `--ab`: (NAME, VALUE) switch settings; the decode batches again under each (bench/ab.py)
     ab: tuple[tuple[str, str], ...] = ()
+    ab_rounds: int = 1  # `--ab-rounds`: the cycle of settings and base, repeated
 
 
 def run_bench(opts: BenchOptions, on_progress: Callable[[str], None]) -> BenchReport:
@@ -157,6 +158,7 @@ def run_bench(opts: BenchOptions, on_progress: Callable[[str], None]) -> BenchRe
             context=small_ctx,
             decode_steps=opts.decode_steps,
             on_progress=on_progress,
+            rounds=opts.ab_rounds,
         )
     if opts.kv_dtype != "bf16" and (opts.e2e or opts.context_cache):
         report.notes.append(f"--kv-dtype {opts.kv_dtype} applies to the matrix; the --e2e and "

@@ -63,6 +63,15 @@ def bench(
         "base again: an A/B in one process.",
         metavar="SETTINGS",
     ),
+    ab_rounds: int = opt(
+        1,
+        "--ab-rounds",
+        min=1,
+        max=10,
+        help="--ab: run the cycle (each setting, then the base) this many times; the table "
+        "gives each side's median and the base's spread.",
+        metavar="N",
+    ),
     profile: bool = opt(
         False,
         "--profile",
@@ -167,6 +176,8 @@ def bench(
         ab_settings = parse_settings(ab)
     except AbSettingError as e:
         raise UserError(str(e)) from None
+    if ab_rounds > 1 and not ab_settings:
+        raise UserError("--ab-rounds needs --ab")
     if ab_settings and (kv_dtype_quality or spec is not None or vision):
         raise UserError("--ab applies to the text matrix; it is not supported with "
                         "--kv-dtype-quality, --spec or --vision")  # fmt: skip
@@ -227,6 +238,7 @@ def bench(
         cache_turn_tokens=cache_turn,
         cache_snapshot_tokens=cache_snapshot,
         ab=ab_settings,
+        ab_rounds=ab_rounds,
     )
     err = Console(stderr=True)
     try:

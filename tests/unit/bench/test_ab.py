@@ -53,9 +53,33 @@ def test_ab_table_gives_ratios_to_the_mean_base() -> None:
     console = Console(record=True, width=200)
     print_report(report, console)
     text = console.export_text()
-    assert "NINFER_KERNELS_OFF=fp8_ring" in text and "base again" in text
-    assert "11.000 (1.000)" in text  # base mean (10 + 12) / 2 = 11
-    assert "19.000 (0.950)" in text  # (20 + 20) / 2 = 20
+    assert "NINFER_KERNELS_OFF=fp8_ring" in text
+    assert "11.000 (2)" in text and "18.2 %" in text  # base median of 10 and 12; spread 2 / 11
+    assert "11.000 (1.000) ≈" in text  # within the base's spread
+    assert "19.000 (0.950)" in text and "0.950) ≈" not in text  # base 20 and 20: no spread
+
+
+def test_ab_rounds_take_medians_per_side() -> None:
+    """Two rounds: each setting timed twice, the base three times (the matrix's and two
+    re-timings); the table gives medians, the base's spread, and marks what lies within it."""
+    report = BenchReport("qwen3.6-27b", 1, "GPU", "today", "torch", "ninfer bench")
+    report.decode = [_row(8, 21.0)]
+    a, b = "NINFER_KERNELS_ON=a", "NINFER_KERNELS_ON=b"
+    report.ab = [
+        AbResult(a, [_row(8, 20.0)]),
+        AbResult(b, [_row(8, 21.1)]),
+        AbResult("", [_row(8, 21.2)]),
+        AbResult(a, [_row(8, 20.2)]),
+        AbResult(b, [_row(8, 20.9)]),
+        AbResult("", [_row(8, 21.4)]),
+    ]
+    console = Console(record=True, width=240)
+    print_report(report, console)
+    text = console.export_text()
+    assert "21.200 (3)" in text and "1.9 %" in text  # median of 21.0, 21.2, 21.4; 0.4 / 21.2
+    assert "20.100 (0.948)" in text and "0.948) ≈" not in text  # a: outside the spread
+    assert "21.000 (0.991) ≈" in text  # b: within it
+    assert text.count("NINFER_KERNELS_ON=a") == 1  # one column per setting
 
 
 @pytest.mark.gpu

@@ -132,6 +132,7 @@ def test_kv_dtype_quality_takes_its_contexts(monkeypatch: pytest.MonkeyPatch) ->
         (["--ab", "NINFER_KERNELS_OFF"], "--ab takes NAME=VALUE"),
         (["--ab", "NINFER_KERNELS_OFF=pdl", "--spec", "mtp"], "not supported with"),
         (["--ab", "NINFER_KERNELS_OFF=pdl", "--vision"], "not supported with"),
+        (["--ab-rounds", "3"], "--ab-rounds needs --ab"),
         (["--profile", "--vision"], "--profile covers"),
         (["--profile", "--kv-dtype-quality"], "--profile covers"),
     ],
@@ -140,6 +141,12 @@ def test_bad_ab_settings_and_profile_combinations_are_user_errors(
     args: list[str], message: str
 ) -> None:
     _fails(args, message)
+
+
+def test_ab_rounds_outside_one_to_ten_is_a_usage_error() -> None:
+    result = CliRunner().invoke(app, [*BASE, "--ab", "NINFER_KERNELS_OFF=pdl", "--ab-rounds", "11"])
+    assert result.exit_code == 2
+    assert "--ab-rounds" in result.output
 
 
 def test_ab_settings_reach_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -153,9 +160,17 @@ def test_ab_settings_reach_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(run, "run_bench", fake_run_bench)
     result = CliRunner().invoke(
-        app, [*BASE, "--ab", "NINFER_KERNELS_OFF=fp8_ring,pdl;NINFER_KERNELS_ON=bf16_tc_gemv"]
+        app,
+        [
+            *BASE,
+            "--ab",
+            "NINFER_KERNELS_OFF=fp8_ring,pdl;NINFER_KERNELS_ON=bf16_tc_gemv",
+            "--ab-rounds",
+            "3",
+        ],
     )
     assert result.exit_code == 0, result.output
+    assert seen[0].ab_rounds == 3
     assert seen[0].ab == (
         ("NINFER_KERNELS_OFF", "fp8_ring,pdl"),
         ("NINFER_KERNELS_ON", "bf16_tc_gemv"),
