@@ -710,10 +710,17 @@ def swiglu_linear(gate_up: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> to
 
     Where `linear` would run the bf16 GEMV on the activated row, the GEMV forms the SwiGLU as it
     loads x (one launch and one intermediate fewer, the same bits as `silu_mul` then the GEMV);
+    so does the tensor-core fp8 GEMV's ring form where `NINFER_KERNELS_ON=fp8_swiglu` (opt-in);
     everything else runs `silu_mul` then `linear`.
     """
     if not isinstance(weight, Fp8Weight) and bf16_gemv_routed(gate_up, weight, swiglu_input=True):
         return _bf16_gemv_cuda.bf16_linear(gate_up, weight, swiglu_input=True)
+    if (
+        isinstance(weight, Fp8Weight)
+        and use_cuda_kernels(gate_up, "fp8_gemv")
+        and _fp8_tc_cuda.swiglu_routed(gate_up, weight)
+    ):
+        return _fp8_tc_cuda.fp8_linear(gate_up, weight, swiglu_input=True)
     if _fp8_split_routed(gate_up, weight, swiglu_input=True):
         return _fp8_split_cuda.fp8_linear(gate_up, weight, swiglu_input=True)
     return linear(silu_mul(gate_up), weight)

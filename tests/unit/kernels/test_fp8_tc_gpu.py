@@ -77,6 +77,45 @@ def test_ring_form_gives_the_register_forms_bits(stages: int, rows: int, n: int,
     _assert_rows_close(got, _exact(x, weight), TOL, f"fp64 product, ring of {stages}")
 
 
+@pytest.mark.parametrize("rows", [1, 2, 5, 8])
+@pytest.mark.parametrize("n,k", [(5120, 17408), (130, 4112), (300, 272), (48, 64)])
+def test_swiglu_input_gives_silu_mul_then_the_gemv(rows: int, n: int, k: int, gen) -> None:
+    """The ring form's SwiGLU input stages swiglu(gate, up) rounded as silu_mul writes it, so it
+    equals silu_mul then the plain kernel bit for bit, at every split count and from rows of a
+    wider buffer (row stride past 2K)."""
+    weight = fp8_weight(n, k)
+    wide = torch.randn(rows, 2 * k + 64, device="cuda", generator=gen) * 3
+    gate_up = wide.to(torch.bfloat16)[:, : 2 * k]
+    assert tc_cuda.supports_swiglu(gate_up, weight)
+    act = dispatch.silu_mul(gate_up.contiguous())
+    for splits in (None, 1, 8):
+        want = tc_cuda.fp8_linear(act, weight, splits=splits)
+        got = tc_cuda.fp8_linear(gate_up, weight, splits=splits, swiglu_input=True)
+        assert torch.equal(got, want), f"{splits} splits"
+    _assert_rows_close(got, _exact(act, weight), TOL, "fp64 product of the activated rows")
+
+
+def test_swiglu_routing_and_checks(gen, monkeypatch) -> None:
+    weight = fp8_weight(5120, 17408)
+    gate_up = torch.randn(2, 2 * 17408, device="cuda", generator=gen).to(torch.bfloat16)
+    monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
+    monkeypatch.delenv("NINFER_KERNELS_ON", raising=False)
+    assert not tc_cuda.swiglu_routed(gate_up, weight)  # opt-in
+    monkeypatch.setenv("NINFER_KERNELS_ON", "fp8_swiglu")
+    assert tc_cuda.swiglu_routed(gate_up, weight)
+    want = tc_cuda.fp8_linear(dispatch.silu_mul(gate_up), weight)
+    assert torch.equal(dispatch.swiglu_linear(gate_up, weight), want)
+    assert not tc_cuda.swiglu_routed(gate_up[:, :17408], weight)  # not twice K wide
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "fp8_ring")  # the register form has no such input
+    assert not tc_cuda.swiglu_routed(gate_up, weight)
+    with pytest.raises(tc_cuda.Fp8TcError, match="ring form only"):
+        tc_cuda.fp8_linear(gate_up, weight, swiglu_input=True)
+    assert torch.equal(dispatch.swiglu_linear(gate_up, weight), tc_cuda.fp8_linear(
+        dispatch.silu_mul(gate_up), weight, stages=0))  # fmt: skip
+    with pytest.raises(tc_cuda.Fp8TcError, match="SwiGLU input form needs"):
+        tc_cuda.fp8_linear(gate_up[:, :17408], weight, swiglu_input=True)
+
+
 def test_ring_switch_and_stage_checks(gen, monkeypatch) -> None:
     weight = fp8_weight(5120, 6144)
     x = fp8_hard_rows(1, 6144, gen, torch.bfloat16)

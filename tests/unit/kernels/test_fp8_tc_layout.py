@@ -219,3 +219,14 @@ def test_every_routed_ring_depth_keeps_three_blocks_per_sm(monkeypatch) -> None:
         assert launch_tc.BLOCKS_PER_SM * per_block <= launch_tc.SHARED_PER_SM, (rows, stages)
     monkeypatch.setenv("NINFER_KERNELS_OFF", "fp8_ring")
     assert launch_tc.ring_stages(1) == 0
+
+
+def test_swiglu_input_declines_without_touching_cuda(monkeypatch) -> None:
+    """The SwiGLU input form is opt-in (`NINFER_KERNELS_ON=fp8_swiglu`) and, like the plain
+    form, says no to CPU tensors before any device query."""
+    monkeypatch.setenv("NINFER_KERNELS_ON", "fp8_swiglu")
+    q, s = quantize_fp8_block(torch.randn(64, 256))
+    weight = Fp8Weight(q, s)
+    gate_up = torch.randn(1, 512, dtype=torch.bfloat16)
+    assert not launch_tc.supports_swiglu(gate_up, weight)
+    assert not launch_tc.swiglu_routed(gate_up, weight)

@@ -167,12 +167,30 @@ __device__ __forceinline__ void load_x4(const bf16* p, bool in_range, float (&v)
   v[3] = __uint_as_float(u.y & 0xffff0000u);
 }
 
+// x's input forms: the plain rows, or (bf16 only) a dense MLP's [gate | up] rows of width 2K with
+// x = swiglu(gate, up) rounded to bf16 as silu_mul writes it (common.cu's swiglu_bf16x2), so the
+// down projection reads its gate-up output with silu_mul's very bits and one launch fewer.
+constexpr int kInputPlain = 0;
+constexpr int kInputSwiglu = 1;
+
+__device__ __forceinline__ void load_x4_swiglu(const bf16* p, int k, bool in_range,
+                                               float (&v)[4]) {
+  const uint2 g = in_range ? __ldg(reinterpret_cast<const uint2*>(p)) : make_uint2(0, 0);
+  const uint2 u = in_range ? __ldg(reinterpret_cast<const uint2*>(p + k)) : make_uint2(0, 0);
+  const unsigned int a = swiglu_bf16x2(g.x, u.x);
+  const unsigned int b = swiglu_bf16x2(g.y, u.y);
+  v[0] = __uint_as_float(a << 16);
+  v[1] = __uint_as_float(a & 0xffff0000u);
+  v[2] = __uint_as_float(b << 16);
+  v[3] = __uint_as_float(b & 0xffff0000u);
+}
+
 // Stage x[:, k blocks kb0 .. kb0 + num_kb) as f16 (per-(row, k block) power-of-two scaled, each
 // group of 4 stored as x0 x2 x1 x3) and comb[j][m] = weight scale * 2^8 * 2^-s. One warp per
 // (row, k block): lane holds 4 values, the warp reduces their largest magnitude. A warp issues
 // the loads of kStagePairs pairs before reducing any (one L2 round trip per batch, not per pair;
 // 2 for fp32 x, whose values take twice the registers, to stay within 80 without spills).
-template <typename T, int M>
+template <typename T, int M, int INPUT = kInputPlain>
 __device__ __forceinline__ void stage_x(unsigned short* xs, float* comb, const T* x,
                                         long long x_stride, int k, int kb0, int num_kb,
                                         const float* row_scales, int warp, int lane) {
@@ -189,7 +207,11 @@ __device__ __forceinline__ void stage_x(unsigned short* xs, float* comb, const T
       const int m = p - j * M;
       const int k0 = (kb0 + j) * 128 + 4 * lane;
       // K % 16 == 0: a lane's 4 values are all in or all out
-      load_x4(x + m * x_stride + k0, p < num_pairs && k0 < k, v[u]);
+      if constexpr (INPUT == kInputSwiglu) {
+        load_x4_swiglu(x + m * x_stride + k0, k, p < num_pairs && k0 < k, v[u]);
+      } else {
+        load_x4(x + m * x_stride + k0, p < num_pairs && k0 < k, v[u]);
+      }
       wscale[u] = p < num_pairs ? __ldg(row_scales + kb0 + j) : 0.0f;
     }
 #pragma unroll
@@ -324,7 +346,8 @@ __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(fp8tc::kThreads, 3)
 // issued before pdl_wait(): they overlap the predecessor's tail. Same grid, partial sums, cluster
 // reduction and bits as fp8_tc_gemv (the same mma in the same order). Dynamic shared memory:
 // STAGES * 16 KiB of ring (the reduction tile reuses it), M staged x rows, the chunk's scales.
-template <typename T, int M, int S, int STAGES>
+// INPUT: kInputPlain, or kInputSwiglu (bf16 [gate | up] rows of width 2K, x_stride apart).
+template <typename T, int M, int S, int STAGES, int INPUT>
 __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(fp8tc::kThreads, 3)
     fp8_tc_gemv_ring(T* __restrict__ out, const T* __restrict__ x, long long x_stride,
                      const unsigned char* __restrict__ w, const float* __restrict__ scale, int n,
@@ -373,8 +396,8 @@ __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(fp8tc::kThreads, 3)
     const int kbl = i % kChunk;
     if (kbl == 0) {  // block-uniform: a new chunk of x
       __syncthreads();  // every warp is done with the previous chunk
-      stage_x<T, M>(xs, comb, x, x_stride, k, kb_begin + i, min(kChunk, num_kb - i), row_scales,
-                    warp, lane);
+      stage_x<T, M, INPUT>(xs, comb, x, x_stride, k, kb_begin + i, min(kChunk, num_kb - i),
+                           row_scales, warp, lane);
       __syncthreads();
     }
     cp_wait<STAGES - 1>();  // this thread's copies of k block i have landed

@@ -13,6 +13,11 @@ Two forms of the same kernel: `fp8_tc_gemv` keeps one k block of weights in flig
 registers; `fp8_tc_gemv_ring` keeps STAGES - 1 in flight through a cp.async ring in shared memory
 (and issues the first ones before waiting on the previous kernel). Same sums, same bits.
 `ring_stages` says which runs for a row count (0: the register form).
+
+The ring form also takes a dense MLP's [gate | up] rows (`swiglu_input`, opt-in in dispatch as
+`NINFER_KERNELS_ON=fp8_swiglu` until a model step measures it): it stages swiglu(gate, up) as x,
+rounded as `silu_mul` writes it, so the down projection needs no `silu_mul` launch and gives its
+very bits.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import torch
 
 from ninfer.kernels import runtime as rt
 from ninfer.kernels.fp8_gemv.reference import BLOCK, Fp8Weight
-from ninfer.kernels.switches import switched_off
+from ninfer.kernels.switches import switched_off, switched_on
 
 OP = "fp8_gemv"  # the source file: fp8_gemv.cu holds both GEMV kernels
 HEADERS = ("fp8_gemv/tc_common.cu",)  # the cluster reduction and the cp.async ring
@@ -57,6 +62,31 @@ def supports(x: torch.Tensor, weight: Fp8Weight) -> bool:
         and s.is_contiguous()
         and tuple(s.shape) == (-(-n // BLOCK), -(-k // BLOCK))
         and tc_operands_ok(x, w, k_multiple=16)
+    )
+
+
+def supports_swiglu(x: torch.Tensor, weight: Fp8Weight) -> bool:
+    """Whether the ring form takes x as [gate | up] rows of width 2K for this weight [N, K]: as
+    `supports` for the activated x (bf16, 1..MAX_ROWS dense 16-byte-aligned rows, K % 16 == 0,
+    sm_90+), the row twice as wide."""
+    if x.dim() != 2 or x.dtype != torch.bfloat16 or not x.is_cuda:
+        return False
+    if weight.weight.dim() != 2 or x.shape[1] != 2 * weight.shape[1]:
+        return False
+    return supports(x[:, : weight.shape[1]], weight)
+
+
+def swiglu_routed(x: torch.Tensor, weight: Fp8Weight) -> bool:
+    """Whether dispatch runs the down projection of [gate | up] rows through the ring form's
+    SwiGLU input: opt-in (`NINFER_KERNELS_ON=fp8_swiglu`), the ring form routed for the row count
+    (not `fp8_ring` or `fp8_tc` off) and operands it takes."""
+    return (
+        switched_on("fp8_swiglu")
+        and not switched_off("fp8_tc")
+        and x.dim() == 2
+        and 1 <= x.shape[0] <= MAX_ROWS
+        and ring_stages(x.shape[0]) != 0
+        and supports_swiglu(x, weight)
     )
 
 
@@ -125,11 +155,23 @@ def fp8_linear(
     *,
     splits: int | None = None,
     stages: int | None = None,
+    swiglu_input: bool = False,
 ) -> torch.Tensor:
     """See `reference.fp8_linear`; `splits` overrides the k split count (1, 2, 4 or 8) and
-    `stages` the form (0: registers, else a ring depth in STAGES): tests and kernel_bench."""
+    `stages` the form (0: registers, else a ring depth in STAGES): tests and kernel_bench.
+    `swiglu_input`: x is [gate | up] rows of width 2K and the product is swiglu(x) @ W.T
+    (`silu_mul` then this, bit for bit; the ring form only)."""
     device = rt.check_cuda(x, weight.weight, weight.scale_inv)
-    if not supports(x, weight):
+    if swiglu_input:
+        if not supports_swiglu(x, weight):
+            raise Fp8TcError(
+                f"the SwiGLU input form needs 1..{MAX_ROWS} dense 16-byte-aligned bf16 [gate | "
+                f"up] rows twice the weight's K, K % 16 == 0, and an sm_90+ GPU; got x "
+                f"{tuple(x.shape)} {x.dtype}, weight {tuple(weight.shape)}"
+            )
+        if stages == 0 or (stages is None and ring_stages(x.shape[0]) == 0):
+            raise Fp8TcError("the SwiGLU input form runs in the ring form only (stages > 0)")
+    elif not supports(x, weight):
         raise Fp8TcError(
             f"tensor-core fp8 GEMV needs 1..{MAX_ROWS} dense 16-byte-aligned bf16 x rows, "
             f"K % 16 == 0, "
@@ -154,7 +196,8 @@ def fp8_linear(
     if stages == 0:
         instance = f"fp8_tc_gemv<{t}, {num_rows}, {splits}>"
     else:
-        instance = f"fp8_tc_gemv_ring<{t}, {num_rows}, {splits}, {stages}>"
+        form = 1 if swiglu_input else 0  # the .cu's kInputSwiglu / kInputPlain
+        instance = f"fp8_tc_gemv_ring<{t}, {num_rows}, {splits}, {stages}, {form}>"
         shared = ring_shared_bytes(num_rows, stages)
         rt.allow_shared(OP, instance, rt.device_index(device), shared, HEADERS)
     kernel = rt.get_kernel(OP, instance, device, HEADERS)
