@@ -169,8 +169,6 @@ def fp8_linear(
                 f"up] rows twice the weight's K, K % 16 == 0, and an sm_90+ GPU; got x "
                 f"{tuple(x.shape)} {x.dtype}, weight {tuple(weight.shape)}"
             )
-        if stages == 0 or (stages is None and ring_stages(x.shape[0]) == 0):
-            raise Fp8TcError("the SwiGLU input form runs in the ring form only (stages > 0)")
     elif not supports(x, weight):
         raise Fp8TcError(
             f"tensor-core fp8 GEMV needs 1..{MAX_ROWS} dense 16-byte-aligned bf16 x rows, "
@@ -190,6 +188,8 @@ def fp8_linear(
         stages = ring_stages(num_rows)
     elif stages != 0 and stages not in STAGES:
         raise Fp8TcError(f"ring stages must be 0 (registers) or one of {STAGES}, got {stages}")
+    if swiglu_input and stages == 0:
+        raise Fp8TcError("the SwiGLU input form runs in the ring form only (stages > 0)")
     out = torch.empty((num_rows, n), dtype=x.dtype, device=device)
     t = rt.cuda_type(x, "x")
     shared = 0
