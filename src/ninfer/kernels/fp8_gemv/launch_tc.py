@@ -15,9 +15,9 @@ registers; `fp8_tc_gemv_ring` keeps STAGES - 1 in flight through a cp.async ring
 `ring_stages` says which runs for a row count (0: the register form).
 
 The ring form also takes a dense MLP's [gate | up] rows (`swiglu_input`, opt-in in dispatch as
-`NINFER_KERNELS_ON=fp8_swiglu` until a model step measures it): it stages swiglu(gate, up) as x,
-rounded as `silu_mul` writes it, so the down projection needs no `silu_mul` launch and gives its
-very bits.
+`NINFER_KERNELS_ON=fp8_swiglu`: even with `silu_mul` then the GEMV in the 27B fp8 step on an
+H100, docs/perf.md S36A): it stages swiglu(gate, up) as x, rounded as `silu_mul` writes it, so
+the down projection needs no `silu_mul` launch and gives its very bits.
 """
 
 from __future__ import annotations
