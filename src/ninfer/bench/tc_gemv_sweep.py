@@ -24,6 +24,7 @@ from ninfer.bench.gpu_timing import (
 )
 from ninfer.kernels.bf16_gemv import launch as gemv_cuda
 from ninfer.kernels.bf16_tc_gemv import launch as bf16_tc_cuda
+from ninfer.kernels.fp8_gemm import launch as gemm_cuda
 from ninfer.kernels.fp8_gemv import launch_tc as tc_cuda
 from ninfer.kernels.fp8_gemv import reference as fp8_ref
 from ninfer.kernels.fp8_gemv.reference import Fp8Weight
@@ -47,10 +48,12 @@ def fp8_gemv_sweep(
     names += [f"S={z} µs" for z in tc_cuda.SPLITS]  # the routed form at each k split count
     names += ["split-K CUDA cores µs"]  # fp8_split_gemv (1..MAX_ROWS rows; other sums)
     lines = [
-        "fp8 tensor-core GEMV forms (bf16 x, e4m3 W [N, K] with 128x128 scales), graphs, cold L2",
+        "fp8 tensor-core GEMV forms (bf16 x, e4m3 W [N, K] with 128x128 scales), graphs, cold L2;",
+        "W8A8: prefill's path (x quantized per 1x128 group, then blockwise cuBLASLt _scaled_mm),",
+        "not in the best column: it rounds x to e4m3",
         "| N x K | rows | splits | " + " | ".join(names) + " | best GB/s | routed | rel err | "
-        "split-K rel err |",
-        "| --- | ---: | ---: | " + "---: | " * len(names) + "---: | --- | ---: | ---: |",
+        "split-K rel err | W8A8 µs | W8A8 rel err |",
+        "| --- | ---: | ---: | " + "---: | " * len(names) + "---: | --- |" + " ---: |" * 4,
     ]
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     for n, k in shapes:
@@ -91,11 +94,23 @@ def fp8_gemv_sweep(
             lines.append(
                 f"| {n}x{k} | {m} | {splits} | {cells} | {moved / best / 1e3:.0f} | "
                 f"{'registers' if routed == 0 else f'ring {routed}'} | "
-                f"{err:.1e}{'' if same else ' (forms differ!)'} | {split_err} |"
+                f"{err:.1e}{'' if same else ' (forms differ!)'} | {split_err} | "
+                f"{_w8a8_cells(x, weights, exact, calls)} |"
             )
         del weights
         torch.cuda.empty_cache()
     return "\n".join(lines)
+
+
+def _w8a8_cells(x: torch.Tensor, weights: list[Fp8Weight], exact: torch.Tensor, calls: int) -> str:
+    """µs per call and error against the unquantized-x product of prefill's W8A8 path on the
+    same rows, or why it does not run (the probe runs here, outside any capture)."""
+    if gemm_cuda.choose_path(x, weights[0]) is not gemm_cuda.GemmPath.SCALED_MM:
+        return "— | not on the grid or no blockwise _scaled_mm"
+    got = gemm_cuda.fp8_gemm(x, weights[0])
+    err = ((got.double() - exact).norm() / exact.norm()).item()
+    us = graph_us(rotating(lambda w: gemm_cuda.fp8_gemm(x, w), weights), 5, calls)
+    return f"{us:.1f} | {err:.1e}"
 
 
 def bf16_tc_sweep(
