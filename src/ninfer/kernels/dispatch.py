@@ -770,6 +770,20 @@ def sigmoid_gate(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     return _sigmoid_gate_ref.sigmoid_gate(o, gate)
 
 
+def _fp8_w8a8_routed(x: torch.Tensor, weight: Fp8Weight) -> bool:
+    """Whether opt-in `fp8_w8a8` sends decode-sized x to the W8A8 GEMM: only where its cached
+    probe says SCALED_MM (a capture that finds no probe result keeps the GEMV, never the
+    dequantizing fallback)."""
+    return (
+        switches.switched_on("fp8_w8a8")
+        and x.dim() == 2
+        and x.is_contiguous()
+        and use_cuda_kernels(x, "fp8_gemm")
+        and _fp8_gemm_cuda.supports(x, weight)
+        and _fp8_gemm_cuda.choose_path(x, weight) is _fp8_gemm_cuda.GemmPath.SCALED_MM
+    )
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torch.Tensor:
     """x @ weight.T for a plain weight or an fp8 block-scaled one (`Fp8Weight`).
 
@@ -782,6 +796,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torch.Tensor:
     which reads the e4m3 bytes once; larger x (prefill) runs `fp8_gemm.launch.fp8_linear`: x
     quantized per 1x128 group and a block-scaled fp8 `torch._scaled_mm`, or (fp32 x, shapes off
     its grid, no blockwise support) a dequantize kernel into a scratch copy, then cuBLAS.
+    Opt-in (`NINFER_KERNELS_ON=fp8_w8a8`, for an A/B): decode-sized x takes that W8A8 GEMM too,
+    as vLLM and SGLang serve the block-scaled checkpoints, where its probe found blockwise
+    support (x rounded to e4m3: not the weight-only GEMVs' bits).
     """
     if not isinstance(weight, Fp8Weight):
         if bf16_tc_routed(x, weight):
@@ -791,6 +808,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torch.Tensor:
         if bf16_mma_routed(x, weight):
             return _bf16_mma_cuda.bf16_linear(x, weight)
         return F.linear(x, weight)
+    if _fp8_w8a8_routed(x, weight):
+        return _fp8_gemm_cuda.fp8_gemm(x, weight)
     if use_cuda_kernels(x, "fp8_gemv") and x.dim() == 2 and x.shape[0] <= _fp8_gemv_cuda.MAX_ROWS:
         x = x.contiguous()
         # opt-in: one or two rows on the CUDA cores with the bf16 GEMV's split-K grid

@@ -194,3 +194,30 @@ def test_fp8_linear_replays_in_a_cuda_graph(gen, monkeypatch) -> None:
     graph.replay()
     torch.cuda.synchronize()
     assert rel(out, ref.fp8_linear(x, w)) < 1e-2
+
+
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_opt_in_w8a8_takes_decode_rows_off_the_gemv(m: int, gen, monkeypatch) -> None:
+    """`NINFER_KERNELS_ON=fp8_w8a8` sends decode-sized x to the W8A8 GEMM (x rounded to e4m3:
+    the twin's sums, not the weight-only GEMV's); without it the GEMV runs, with other bits."""
+    n, k = 5120, 6144
+    w, x = _weight(n, k, gen), _x(m, k, gen)
+    _need_blockwise(n)
+    gemv = dispatch.linear(x, w)
+    monkeypatch.setenv("NINFER_KERNELS_ON", "fp8_w8a8")
+    got = dispatch.linear(x, w)
+    assert got.shape == (m, n) and got.dtype == torch.bfloat16
+    assert torch.equal(got, launch.fp8_gemm(x, w))
+    assert rel(got, ref.fp8_gemm(x, w)) < 1e-2
+    exact = x.double() @ ref.dequantize_weight(w, torch.float64).T
+    assert rel(got, exact) < ref.ACT_QUANT_REL_ERROR
+    assert rel(gemv, exact) < 1e-2 and not torch.equal(got, gemv)  # the route really changed
+    # captured: the probe is cached, so the graph holds the W8A8 GEMM, and replays it
+    static_x = x.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = dispatch.linear(static_x, w)
+    fresh = _x(m, k, gen)
+    static_x.copy_(fresh)
+    graph.replay()
+    assert torch.equal(out, launch.fp8_gemm(fresh, w))
