@@ -80,11 +80,12 @@ def test_routing_rule_takes_long_rows_of_two_to_eight_x_rows(monkeypatch) -> Non
     assert not launch.tc_preferred(1, 5120, 17408)  # one row: the fused CUDA-core GEMV
     assert not launch.tc_preferred(9, 5120, 17408)  # past the mma's 8 columns
     assert not launch.tc_preferred(8, 34816, 5120)  # wide: cuBLAS
-    assert not launch.tc_preferred(8, 5120, 6144)  # out_proj: cuBLAS unless tc_square
-    assert launch.tc_preferred(8, 2048, 6144)  # long rows at any N
-    monkeypatch.setenv("NINFER_KERNELS_ON", "tc_square")
-    assert launch.tc_preferred(8, 5120, 6144) and launch.tc_preferred(2, 5120, 6144)
+    assert launch.tc_preferred(8, 5120, 6144) and launch.tc_preferred(2, 5120, 6144)  # out_proj
     assert not launch.tc_preferred(1, 5120, 6144)
     assert not launch.tc_preferred(8, 2048, 4096)  # the 35B-A3B's: too few row blocks
+    assert launch.tc_preferred(8, 2048, 6144)  # but long rows at any N
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "tc_square")
+    assert not launch.tc_preferred(8, 5120, 6144) and launch.tc_preferred(4, 5120, 17408)
+    monkeypatch.delenv("NINFER_KERNELS_OFF")
     monkeypatch.setenv("NINFER_KERNELS_ON", "bf16_tc_gemv")
     assert launch.tc_preferred(1, 34816, 5120)

@@ -14,7 +14,7 @@ import torch
 
 from ninfer.kernels import runtime as rt
 from ninfer.kernels.fp8_gemv.launch_tc import MAX_ROWS, SPLITS, choose_splits, tc_operands_ok
-from ninfer.kernels.switches import switched_on
+from ninfer.kernels.switches import switched_off, switched_on
 
 OP = "bf16_tc_gemv"
 HEADERS = ("fp8_gemv/tc_common.cu",)  # the cluster reduction and the cp.async ring
@@ -25,10 +25,10 @@ K_PER_BLOCK = 64  # k per ring stage: 128 bytes of each weight row
 STAGES = (2, 3, 4)  # ring depths compiled (16 KiB of weights each per block)
 DEFAULT_STAGES = 4  # 64 KiB: three blocks per SM still fit (the launch bounds' 3)
 LONG_ROW_RATIO = 3  # tc_preferred: K / N from which the kernel beats cuBLAS
-# tc_preferred under `tc_square`: the fewest output rows of a K >= N projection it takes. Runs
-# S35E / S35G (H100): the 27B's 6,144 -> 5,120 projections -1 to -2 % a step at 2-8 rows, then
-# within 0.2 %; the 35B-A3B's 4,096 -> 2,048 (16 row blocks: one block per SM at 8 splits) lost
-# 1.2 % at 8 rows
+# tc_preferred: the fewest output rows of a K >= N projection it takes. The 27B's 6,144 -> 5,120
+# projections: -0.5 to -0.7 % a step at 4 and 8 rows on the H200 (runs S36C, S36E: three A/B
+# rounds each way), even on an H100 (S35G); the 35B-A3B's 4,096 -> 2,048 (16 row blocks: one
+# block per SM at 8 splits) lost 1.2 % at 8 rows (S35E, H100)
 SQUARE_MIN_ROWS = 4096
 
 
@@ -65,12 +65,13 @@ def tc_preferred(num_rows: int, out_features: int, in_features: int) -> bool:
         return False
     if in_features >= LONG_ROW_RATIO * out_features:
         return True
-    # opt-in (`NINFER_KERNELS_ON=tc_square`), for an H200 A/B: K >= N with at least
-    # SQUARE_MIN_ROWS output rows, the 27B's out_proj / o_proj (6,144 -> 5,120), which cuBLAS ran
-    # at 2.16 TB/s inside an H100 batch-8 step (29.1 µs a call) against this kernel's 25.7 per
-    # shape; in the step it measured -1.1 % (S35E), then even (S35G)
+    # K >= N with at least SQUARE_MIN_ROWS output rows: the 27B's out_proj / o_proj (6,144 ->
+    # 5,120), which cuBLAS runs without PDL overlap (2.16 TB/s inside an H100 batch-8 step);
+    # `NINFER_KERNELS_OFF=tc_square` leaves them to cuBLAS
     return (
-        in_features >= out_features and out_features >= SQUARE_MIN_ROWS and switched_on("tc_square")
+        in_features >= out_features
+        and out_features >= SQUARE_MIN_ROWS
+        and not switched_off("tc_square")
     )
 
 
