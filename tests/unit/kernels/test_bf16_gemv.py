@@ -239,6 +239,30 @@ def test_plan_of_the_35b_out_proj() -> None:
     assert (p.rows_per_group, p.ks_log2, p.unroll, p.blocks) == (4, 3, 2, 512)
 
 
+def test_wide_plan_of_the_27b_down_projection() -> None:
+    """The opt-in R = 8 plan: N = 5120, K = 17408 on 132 SMs, 8 warps split K, 8 rows a group,
+    U = 1 (the same 8 weight loads in flight per lane as R = 4, U = 2), 640 blocks; it still
+    halves R on small N (2048 outputs: 8 rows would leave 256 blocks < 2 per SM)."""
+    wide = {"unroll": bf16_cuda.WIDE_UNROLL, "max_rows_per_group": bf16_cuda.WIDE_ROWS_PER_GROUP}
+    p = bf16_cuda.plan(1, 5120, 17408, 132, **wide)
+    assert (p.rows_per_group, p.ks_log2, p.unroll, p.blocks) == (8, 3, 1, 640)
+    assert p.rows_per_group * p.unroll == 4 * bf16_cuda.UNROLL[1]
+    assert bf16_cuda.plan(1, 2048, 4096, 132, **wide).rows_per_group == 4
+    assert bf16_cuda.plan(1, 5120, 17408, 132).rows_per_group == 4  # the default
+
+
+def test_wide_rows_switches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Off by default; `gemv_rows8` takes every one-row launch, `gemv_fused_rows8` the fused
+    input forms only; never more than one x row (M * R accumulators per lane)."""
+    monkeypatch.delenv("NINFER_KERNELS_ON", raising=False)
+    assert not bf16_cuda.wide_rows(1, fused=True) and not bf16_cuda.wide_rows(1, fused=False)
+    monkeypatch.setenv("NINFER_KERNELS_ON", "gemv_fused_rows8")
+    assert bf16_cuda.wide_rows(1, fused=True) and not bf16_cuda.wide_rows(1, fused=False)
+    monkeypatch.setenv("NINFER_KERNELS_ON", "gemv_rows8")
+    assert bf16_cuda.wide_rows(1, fused=True) and bf16_cuda.wide_rows(1, fused=False)
+    assert not bf16_cuda.wide_rows(2, fused=False)
+
+
 def test_dispatch_routing_decision(monkeypatch: pytest.MonkeyPatch) -> None:
     """As on a GPU (the device checks stubbed): bf16 1..8 rows of routed shapes take the kernel,
     anything else F.linear; `NINFER_KERNELS_OFF=bf16_gemv` turns it off."""

@@ -220,3 +220,42 @@ def test_early_loads_give_the_same_bits(rows: int, form: str, gen, monkeypatch) 
     graph.replay()
     monkeypatch.setenv("NINFER_KERNELS_OFF", "gemv_early_loads")
     assert torch.equal(out, bf16_cuda.bf16_linear(x, w, **kwargs))
+
+
+@pytest.mark.parametrize("switch", ["gemv_rows8", "gemv_fused_rows8"])
+@pytest.mark.parametrize(
+    "n,k",
+    [
+        pytest.param(5120, 17408, id="27b-down"),
+        pytest.param(34816, 5120, id="27b-gate-up"),
+        pytest.param(1003, 520, id="odd-n-k-off-the-warp-split"),
+    ],
+)
+def test_opt_in_eight_row_plan(switch: str, n: int, k: int, gen, monkeypatch) -> None:
+    """The opt-in R = 8, U = 1 one-row plan (`gemv_rows8` for every form, `gemv_fused_rows8` for
+    the fused forms only): each form within the fp64 bounds, repeatable; under `gemv_rows8` the
+    SwiGLU form keeps the plain form's bits (both reduce in the R = 8 order); graph replays."""
+    wide = torch.randn(1, 2 * k, device="cuda", generator=gen).to(torch.bfloat16) * 3
+    _, w = bf16_operands(1, n, k, gen)
+    activated = dispatch.silu_mul(wide).contiguous()
+    monkeypatch.setenv("NINFER_KERNELS_ON", switch)
+    assert bf16_cuda.wide_rows(1, fused=True)
+    plain = bf16_cuda.bf16_linear(activated, w)
+    fused = bf16_cuda.bf16_linear(wide, w, swiglu_input=True)
+    check_bf16_product(plain, activated, w)
+    check_bf16_product(fused, activated, w)
+    assert torch.equal(bf16_cuda.bf16_linear(wide, w, swiglu_input=True), fused)
+    if switch == "gemv_rows8":
+        assert torch.equal(fused, plain)
+    graph, out = capture_graph(lambda: bf16_cuda.bf16_linear(wide, w, swiglu_input=True))
+    wide.copy_(torch.randn(1, 2 * k, device="cuda", generator=gen).to(torch.bfloat16))
+    graph.replay()
+    assert torch.equal(out, bf16_cuda.bf16_linear(wide, w, swiglu_input=True))
+    # the sigmoid-gate form on a head layout that divides K
+    heads, head_dim = k // 8, 8
+    o = torch.randn(1, heads, head_dim, device="cuda", generator=gen).to(torch.bfloat16)
+    gate = (torch.randn(1, heads, 2, head_dim, device="cuda", generator=gen) * 3).to(
+        torch.bfloat16
+    )[:, :, 1]
+    got = bf16_cuda.bf16_linear(o.reshape(1, -1), w, gate=gate)
+    check_bf16_product(got, (o * torch.sigmoid(gate)).reshape(1, -1), w)

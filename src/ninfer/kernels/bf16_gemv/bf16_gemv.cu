@@ -60,7 +60,8 @@ __host__ __device__ constexpr int bf16_gemv_pow2(int v) {
 // warp group; U: steps of 16-byte loads per lane issued together. The launch bounds set the
 // register budget per thread: 64 (4 blocks per SM) for 1-2 rows of x, 80 (3) for 3-4 and 128 (2)
 // above, where the M * R accumulators need the room; with the launcher's U (2 up to 4 rows of x,
-// else 1) no instance spills (nvcc -Xptxas -v, sm_90).
+// else 1) no instance spills (nvcc -Xptxas -v, sm_90). The launcher's opt-in one-row plan
+// (`wide_rows`) takes R = 8 with U = 1: 61-64 registers in the three input forms, no spills.
 // INPUT: BF16_GEMV_PLAIN, _SWIGLU or _SIGMOID_GATE (gate, gate_stride, gate_head_stride and
 // head_dim are read only by the last). options: bit 0 (BF16_GEMV_L2_PREFETCH) hints this lane's
 // first weight lines into L2 before pdl_wait; bit 1 (BF16_GEMV_EARLY_LOADS) issues its first U

@@ -26,6 +26,15 @@ CHUNK = 8  # bf16 weights per 16-byte load
 INPUT_SWIGLU, INPUT_SIGMOID_GATE = 1, 2  # the .cu's BF16_GEMV_SWIGLU, BF16_GEMV_SIGMOID_GATE
 OPTION_L2_PREFETCH, OPTION_EARLY_LOADS = 1, 2  # the .cu's BF16_GEMV_L2_PREFETCH, _EARLY_LOADS
 MAX_ROWS_PER_GROUP = 4  # R: M * R accumulators must fit one per lane (M * R <= 32)
+# Opt-in one-row plan (for an H200 A/B): R = 8 rows per warp group with U = 1, the same 128 bytes
+# of weight loads in flight per lane as R = 4, U = 2, but each x chunk loaded (and, in the fused
+# input forms, each SwiGLU or sigmoid gate computed) once per 8 rows instead of 4. The H200
+# profile of run S36F had the SwiGLU down projection at 3.59 TB/s against the plain form's 4.01.
+# `NINFER_KERNELS_ON=gemv_rows8` takes it for every one-row launch (the fused forms keep the plain
+# form's bits), `gemv_fused_rows8` for the SwiGLU and sigmoid-gate forms only (their sums then
+# reduce in another order than the plain R = 4 launch: within the same bounds, other bits).
+# nvcc -Xptxas -v (sm_90): <1, 8, 1, 0 / 1 / 2> 61 / 64 / 62 registers, no spills.
+WIDE_ROWS_PER_GROUP, WIDE_UNROLL = 8, {1: 1}
 MIN_BLOCKS_PER_SM = 2  # R is halved (down to 1) until the grid has this many blocks per SM
 # U, 16-byte load steps per lane issued together, by x row count: the .cu's launch bounds give
 # 1-4 rows 64-80 registers and 5-8 rows 128, and these are the U that fit them without spilling
@@ -68,9 +77,11 @@ def plan(
     *,
     chunk: int = CHUNK,
     unroll: dict[int, int] = UNROLL,
+    max_rows_per_group: int = MAX_ROWS_PER_GROUP,
 ) -> Plan:
     """The launch for x [num_rows, k] against W [n, k] on a GPU of `num_sms` SMs; `chunk` is the
-    weights per 16-byte load and `unroll` the U by x rows (fp8_split_gemv: 16 and its own).
+    weights per 16-byte load, `unroll` the U by x rows (fp8_split_gemv: 16 and its own) and
+    `max_rows_per_group` the R it starts from (the opt-in `wide_rows` plan: 8).
 
     K split: as many warps per group (8, 4, 2, 1) as keep every lane on at least one 16-byte chunk
     of the row (8 from K = 2048 up), so short rows (K = 512) do not leave most lanes idle. Rows
@@ -82,10 +93,18 @@ def plan(
     while ks_log2 > 0 and 32 << ks_log2 > chunks:
         ks_log2 -= 1
     groups = WARPS >> ks_log2
-    rows = MAX_ROWS_PER_GROUP
+    rows = max_rows_per_group
     while rows > 1 and -(-n // (groups * rows)) < MIN_BLOCKS_PER_SM * num_sms:
         rows //= 2
     return Plan(rows, ks_log2, unroll[num_rows], -(-n // (groups * rows)))
+
+
+def wide_rows(num_rows: int, *, fused: bool) -> bool:
+    """Whether a launch of `num_rows` x rows (in a fused input form or not) takes the opt-in
+    R = 8 plan (see WIDE_ROWS_PER_GROUP): one row only, and only where switched on."""
+    if num_rows != 1:
+        return False
+    return switched_on("gemv_rows8") or (fused and switched_on("gemv_fused_rows8"))
 
 
 def launch_options() -> int:
@@ -207,8 +226,12 @@ def bf16_linear(
     num_rows = x.shape[0]
     n, k = weight.shape
     out = torch.empty((num_rows, n), dtype=x.dtype, device=device)
-    p = plan(num_rows, n, k, rt.num_sms(device))
     form = INPUT_SWIGLU if swiglu_input else INPUT_SIGMOID_GATE if gate is not None else None
+    if wide_rows(num_rows, fused=form is not None):
+        p = plan(num_rows, n, k, rt.num_sms(device), unroll=WIDE_UNROLL,
+                 max_rows_per_group=WIDE_ROWS_PER_GROUP)  # fmt: skip
+    else:
+        p = plan(num_rows, n, k, rt.num_sms(device))
     suffix = f", {form}" if form is not None else ""
     instance = f"bf16_gemv<{num_rows}, {p.rows_per_group}, {p.unroll}{suffix}>"
     kernel = rt.get_kernel(OP, instance, device)
