@@ -44,7 +44,8 @@ UNROLL = {1: 2, 2: 2, 3: 2, 4: 2, 5: 1, 6: 1, 7: 1, 8: 1}
 # model the kernel beats cuBLAS on the 27B's wide projections too (gate-up 34,816 x 5,120, in_proj,
 # qkv: batch-1 step 19.79 -> 18.70 ms, 18.34 with the early weight loads below), though cuBLAS
 # led those shapes by 2-4 % in isolation (run X1, H200): the kernel overlaps the previous one's
-# tail (PDL), cuBLAS does not. `NINFER_KERNELS_OFF=gemv_one_row` restores the per-kernel table:
+# tail (PDL), cuBLAS does not. On the H200 the rule gains 1.5 % (S36B: 13.96 against 14.19 ms).
+# `NINFER_KERNELS_OFF=gemv_one_row` restores the per-kernel table:
 # up to ONE_ROW_MAX_OUT outputs at any K, up to SHORT_K_MAX_OUT for K <= SHORT_K (runs T3, U2).
 # Two or more rows: cuBLAS reuses each weight load across the rows and wins from 5120 x 6144 up
 # (23.3 against 18.0 µs at 4 rows; 12352 x 2048: 27.5 against 16.2), while the kernel still wins
