@@ -4,8 +4,9 @@ like the bf16 GEMV (grid: row tiles; K split across the warps of a block).
 Imports torch and kernels.runtime. Same signature and results (to fp32 rounding; bf16 output) as
 `fp8_gemv.reference.fp8_linear` where `supports` says yes: 1..MAX_ROWS dense 16-byte-aligned bf16
 x rows, K a multiple of 16, contiguous e4m3 weights with f32 [ceil(N/128), ceil(K/128)] scales, an
-sm_80+ GPU. Opt-in (`NINFER_KERNELS_ON=fp8_split`) until a model step on the GPU says whether it
-beats the tensor-core kernel at one row; why it might is in the .cu's header.
+sm_80+ GPU. Opt-in (`NINFER_KERNELS_ON=fp8_split`): the 27B fp8 step measured it slower than the
+tensor-core ring at one row on an H100 (S33) and on an H200 (S36B: 10.30 against 8.76 ms); why it
+might have won is in the .cu's header.
 """
 
 from __future__ import annotations
