@@ -43,7 +43,7 @@ def _row(batch: int, ms: float) -> DecodeResult:
     return DecodeResult(batch, 1024, True, ms, batch / ms * 1e3)
 
 
-def test_ab_table_gives_ratios_to_the_mean_base() -> None:
+def test_ab_table_gives_ratios_to_the_median_base() -> None:
     report = BenchReport("qwen3.6-27b", 1, "GPU", "today", "torch", "ninfer bench")
     report.decode = [_row(1, 10.0), _row(8, 20.0), DecodeResult(1, 1024, False, 70.0, 14.0)]
     report.ab = [

@@ -83,10 +83,8 @@ def swiglu_routed(x: torch.Tensor, weight: Fp8Weight) -> bool:
     return (
         switched_on("fp8_swiglu")
         and not switched_off("fp8_tc")
-        and x.dim() == 2
-        and 1 <= x.shape[0] <= MAX_ROWS
+        and supports_swiglu(x, weight)  # 2-D, 1..MAX_ROWS rows: ring_stages may index by them
         and ring_stages(x.shape[0]) != 0
-        and supports_swiglu(x, weight)
     )
 
 
