@@ -89,3 +89,15 @@ def test_routing_rule_takes_long_rows_of_two_to_eight_x_rows(monkeypatch) -> Non
     monkeypatch.delenv("NINFER_KERNELS_OFF")
     monkeypatch.setenv("NINFER_KERNELS_ON", "bf16_tc_gemv")
     assert launch.tc_preferred(1, 34816, 5120)
+
+
+def test_ring_depth_switches_pick_a_compiled_depth(monkeypatch) -> None:
+    from ninfer.kernels.bf16_tc_gemv import launch
+
+    monkeypatch.delenv("NINFER_KERNELS_ON", raising=False)
+    assert launch.planned_stages() == launch.DEFAULT_STAGES == 4
+    for stages, name in launch.STAGE_SWITCHES.items():
+        monkeypatch.setenv("NINFER_KERNELS_ON", f"gemv_rows8,{name}")
+        assert launch.planned_stages() == stages and stages in launch.STAGES
+    monkeypatch.setenv("NINFER_KERNELS_ON", "tc_square")  # an unrelated name keeps the default
+    assert launch.planned_stages() == launch.DEFAULT_STAGES

@@ -24,6 +24,10 @@ ROWS_PER_BLOCK = 128
 K_PER_BLOCK = 64  # k per ring stage: 128 bytes of each weight row
 STAGES = (2, 3, 4)  # ring depths compiled (16 KiB of weights each per block)
 DEFAULT_STAGES = 4  # 64 KiB: three blocks per SM still fit (the launch bounds' 3)
+# opt-in shallower rings for an in-model A/B (`NINFER_KERNELS_ON=tc_stages3` / `tc_stages2`): the
+# H200 batch-8 profile (S36F) has this kernel at 3.37 TB/s inside the step against 3.72 per shape
+# (X1); a 48 or 32 KiB ring leaves shared memory for the PDL-launched neighbours to stay resident
+STAGE_SWITCHES = {3: "tc_stages3", 2: "tc_stages2"}
 LONG_ROW_RATIO = 3  # tc_preferred: K / N from which the kernel beats cuBLAS
 # tc_preferred: the fewest output rows of a K >= N projection it takes. The 27B's 6,144 -> 5,120
 # projections: -0.5 to -0.7 % a step at 4 and 8 rows on the H200 (runs S36C, S36E: three A/B
@@ -75,15 +79,25 @@ def tc_preferred(num_rows: int, out_features: int, in_features: int) -> bool:
     )
 
 
+def planned_stages() -> int:
+    """The ring depth dispatch runs: DEFAULT_STAGES unless an opt-in A/B switch names another."""
+    for stages, name in STAGE_SWITCHES.items():
+        if switched_on(name):
+            return stages
+    return DEFAULT_STAGES
+
+
 def bf16_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
     *,
     splits: int | None = None,
-    stages: int = DEFAULT_STAGES,
+    stages: int | None = None,
 ) -> torch.Tensor:
     """x @ weight.T (see `bf16_gemv.reference.bf16_linear`); `splits` (1, 2, 4 or 8) and `stages`
     (2, 3 or 4) override the plan: tests and kernel_bench."""
+    if stages is None:
+        stages = planned_stages()
     device = rt.check_cuda(x, weight)
     if not supports(x, weight):
         raise Bf16TcError(
