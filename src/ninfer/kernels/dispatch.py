@@ -726,6 +726,28 @@ def swiglu_linear(gate_up: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> to
     return linear(silu_mul(gate_up), weight)
 
 
+def swiglu_mlp(
+    x: torch.Tensor, gate_up: torch.Tensor | Fp8Weight, down: torch.Tensor | Fp8Weight
+) -> torch.Tensor:
+    """down(swiglu(x @ gate_up.T)): a dense MLP (or shared expert) over its [2I, H] gate-up.
+
+    Opt-in (`NINFER_KERNELS_ON=gate_up_swiglu`, for an H200 A/B): where the bf16 GEMV runs the
+    gate-up projection of one x row, its SwiGLU output form writes the activated row and the down
+    projection is a plain GEMV (the same bits as every other route here); otherwise the gate-up
+    projection, then `swiglu_linear`.
+    """
+    if (
+        switches.switched_on("gate_up_swiglu")
+        and not isinstance(gate_up, Fp8Weight)
+        and x.dim() == 2
+        and x.shape[0] == 1
+        and bf16_gemv_routed(x, gate_up)
+        and _bf16_gemv_cuda.swiglu_output_problem(x, gate_up) is None
+    ):
+        return linear(_bf16_gemv_cuda.gate_up_swiglu(x, gate_up), down)
+    return swiglu_linear(linear(x, gate_up), down)
+
+
 def sigmoid_gate_linear(
     o: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | Fp8Weight
 ) -> torch.Tensor:

@@ -259,3 +259,71 @@ def test_opt_in_eight_row_plan(switch: str, n: int, k: int, gen, monkeypatch) ->
     )[:, :, 1]
     got = bf16_cuda.bf16_linear(o.reshape(1, -1), w, gate=gate)
     check_bf16_product(got, (o * torch.sigmoid(gate)).reshape(1, -1), w)
+
+
+GATE_UP_SHAPES = [
+    pytest.param(2 * 17408, 5120, id="27b-gate-up"),
+    pytest.param(2 * 512, 2048, id="35b-shared-gate-up"),  # small: R = 2, one pair per group
+    pytest.param(2 * 2103, 520, id="odd-pairs-k-off-the-warp-split"),  # the last group partial
+    pytest.param(2 * 2200, 8, id="one-chunk"),  # (pairs this many, so that R stays 2)
+]
+
+
+@pytest.mark.parametrize("switch", ["", "gemv_rows8"])
+@pytest.mark.parametrize("rows", [1, 2, 5, 8])
+@pytest.mark.parametrize("n,k", GATE_UP_SHAPES)
+def test_swiglu_output_is_the_gemv_then_silu_mul_bit_for_bit(
+    switch: str, rows: int, n: int, k: int, gen, monkeypatch
+) -> None:
+    """The SwiGLU output form sums each gate and up row as the plain launch of the same R does
+    and rounds as silu_mul reads them, so it must give exactly silu_mul(plain GEMV), at the
+    default plan and the opt-in eight-row one; strided x rows; repeatable; graph replays."""
+    monkeypatch.setenv("NINFER_KERNELS_ON", switch)
+    wide = torch.randn(rows, k + 24, device="cuda", generator=gen).to(torch.bfloat16)
+    x = wide[:, :k]
+    _, w = bf16_operands(rows, n, k, gen)
+    w = w * 4  # activations spread over silu's curve
+    assert bf16_cuda.swiglu_output_problem(x, w) is None
+    want = dispatch.silu_mul(bf16_cuda.bf16_linear(x, w))
+    got = bf16_cuda.gate_up_swiglu(x, w)
+    assert got.shape == (rows, n // 2)
+    assert torch.equal(got, want)
+    assert torch.equal(bf16_cuda.gate_up_swiglu(x, w), got)
+    graph, out = capture_graph(lambda: bf16_cuda.gate_up_swiglu(x, w))
+    wide.copy_(torch.randn(rows, k + 24, device="cuda", generator=gen).to(torch.bfloat16))
+    graph.replay()
+    assert torch.equal(out, dispatch.silu_mul(bf16_cuda.bf16_linear(x, w)))
+
+
+def test_swiglu_output_refuses_odd_rows_and_tiny_weights(gen) -> None:
+    x, w = bf16_operands(1, 1001, 512, gen)
+    assert "even row count" in bf16_cuda.swiglu_output_problem(x, w)
+    with pytest.raises(bf16_cuda.rt.KernelInputError, match="even row count"):
+        bf16_cuda.gate_up_swiglu(x, w)
+    x, w = bf16_operands(1, 4, 512, gen)  # two pairs: the plan's R is 1
+    assert "too small" in bf16_cuda.swiglu_output_problem(x, w)
+
+
+def test_swiglu_mlp_routes_behind_its_switch_with_the_same_bits(gen, monkeypatch) -> None:
+    """dispatch.swiglu_mlp: the gate-up GEMV's SwiGLU output then the plain down GEMV under
+    `NINFER_KERNELS_ON=gate_up_swiglu` (one row), the default route otherwise: the same bits
+    either way, and the same as the unfused launches; four rows keep the default route."""
+    monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
+    monkeypatch.delenv("NINFER_KERNELS_ON", raising=False)
+    x, gate_up = bf16_operands(1, 2 * 17408, 5120, gen)
+    _, down = bf16_operands(1, 5120, 17408, gen)
+    default = dispatch.swiglu_mlp(x, gate_up, down)
+    unfused = dispatch.linear(dispatch.silu_mul(dispatch.linear(x, gate_up)), down)
+    assert torch.equal(default, unfused)
+    monkeypatch.setenv("NINFER_KERNELS_ON", "gate_up_swiglu")
+    assert torch.equal(dispatch.swiglu_mlp(x, gate_up, down), default)
+    graph, out = capture_graph(lambda: dispatch.swiglu_mlp(x, gate_up, down))
+    x.copy_(torch.randn(1, 5120, device="cuda", generator=gen).to(torch.bfloat16))
+    graph.replay()
+    monkeypatch.delenv("NINFER_KERNELS_ON")
+    assert torch.equal(out, dispatch.swiglu_mlp(x, gate_up, down))
+    four, _ = bf16_operands(4, 2 * 17408, 5120, gen)
+    monkeypatch.setenv("NINFER_KERNELS_ON", "gate_up_swiglu")
+    on = dispatch.swiglu_mlp(four, gate_up, down)
+    monkeypatch.delenv("NINFER_KERNELS_ON")
+    assert torch.equal(on, dispatch.swiglu_mlp(four, gate_up, down))

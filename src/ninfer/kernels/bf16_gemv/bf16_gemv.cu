@@ -11,6 +11,13 @@
 //   rounded to bf16 as torch's `o * torch.sigmoid(g)` rounds (sigmoid to bf16, then the
 //   product): the gated attention's output gate before o_proj, g a strided per-head view (rows
 //   `gate_stride`, heads `gate_head_stride` elements apart).
+// And one output form (SWIGLU_OUT): W is a dense MLP's gate-up [2I, K] (gate rows, then up rows)
+// and out[m, j] = swiglu(y[m, j], y[m, I + j]) [M, I], each sum rounded to bf16 first, as silu_mul
+// reads the gate-up output: a warp group takes R / 2 gate rows and their R / 2 up rows, so the
+// down projection then runs the plain form, not the SwiGLU input form that recomputes the SiLU in
+// every block (3.59 against 4.01 TB/s in the H200 batch-1 profile, run S36F). Each sum adds the
+// same products in the same order as the plain launch of the same R (the reduce-scatter's tree is
+// one butterfly for every entry): the very bits of the plain GEMV, then silu_mul.
 //
 // Why. At batch 1 the op streams N * K * 2 bytes of weights that no other block reads. cuBLAS
 // tiles such a GEMV over the output rows only, so with N = 2048 (the 35B model's out_proj and
@@ -71,7 +78,7 @@ __host__ __device__ constexpr int bf16_gemv_pow2(int v) {
 constexpr int BF16_GEMV_L2_PREFETCH = 1;
 constexpr int BF16_GEMV_EARLY_LOADS = 2;
 
-template <int M, int R, int U, int INPUT = BF16_GEMV_PLAIN>
+template <int M, int R, int U, int INPUT = BF16_GEMV_PLAIN, bool SWIGLU_OUT = false>
 __global__ void __launch_bounds__(256, M <= 2 ? 4 : M <= 4 ? 3 : 2) bf16_gemv(
     bf16* __restrict__ out, const bf16* __restrict__ x, long long x_stride,
     const bf16* __restrict__ w, int n, int k, int ks_log2, const bf16* __restrict__ gate,
@@ -80,6 +87,8 @@ __global__ void __launch_bounds__(256, M <= 2 ? 4 : M <= 4 ? 3 : 2) bf16_gemv(
   constexpr int V = M * R;  // sums per lane, index m * R + r
   constexpr int P = bf16_gemv_pow2(V);
   static_assert(V <= 32, "M * R sums must fit one per lane of a warp");
+  static_assert(!SWIGLU_OUT || (R % 2 == 0 && INPUT == BF16_GEMV_PLAIN), "pairs of plain rows");
+  constexpr int RO = SWIGLU_OUT ? R / 2 : R;  // outputs per group: rows, or (gate, up) pairs
   __shared__ float part[BF16_GEMV_WARPS][32];
 
   const int warp = threadIdx.x >> 5;
@@ -88,7 +97,15 @@ __global__ void __launch_bounds__(256, M <= 2 ? 4 : M <= 4 ? 3 : 2) bf16_gemv(
   const int groups = BF16_GEMV_WARPS >> ks_log2;
   const int group = warp >> ks_log2;
   const int slice = warp & (ks - 1);
-  const int row0 = (blockIdx.x * groups + group) * R;
+  const int units = SWIGLU_OUT ? n / 2 : n;  // outputs: rows of W, or gate-up pairs
+  const int unit0 = (blockIdx.x * groups + group) * RO;
+  const bool active = unit0 < units;
+  // W row of the group's sum r; past the end: computed, never stored
+  auto weight_row = [&](int r) -> int {
+    const int u = unit0 + (r < RO ? r : r - RO);
+    const int uc = u < units ? u : units - 1;
+    return SWIGLU_OUT && r >= RO ? units + uc : uc;
+  };
   const int chunks = k >> 3;            // 16-byte chunks (8 weights) per row
   const int step = 32 * ks;             // chunks a group covers per step
 
@@ -97,11 +114,11 @@ __global__ void __launch_bounds__(256, M <= 2 ? 4 : M <= 4 ? 3 : 2) bf16_gemv(
   for (int i = 0; i < P; ++i) acc[i] = 0.0f;
 
   // While the previous kernel drains: the lines this lane loads first, into L2.
-  if ((options & BF16_GEMV_L2_PREFETCH) && row0 < n) {
+  if ((options & BF16_GEMV_L2_PREFETCH) && active) {
     const int c = slice * 32 + lane;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const int row = row0 + r < n ? row0 + r : n - 1;
+      const int row = weight_row(r);
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int cu = c + u * step;
@@ -112,7 +129,7 @@ __global__ void __launch_bounds__(256, M <= 2 ? 4 : M <= 4 ? 3 : 2) bf16_gemv(
   const unsigned char* wrow[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    const int row = row0 + r < n ? row0 + r : n - 1;  // past N: computed, never stored
+    const int row = weight_row(r);
     wrow[r] = reinterpret_cast<const unsigned char*>(w + static_cast<long long>(row) * k);
   }
   uint4 wv[U][R];
@@ -128,11 +145,11 @@ __global__ void __launch_bounds__(256, M <= 2 ? 4 : M <= 4 ? 3 : 2) bf16_gemv(
     }
   };
   const int c_first = slice * 32 + lane;
-  const bool early = (options & BF16_GEMV_EARLY_LOADS) != 0 && row0 < n;
+  const bool early = (options & BF16_GEMV_EARLY_LOADS) != 0 && active;
   if (early) load_steps(c_first);
   pdl_wait();
 
-  if (row0 < n) {  // a group past N still takes part in the block's reduction below
+  if (active) {  // a group past N still takes part in the block's reduction below
     for (int c0 = c_first; c0 < chunks; c0 += U * step) {
       if (!early || c0 != c_first) load_steps(c0);
 #pragma unroll
@@ -192,7 +209,24 @@ __global__ void __launch_bounds__(256, M <= 2 ? 4 : M <= 4 ? 3 : 2) bf16_gemv(
   __syncthreads();
 
   const int t = threadIdx.x;
-  if (t < groups * V) {
+  if constexpr (SWIGLU_OUT) {  // one thread per (x row, pair): sum i = m * R + r, its up at + RO
+    if (t < groups * M * RO) {
+      const int g = t / (M * RO);
+      const int i = t - g * M * RO;
+      const int m = i / RO;
+      const int r = i - m * RO;
+      const int pair = (blockIdx.x * groups + g) * RO + r;
+      if (pair < units) {
+        float gate_sum = 0.0f, up_sum = 0.0f;
+        for (int s = 0; s < ks; ++s) {
+          gate_sum += part[g * ks + s][m * R + r];
+          up_sum += part[g * ks + s][m * R + RO + r];
+        }
+        out[static_cast<long long>(m) * units + pair] =
+            swiglu<bf16>(from_float<bf16>(gate_sum), from_float<bf16>(up_sum));
+      }
+    }
+  } else if (t < groups * V) {
     const int g = t / V;
     const int i = t - g * V;
     const int m = i / R;

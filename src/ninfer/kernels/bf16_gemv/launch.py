@@ -209,6 +209,59 @@ def supports(
     return gate is None or (not swiglu_input and gate_problem(x, gate) is None)
 
 
+def swiglu_output_problem(x: torch.Tensor, gate_up: torch.Tensor) -> str | None:
+    """Why `gate_up_swiglu` cannot take x [M, K] against a gate-up weight [2I, K], or None."""
+    problem = _problem(x, gate_up)
+    if problem is not None:
+        return problem
+    n, k = gate_up.shape
+    if n % 2:
+        return f"a gate-up weight has an even row count, got {tuple(gate_up.shape)}"
+    if _swiglu_output_plan(x.shape[0], n, k, x.device).rows_per_group < 2:
+        return f"gate-up weight {tuple(gate_up.shape)} is too small for pairs of rows per group"
+    return None
+
+
+def _swiglu_output_plan(num_rows: int, n: int, k: int, device: torch.device) -> Plan:
+    """The plain launch's plan for these operands: the same R, so the same bits."""
+    if wide_rows(num_rows, fused=False):
+        return plan(num_rows, n, k, rt.num_sms(device), unroll=WIDE_UNROLL,
+                    max_rows_per_group=WIDE_ROWS_PER_GROUP)  # fmt: skip
+    return plan(num_rows, n, k, rt.num_sms(device))
+
+
+def gate_up_swiglu(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
+    """swiglu(x @ gate_up.T) [M, I] for a dense MLP's gate-up weight [2I, K] (gate rows, then up
+    rows): the .cu's SWIGLU_OUT form, bit for bit `silu_mul(bf16_linear(x, gate_up))` (see the
+    .cu's header), in one launch that leaves the down projection a plain GEMV."""
+    device = rt.check_cuda(x, gate_up)
+    problem = swiglu_output_problem(x, gate_up)
+    if problem is not None:
+        raise rt.KernelInputError(f"bf16 GEMV (SwiGLU output): {problem}")
+    num_rows = x.shape[0]
+    n, k = gate_up.shape
+    out = torch.empty((num_rows, n // 2), dtype=x.dtype, device=device)
+    p = _swiglu_output_plan(num_rows, n, k, device)
+    kernel = rt.get_kernel(OP, f"bf16_gemv<{num_rows}, {p.rows_per_group}, {p.unroll}, 0, true>",
+                           device)  # fmt: skip
+    args = (
+        rt.ptr(out),
+        rt.ptr(x),
+        rt.i64(x.stride(0)),
+        rt.ptr(gate_up),
+        rt.i32(n),
+        rt.i32(k),
+        rt.i32(p.ks_log2),
+        rt.ptr(None),
+        rt.i64(0),
+        rt.i64(0),
+        rt.i32(0),
+        rt.i32(launch_options()),
+    )
+    rt.launch(kernel, (p.blocks,), (THREADS,), args, device)
+    return out
+
+
 def bf16_linear(
     x: torch.Tensor,
     weight: torch.Tensor,

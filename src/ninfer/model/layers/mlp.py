@@ -3,8 +3,9 @@
 Imports torch and kernels.dispatch. Gate, up and down are separate checkpoint tensors; on a GPU
 the model binds gate and up as one [2I, H] matrix (`gate_up`, the two fields then views into it)
 so a step runs one GEMM and one fused activation kernel (at decode sizes the activation is
-formed inside the down projection's GEMV, `dispatch.swiglu_linear`). `swiglu` is split out
-because the fused MoE experts apply it to a [.., 2I] gate-up row.
+formed inside the down projection's GEMV, `dispatch.swiglu_linear`, or as the gate-up GEMV's
+output, `dispatch.swiglu_mlp`). `swiglu` is split out because the fused MoE experts apply it to
+a [.., 2I] gate-up row.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def fused_mlp(
     Returns:
         [T, H].
     """
-    return dispatch.swiglu_linear(dispatch.linear(x, gate_up), down_proj)
+    return dispatch.swiglu_mlp(x, gate_up, down_proj)
 
 
 def mlp(x: torch.Tensor, w: MlpWeights) -> torch.Tensor:
