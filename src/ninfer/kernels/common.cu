@@ -164,6 +164,14 @@ __device__ __forceinline__ unsigned int sigmoid_gate_bf16x2(unsigned int o, unsi
                           __uint_as_float(o & 0xffff0000u) * __uint_as_float(s & 0xffff0000u));
 }
 
+// The same gate on one element: o * sigmoid(g), the sigmoid rounded to T, then the product (for
+// bf16 the very bits of sigmoid_gate_bf16x2). The paged decode attention's gated combine.
+template <typename T>
+__device__ __forceinline__ T sigmoid_gated(T o, T g) {
+  const float s = to_float(from_float<T>(sigmoid(to_float(g))));
+  return from_float<T>(to_float(o) * s);
+}
+
 // 16 bytes of a read-once weight stream: not allocated in L1, 256-byte L2 prefetch (sm_80+).
 __device__ __forceinline__ uint4 ld_stream16(const unsigned char* p) {
   uint4 v;

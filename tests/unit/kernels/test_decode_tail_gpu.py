@@ -189,3 +189,52 @@ def test_paged_decode_graph_replay_equals_eager(gen) -> None:
         assert torch.equal(out, eager)
         want = paged_ref.paged_decode_attention(q, k_pages, v_pages, table, kv_lens, scale=0.0625)
         assert rel(out, want) < 1e-2
+
+
+@pytest.mark.parametrize("warp_combine", [True, False], ids=["warp-combine", "block-combine"])
+@pytest.mark.parametrize(
+    "lens,hq,hk,d",
+    [((1000,), 24, 4, 256), (MIXED, 24, 4, 256), ((50, 7, 33), 4, 2, 64)],
+    ids=["27b-b1", "27b-b8-mixed", "tiny"],
+)
+def test_gated_combine_is_sigmoid_gate_after_bit_for_bit(
+    warp_combine: bool, lens, hq, hk, d, gen
+) -> None:
+    """The combine's output gate (opt-in `gate_in_combine`) with a strided gate view, as the
+    gated attention slices it from its q projection ([T, Hq, 2, D] at 1): exactly the bits of the
+    sigmoid_gate kernel on the ungated result; the ungated output is unchanged by the option."""
+    from ninfer.kernels import dispatch
+
+    q, k_pages, v_pages, table, kv_lens = _paged_case(gen, torch.bfloat16, lens, hq, hk, d, 64)
+    qg = (torch.randn(len(lens), hq, 2, d, device="cuda", generator=gen) * 4).to(torch.bfloat16)
+    gate = qg[:, :, 1]
+    assert paged_cuda.gate_problem(q, gate) is None
+    kw = {"scale": d**-0.5, "warp_combine": warp_combine}
+    plain = paged_cuda.paged_decode_attention(q, k_pages, v_pages, table, kv_lens, **kw)
+    gated = paged_cuda.paged_decode_attention(q, k_pages, v_pages, table, kv_lens, gate=gate, **kw)
+    assert torch.equal(gated.view(len(lens), -1), dispatch.sigmoid_gate(plain, gate))
+    again = paged_cuda.paged_decode_attention(q, k_pages, v_pages, table, kv_lens, **kw)
+    assert torch.equal(again, plain)
+    graph, out = capture_graph(
+        lambda: paged_cuda.paged_decode_attention(
+            q, k_pages, v_pages, table, kv_lens, gate=gate, **kw
+        )
+    )
+    qg.copy_(torch.randn(qg.shape, device="cuda", generator=gen))
+    q.copy_(torch.randn(q.shape, device="cuda", generator=gen))
+    graph.replay()
+    plain = paged_cuda.paged_decode_attention(q, k_pages, v_pages, table, kv_lens, **kw)
+    assert torch.equal(out.view(len(lens), -1), dispatch.sigmoid_gate(plain, gate))
+
+
+def test_gated_combine_refuses_what_it_cannot_gate(gen) -> None:
+    q, k_pages, v_pages, table, kv_lens = _paged_case(gen, torch.bfloat16, (10,), 4, 2, 64, 16)
+    assert "does not match" in paged_cuda.gate_problem(q, q[:, :2])
+    assert "dense head dims" in paged_cuda.gate_problem(
+        q, q.transpose(0, 2).contiguous().transpose(0, 2)
+    )
+    assert "bf16 only" in paged_cuda.gate_problem(q.float(), q.float())
+    with pytest.raises(paged_cuda.rt.KernelInputError, match="output gate"):
+        paged_cuda.paged_decode_attention(
+            q, k_pages, v_pages, table, kv_lens, scale=0.125, gate=q[:, :2]
+        )

@@ -226,6 +226,7 @@ def paged_decode_attention(
     mma_tiles: int = MMA_TILES,
     prefetch_v: bool | None = None,
     warp_combine: bool = True,
+    gate: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """See `reference.paged_decode_attention`. `tokens_per_split` (a power of two >= 32 within
     the block's score memory) overrides `plan_splits` for benchmark sweeps; `tensor_cores`
@@ -233,7 +234,9 @@ def paged_decode_attention(
     sets the mma kernel's tiles per warp iteration, `prefetch_v` whether it prefetches V into
     L2 while it scores (None: `prefetches_v`); `warp_combine` False keeps the block combine
     where the warp one would serve (`uses_warp_combine`). None of these three changes the
-    bits."""
+    bits. With a `gate` (bf16 [B, Hq, D], rows and heads at any stride, dims dense: the gated
+    attention's gate slice of its q projection) the combine writes `o * sigmoid(gate)`, the bits
+    of `sigmoid_gate` applied to the ungated result (see `gate_problem`)."""
     k_tensors, v_tensors = kvf.page_tensors(k_pages), kvf.page_tensors(v_pages)
     device = rt.check_cuda(q, *k_tensors, *v_tensors, page_table, kv_lens)
     if not supports(q, k_pages, v_pages):
@@ -244,6 +247,8 @@ def paged_decode_attention(
     k_code, k_args = _operand(k_pages)
     v_code, v_args = _operand(v_pages)
     num_seqs, num_q_heads, head_dim = q.shape
+    if gate is not None and (problem := gate_problem(q, gate)) is not None:
+        raise rt.KernelInputError(f"paged decode attention's output gate: {problem}")
     page_size, num_kv_heads = k_pages.shape[1], k_pages.shape[2]
     group = num_q_heads // num_kv_heads
     q = q.contiguous()
@@ -318,19 +323,35 @@ def paged_decode_attention(
         rt.i32(page_size),
     )
     rows = num_seqs * num_q_heads
+    gating = (
+        rt.ptr(gate),
+        rt.i64(gate.stride(0) if gate is not None else 0),
+        rt.i64(gate.stride(1) if gate is not None else 0),
+    )
     if warp_combine and uses_warp_combine(plan.num_splits, head_dim):
         instance = f"paged_decode_combine_warp<{dtype}, {head_dim}>"
         combine = rt.get_kernel(OP, instance, device, HEADERS)
         args = (rt.ptr(out), rt.ptr(ws_acc), rt.ptr(ws_ml), rt.ptr(lens), rt.i64(rows))
-        args += (rt.i32(num_q_heads), *common)
+        args += (rt.i32(num_q_heads), *common, *gating)
         grid = (-(-rows // 8), 1, 1)
     else:
         combine = rt.get_kernel(OP, f"paged_decode_combine<{dtype}>", device, HEADERS)
         args = (rt.ptr(out), rt.ptr(ws_acc), rt.ptr(ws_ml), rt.ptr(lens), *common)
-        args += (rt.i32(head_dim),)
+        args += (rt.i32(head_dim), *gating)
         grid = (num_q_heads, num_seqs, head_dim // COMBINE_DIMS)
     rt.launch(combine, grid, (256,), args, device)
     return out
+
+
+def gate_problem(q: torch.Tensor, gate: torch.Tensor) -> str | None:
+    """Why the combine cannot apply this output gate to q's attention, or None when it can."""
+    if q.dtype != torch.bfloat16 or gate.dtype != torch.bfloat16:
+        return f"the gated combine is bf16 only, got q {q.dtype} and gate {gate.dtype}"
+    if gate.shape != q.shape:
+        return f"gate {tuple(gate.shape)} does not match q {tuple(q.shape)}"
+    if gate.device != q.device or gate.stride(2) != 1:
+        return "gate must be on q's device with dense head dims"
+    return None
 
 
 def _describe(pages: KvPages) -> str:

@@ -234,11 +234,14 @@ __global__ void __launch_bounds__(PDA_WARPS * 32, G * D <= 48 * 32 ? 4 : 3) page
   }
 }
 
+// Both combines take an optional output gate (the gated attention's `o * sigmoid(gate)`, opt-in
+// `gate_in_combine`): gate[b, h, :] at b * gate_row + h * gate_head; null writes o itself. The
+// gated element is common.cu's sigmoid_gated of the rounded o: the bits of sigmoid_gate after.
 template <typename T>
 __global__ void __launch_bounds__(256) paged_decode_combine(
     T* __restrict__ out, const float* __restrict__ ws_acc, const float* __restrict__ ws_ml,
     const long long* __restrict__ kv_lens, int num_splits, int tokens_per_split, int table_width,
-    int page_size, int d) {
+    int page_size, int d, const T* __restrict__ gate, long long gate_row, long long gate_head) {
   pdl_begin();
   constexpr int GROUPS = 32;  // split groups; 8 threads x 4 dims each cover the block's 32 dims
   __shared__ float4 part[GROUPS][8];
@@ -279,7 +282,11 @@ __global__ void __launch_bounds__(256) paged_decode_combine(
     float sum = 0.0f;
 #pragma unroll
     for (int g = 0; g < GROUPS; ++g) sum += flat[g * 32 + threadIdx.x];
-    out[row * d + d0 + threadIdx.x] = from_float<T>(den > 0.0f ? sum / den : 0.0f);
+    const T o = from_float<T>(den > 0.0f ? sum / den : 0.0f);
+    out[row * d + d0 + threadIdx.x] =
+        gate == nullptr ? o
+                        : sigmoid_gated<T>(o, gate[blockIdx.y * gate_row + blockIdx.x * gate_head +
+                                                   d0 + threadIdx.x]);
   }
 }
 
@@ -295,7 +302,8 @@ template <typename T, int D>
 __global__ void __launch_bounds__(256) paged_decode_combine_warp(
     T* __restrict__ out, const float* __restrict__ ws_acc, const float* __restrict__ ws_ml,
     const long long* __restrict__ kv_lens, long long num_rows, int num_q_heads, int num_splits,
-    int tokens_per_split, int table_width, int page_size) {
+    int tokens_per_split, int table_width, int page_size, const T* __restrict__ gate,
+    long long gate_row, long long gate_head) {
   pdl_begin();
   static_assert(D % 128 == 0, "a lane's dims are whole float4s");
   constexpr int V = D / 32;
@@ -330,8 +338,14 @@ __global__ void __launch_bounds__(256) paged_decode_combine_warp(
     }
   }
   T* o = out + row * D + lane * V;
+  const T* g = gate == nullptr ? nullptr
+                               : gate + (row / num_q_heads) * gate_row +
+                                     (row % num_q_heads) * gate_head + lane * V;
 #pragma unroll
-  for (int i = 0; i < V; ++i) o[i] = from_float<T>(den > 0.0f ? acc[i] / den : 0.0f);
+  for (int i = 0; i < V; ++i) {
+    const T v = from_float<T>(den > 0.0f ? acc[i] / den : 0.0f);
+    o[i] = g == nullptr ? v : sigmoid_gated<T>(v, g[i]);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -184,6 +184,9 @@ def gated_attention(
         out = continued_causal_attention(q, k_pages, v_pages, meta, scale=scale)
     elif _rows_as_queries(meta) and dispatch.paged_decode_supported(q, k_pages, v_pages):
         # CUDA decode and speculative verify: split-KV kernel, no gather, no mask
+        if dispatch.gate_in_combine(q, gate):  # opt-in: the gate in its combine, a plain o_proj
+            gated = paged_rows_attention(q, k_pages, v_pages, meta, scale=scale, gate=gate)
+            return dispatch.linear(gated, w.o_proj)
         out = paged_rows_attention(q, k_pages, v_pages, meta, scale=scale)
     else:
         out = paged_attention(q, k_pages, v_pages, meta, scale=scale)  # [T, Hq, D]
@@ -198,7 +201,13 @@ def _rows_as_queries(meta: AttentionMetadata) -> bool:
 
 
 def paged_rows_attention(
-    q: torch.Tensor, k_pages: KvPages, v_pages: KvPages, meta: AttentionMetadata, *, scale: float
+    q: torch.Tensor,
+    k_pages: KvPages,
+    v_pages: KvPages,
+    meta: AttentionMetadata,
+    *,
+    scale: float,
+    gate: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Each new token as its own query of the split-KV decode kernel: its sequence's pages, and
     its own KV index + 1 as the length (the causal bound). A decode step has one token per
@@ -209,16 +218,17 @@ def paged_rows_attention(
     contexts. The KV of the step's tokens must be stored first.
 
     Args:
-        q: [T, Hq, D] CUDA, operands `dispatch.paged_decode_supported` accepts.
+        q: [T, Hq, D] CUDA, operands `dispatch.paged_decode_supported` accepts; gate: an output
+            gate [T, Hq, D] (`dispatch.paged_decode_attention`).
     Returns:
-        [T, Hq, D] in q's dtype.
+        [T, Hq, D] in q's dtype; with a gate, the gated rows [T, Hq * D].
     """
     if meta.max_query_len == 1:
         table, lens = meta.page_table, meta.kv_lens
     else:
         table = meta.page_table.index_select(0, meta.seq_idx)
         lens = meta.num_computed.index_select(0, meta.seq_idx) + meta.local_idx + 1
-    return dispatch.paged_decode_attention(q, k_pages, v_pages, table, lens, scale=scale)
+    return dispatch.paged_decode_attention(q, k_pages, v_pages, table, lens, scale=scale, gate=gate)
 
 
 def _is_fresh_single_sequence(x: torch.Tensor, meta: AttentionMetadata) -> bool:
