@@ -110,3 +110,15 @@ def test_launcher_refuses_cpu_tensors() -> None:
     x, weight, state, slots, _ = _case(5, (3,), 4, 4, torch.float32, torch.float32)
     with pytest.raises(runtime.KernelInputError, match="CUDA"):
         launch.causal_conv1d(x, weight, state, slots, (3,))
+
+
+def test_channels_per_thread_needs_aligned_rows(monkeypatch) -> None:
+    """Four channels per thread only where every 4-wide access is aligned; the switch keeps 1."""
+    monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
+    proj = torch.zeros(8, 16480, dtype=torch.bfloat16)
+    assert launch.channels_per_thread(proj[:, :10240]) == 4  # the 27B's qkv columns
+    assert launch.channels_per_thread(proj[:, 2:10242]) == 1  # base off the 8-byte grid
+    assert launch.channels_per_thread(proj.view(-1)[: 8 * 1030].view(8, 1030)[:, :1028]) == 1
+    assert launch.channels_per_thread(proj[:, :10238]) == 1  # channels not a multiple of 4
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "conv_wide")
+    assert launch.channels_per_thread(proj[:, :10240]) == 1

@@ -95,6 +95,38 @@ def test_causal_conv1d_mixed_dtypes_and_host_offsets(state_dtype, gen) -> None:
     assert state[unused].isnan().all()
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "channels,row,offset",
+    [(10240, 16480, 0), (112, 172, 0), (96, 101, 0), (97, 97, 0), (96, 96, 1)],
+    ids=["27b-qkv-columns", "tiny-strided", "odd-row-stride", "odd-channels", "unaligned-base"],
+)
+def test_causal_conv1d_wide_channels_keep_the_bits(
+    channels, row, offset, dtype, gen, monkeypatch
+) -> None:
+    """V = 4 channels per thread where x allows aligned 4-wide loads, else 1; either way the
+    same outputs and states bit for bit (`NINFER_KERNELS_OFF=conv_wide` forces 1)."""
+    lens = (700, 1, 2, 61)
+    flat = torch.randn(sum(lens) * row + offset, device="cuda", generator=gen).to(dtype)
+    x = flat[offset:].view(sum(lens), row)[:, :channels]
+    weight = (torch.randn(channels, 4, device="cuda", generator=gen) * 0.5).to(dtype)
+    slots, _, num_slots = _slots(gen, len(lens))
+    state = torch.randn(num_slots, channels, 3, device="cuda", generator=gen).to(dtype)
+    monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
+    aligned = channels % 4 == 0 and row % 4 == 0 and offset == 0
+    assert conv_cuda.channels_per_thread(x) == (4 if aligned else 1)
+    wide_state = state.clone()
+    wide = conv_cuda.causal_conv1d(x, weight, wide_state, slots, lens)
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "conv_wide")
+    assert conv_cuda.channels_per_thread(x) == 1
+    narrow_state = state.clone()
+    narrow = conv_cuda.causal_conv1d(x, weight, narrow_state, slots, lens)
+    assert torch.equal(wide, narrow)
+    assert torch.equal(wide_state, narrow_state)
+    want = conv_ref.causal_conv1d(*_cpu(x, weight), state.cpu(), slots.cpu(), lens)
+    assert rel(wide, want) < TOL[dtype]
+
+
 # --- gated delta prefill ---------------------------------------------------------------------
 
 

@@ -12,12 +12,30 @@ import itertools
 import torch
 
 from ninfer.kernels import runtime as rt
+from ninfer.kernels.switches import switched_off
 
 OP = "causal_conv1d"
 KERNEL_SIZES = (2, 3, 4)
 THREADS = 128
 TOKENS_PER_THREAD = 32  # CONV_TOKENS in causal_conv1d.cu
 MAX_GRID_Y = 65535
+WIDE_CHANNELS = 4  # channels per thread where aligned V-wide accesses fit (`channels_per_thread`)
+
+
+def channels_per_thread(x: torch.Tensor) -> int:
+    """The .cu's V: WIDE_CHANNELS where x's channel count, base address and row stride all allow
+    aligned WIDE_CHANNELS-element loads (the fused projection's qkv columns do), else 1; either
+    gives the same bits. `NINFER_KERNELS_OFF=conv_wide` keeps 1 (an A/B)."""
+    v = WIDE_CHANNELS
+    vec_bytes = v * x.element_size()
+    if (
+        switched_off("conv_wide")
+        or x.shape[1] % v
+        or x.data_ptr() % vec_bytes
+        or (x.stride(0) * x.element_size()) % vec_bytes
+    ):
+        return 1
+    return v
 
 
 def device_cu_seqlens(
@@ -70,11 +88,12 @@ def causal_conv1d(
     tx = rt.cuda_type(x, "x")
     ts = rt.cuda_type(conv_state, "conv_state")
     tw = rt.cuda_type(weight, "conv weight")
-    fwd = rt.get_kernel(OP, f"causal_conv1d_fwd<{tx}, {ts}, {tw}, {taps}>", device)
+    v = channels_per_thread(x)
+    fwd = rt.get_kernel(OP, f"causal_conv1d_fwd<{tx}, {ts}, {tw}, {taps}, {v}>", device)
     channel_blocks = -(-num_channels // THREADS)
     rt.launch(
         fwd,
-        (channel_blocks, num_tiles),
+        (-(-num_channels // (THREADS * v)), num_tiles),
         (THREADS,),
         (
             rt.ptr(out),
