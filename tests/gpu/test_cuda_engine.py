@@ -255,27 +255,28 @@ def test_kv_capacity_auto_fills_free_memory(dense_artifact: Path) -> None:
     assert all(len(t) == 8 for t in got)
 
 
-def test_opt_in_epilogue_routes_change_no_token(
+def test_epilogue_routes_change_no_token(
     dense_artifact: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`NINFER_KERNELS_ON=gate_in_combine,gate_up_swiglu` move the output gate into the paged
-    attention's combine and the SwiGLU into the gate-up GEMV (each with the bits of the routes
-    they replace), so bf16 greedy tokens with graphs stay exactly the default's, batched and
-    solo; the gated combine must actually have run."""
+    """The output gate in the paged attention's combine and the SwiGLU in the gate-up GEMV (both
+    defaults; `NINFER_KERNELS_OFF=gate_in_combine,gate_up_swiglu` keeps the GEMV input forms)
+    have the bits of the routes they replace, so bf16 greedy tokens with graphs are the same
+    either way, batched and solo; the gated combine must actually have run."""
     from ninfer.kernels import dispatch
 
     monkeypatch.delenv("NINFER_KERNELS_ON", raising=False)
-    with _engine(dense_artifact, dtype="bf16", device="cuda:0") as default:
-        want = _run(default, PROMPTS, 24)
-        want_solo = _run(default, PROMPTS[:1], 24)
-    monkeypatch.setenv("NINFER_KERNELS_ON", "gate_in_combine,gate_up_swiglu")
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "gate_in_combine,gate_up_swiglu")
+    with _engine(dense_artifact, dtype="bf16", device="cuda:0") as off:
+        want = _run(off, PROMPTS, 24)
+        want_solo = _run(off, PROMPTS[:1], 24)
+    monkeypatch.delenv("NINFER_KERNELS_OFF")
     gated: list[bool] = []
     real = dispatch.gate_in_combine
     monkeypatch.setattr(
         dispatch, "gate_in_combine", lambda q, g: gated.append(real(q, g)) or gated[-1]
     )
-    with _engine(dense_artifact, dtype="bf16", device="cuda:0") as opted:
-        got = _run(opted, PROMPTS, 24)
-        got_solo = _run(opted, PROMPTS[:1], 24)
+    with _engine(dense_artifact, dtype="bf16", device="cuda:0") as default:
+        got = _run(default, PROMPTS, 24)
+        got_solo = _run(default, PROMPTS[:1], 24)
     assert any(gated)
     assert got == want and got_solo == want_solo

@@ -482,11 +482,13 @@ def paged_decode_attention(
 
 def gate_in_combine(q: torch.Tensor, gate: torch.Tensor) -> bool:
     """Whether the paged decode attention applies the gated attention's output gate in its
-    combine, so that o_proj runs the plain GEMV: opt-in (`NINFER_KERNELS_ON=gate_in_combine`, for
-    an H200 A/B against the GEMV's sigmoid-gate input form, 3.02 TB/s in the S36F profile against
-    the plain form's 4.01), bf16 on CUDA; the same bits as `sigmoid_gate` after the attention."""
+    combine, so that o_proj runs the plain GEMV (the GEMV's sigmoid-gate input form streamed 3.02
+    TB/s in the H200 batch-1 profile, S36F, against the plain form's 4.01; batch 8 loses its
+    `sigmoid_gate` launch): bf16 on CUDA, the same bits as `sigmoid_gate` after the attention.
+    Even with it on an H100 (run S37C: 0.999 at batch 1, 1.001 at 8; with the SwiGLU output form
+    0.994); `NINFER_KERNELS_OFF=gate_in_combine` keeps the GEMV's gate."""
     return (
-        switches.switched_on("gate_in_combine")
+        not switches.switched_off("gate_in_combine")
         and use_cuda_kernels(q, "paged_decode_attention")
         and _paged_cuda.gate_problem(q, gate) is None
     )
@@ -753,13 +755,15 @@ def swiglu_mlp(
 ) -> torch.Tensor:
     """down(swiglu(x @ gate_up.T)): a dense MLP (or shared expert) over its [2I, H] gate-up.
 
-    Opt-in (`NINFER_KERNELS_ON=gate_up_swiglu`, for an H200 A/B): where the bf16 GEMV runs the
-    gate-up projection of one x row, its SwiGLU output form writes the activated row and the down
-    projection is a plain GEMV (the same bits as every other route here); otherwise the gate-up
-    projection, then `swiglu_linear`.
+    Where the bf16 GEMV runs the gate-up projection of one x row, its SwiGLU output form writes
+    the activated row and the down projection is a plain GEMV (the same bits as every other route
+    here; run S37C, H100: the 27B batch-1 step 0.4 % faster than the down projection's SwiGLU
+    input form, whose H200 profile had it at 3.59 TB/s against the plain form's 4.01);
+    `NINFER_KERNELS_OFF=gate_up_swiglu` keeps that input form. Otherwise the gate-up projection,
+    then `swiglu_linear`.
     """
     if (
-        switches.switched_on("gate_up_swiglu")
+        not switches.switched_off("gate_up_swiglu")
         and not isinstance(gate_up, Fp8Weight)
         and x.dim() == 2
         and x.shape[0] == 1

@@ -149,13 +149,13 @@ def test_swiglu_routing_decision(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_swiglu_mlp_routing_decision(monkeypatch: pytest.MonkeyPatch) -> None:
     """As on a GPU (device checks stubbed): `swiglu_mlp` takes the gate-up GEMV's SwiGLU output
-    form only under `NINFER_KERNELS_ON=gate_up_swiglu`, for one x row the plain GEMV would take,
-    then the plain down GEMV; otherwise the gate-up projection and `swiglu_linear`."""
+    form for one x row the plain GEMV would take, then the plain down GEMV; with
+    `NINFER_KERNELS_OFF=gate_up_swiglu`, or where the form does not fit, the gate-up projection
+    and `swiglu_linear` (the down projection's SwiGLU input form)."""
     monkeypatch.setattr(dispatch, "use_cuda_kernels", lambda t, op=None: op == "bf16_gemv")
     monkeypatch.setattr(bf16_cuda, "supports", lambda x, w, swiglu_input=False, gate=None: True)
     monkeypatch.setattr(bf16_cuda, "swiglu_output_problem", lambda x, w: None)
     monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
-    monkeypatch.delenv("NINFER_KERNELS_ON", raising=False)
     bf16 = torch.bfloat16
     gate_up, down = torch.zeros(2 * 64, 32, dtype=bf16), torch.zeros(32, 64, dtype=bf16)
     calls: list[str] = []
@@ -171,12 +171,13 @@ def test_swiglu_mlp_routing_decision(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     one = torch.zeros(1, 32, dtype=bf16)
     dispatch.swiglu_mlp(one, gate_up, down)
-    assert calls == ["plain", "in"]  # default: the gate-up GEMV, then the SwiGLU-input down
-    calls.clear()
-    monkeypatch.setenv("NINFER_KERNELS_ON", "gate_up_swiglu")
-    dispatch.swiglu_mlp(one, gate_up, down)
     assert calls == ["out", "plain"]
     calls.clear()
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "gate_up_swiglu")
+    dispatch.swiglu_mlp(one, gate_up, down)
+    assert calls == ["plain", "in"]
+    calls.clear()
+    monkeypatch.delenv("NINFER_KERNELS_OFF")
     monkeypatch.setattr(bf16_cuda, "swiglu_output_problem", lambda x, w: "too small")
     dispatch.swiglu_mlp(one, gate_up, down)
     assert calls == ["plain", "in"]

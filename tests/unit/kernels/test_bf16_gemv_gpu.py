@@ -304,10 +304,10 @@ def test_swiglu_output_refuses_odd_rows_and_tiny_weights(gen) -> None:
     assert "too small" in bf16_cuda.swiglu_output_problem(x, w)
 
 
-def test_swiglu_mlp_routes_behind_its_switch_with_the_same_bits(gen, monkeypatch) -> None:
-    """dispatch.swiglu_mlp: the gate-up GEMV's SwiGLU output then the plain down GEMV under
-    `NINFER_KERNELS_ON=gate_up_swiglu` (one row), the default route otherwise: the same bits
-    either way, and the same as the unfused launches; four rows keep the default route."""
+def test_swiglu_mlp_routes_and_switches_with_the_same_bits(gen, monkeypatch) -> None:
+    """dispatch.swiglu_mlp: the gate-up GEMV's SwiGLU output then the plain down GEMV at one row
+    by default, the down projection's SwiGLU input form under `NINFER_KERNELS_OFF=gate_up_swiglu`:
+    the same bits either way, and the same as the unfused launches; four rows route as before."""
     monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
     monkeypatch.delenv("NINFER_KERNELS_ON", raising=False)
     x, gate_up = bf16_operands(1, 2 * 17408, 5120, gen)
@@ -315,15 +315,15 @@ def test_swiglu_mlp_routes_behind_its_switch_with_the_same_bits(gen, monkeypatch
     default = dispatch.swiglu_mlp(x, gate_up, down)
     unfused = dispatch.linear(dispatch.silu_mul(dispatch.linear(x, gate_up)), down)
     assert torch.equal(default, unfused)
-    monkeypatch.setenv("NINFER_KERNELS_ON", "gate_up_swiglu")
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "gate_up_swiglu")
     assert torch.equal(dispatch.swiglu_mlp(x, gate_up, down), default)
+    monkeypatch.delenv("NINFER_KERNELS_OFF")
     graph, out = capture_graph(lambda: dispatch.swiglu_mlp(x, gate_up, down))
     x.copy_(torch.randn(1, 5120, device="cuda", generator=gen).to(torch.bfloat16))
     graph.replay()
-    monkeypatch.delenv("NINFER_KERNELS_ON")
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "gate_up_swiglu")
     assert torch.equal(out, dispatch.swiglu_mlp(x, gate_up, down))
     four, _ = bf16_operands(4, 2 * 17408, 5120, gen)
-    monkeypatch.setenv("NINFER_KERNELS_ON", "gate_up_swiglu")
-    on = dispatch.swiglu_mlp(four, gate_up, down)
-    monkeypatch.delenv("NINFER_KERNELS_ON")
-    assert torch.equal(on, dispatch.swiglu_mlp(four, gate_up, down))
+    off = dispatch.swiglu_mlp(four, gate_up, down)
+    monkeypatch.delenv("NINFER_KERNELS_OFF")
+    assert torch.equal(off, dispatch.swiglu_mlp(four, gate_up, down))

@@ -200,7 +200,7 @@ def test_paged_decode_graph_replay_equals_eager(gen) -> None:
 def test_gated_combine_is_sigmoid_gate_after_bit_for_bit(
     warp_combine: bool, lens, hq, hk, d, gen
 ) -> None:
-    """The combine's output gate (opt-in `gate_in_combine`) with a strided gate view, as the
+    """The combine's output gate (`dispatch.gate_in_combine`) with a strided gate view, as the
     gated attention slices it from its q projection ([T, Hq, 2, D] at 1): exactly the bits of the
     sigmoid_gate kernel on the ungated result; the ungated output is unchanged by the option."""
     from ninfer.kernels import dispatch

@@ -184,7 +184,7 @@ def gated_attention(
         out = continued_causal_attention(q, k_pages, v_pages, meta, scale=scale)
     elif _rows_as_queries(meta) and dispatch.paged_decode_supported(q, k_pages, v_pages):
         # CUDA decode and speculative verify: split-KV kernel, no gather, no mask
-        if dispatch.gate_in_combine(q, gate):  # opt-in: the gate in its combine, a plain o_proj
+        if dispatch.gate_in_combine(q, gate):  # the gate in its combine, a plain o_proj
             gated = paged_rows_attention(q, k_pages, v_pages, meta, scale=scale, gate=gate)
             return dispatch.linear(gated, w.o_proj)
         out = paged_rows_attention(q, k_pages, v_pages, meta, scale=scale)
