@@ -409,5 +409,7 @@ def test_default_thinking_budget_applies_to_every_protocol(tokenizer) -> None:
             )
             assert status == 400
             assert err["error"]["code"] == "thinking_budget_capacity_insufficient"
-        ok = sdk.messages.create(model=MODEL_ID, max_tokens=budget, messages=_ask("x"))
+        ok = sdk.messages.create(  # greedy: a sampled EOS inside the budget would end the turn
+            model=MODEL_ID, max_tokens=budget, messages=_ask("x"), extra_body={"temperature": 0}
+        )
         assert ok.stop_reason == "max_tokens" and GUIDANCE_TEXT not in ok.content[0].thinking

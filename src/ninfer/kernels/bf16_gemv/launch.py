@@ -217,17 +217,47 @@ def swiglu_output_problem(x: torch.Tensor, gate_up: torch.Tensor) -> str | None:
     n, k = gate_up.shape
     if n % 2:
         return f"a gate-up weight has an even row count, got {tuple(gate_up.shape)}"
-    if _swiglu_output_plan(x.shape[0], n, k, x.device).rows_per_group < 2:
+    if _launch_plan(x.shape[0], n, k, x.device, fused=False).rows_per_group < 2:
         return f"gate-up weight {tuple(gate_up.shape)} is too small for pairs of rows per group"
     return None
 
 
-def _swiglu_output_plan(num_rows: int, n: int, k: int, device: torch.device) -> Plan:
-    """The plain launch's plan for these operands: the same R, so the same bits."""
-    if wide_rows(num_rows, fused=False):
+def _launch_plan(num_rows: int, n: int, k: int, device: torch.device, *, fused: bool) -> Plan:
+    """The plan a launch takes: the opt-in eight-row one where `wide_rows` says so. The SwiGLU
+    output form asks as the plain form (`fused` False): the same R, so the same bits."""
+    if wide_rows(num_rows, fused=fused):
         return plan(num_rows, n, k, rt.num_sms(device), unroll=WIDE_UNROLL,
                     max_rows_per_group=WIDE_ROWS_PER_GROUP)  # fmt: skip
     return plan(num_rows, n, k, rt.num_sms(device))
+
+
+def _launch(
+    instance: str,
+    p: Plan,
+    out: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    gate: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One launch of `instance` (the .cu's argument list, every form's) on plan `p`."""
+    device = x.device
+    n, k = weight.shape
+    args = (
+        rt.ptr(out),
+        rt.ptr(x),
+        rt.i64(x.stride(0)),
+        rt.ptr(weight),
+        rt.i32(n),
+        rt.i32(k),
+        rt.i32(p.ks_log2),
+        rt.ptr(gate),
+        rt.i64(gate.stride(0) if gate is not None else 0),
+        rt.i64(gate.stride(1) if gate is not None else 0),
+        rt.i32(gate.shape[2] if gate is not None else 0),
+        rt.i32(launch_options()),
+    )
+    rt.launch(rt.get_kernel(OP, instance, device), (p.blocks,), (THREADS,), args, device)
+    return out
 
 
 def gate_up_swiglu(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
@@ -241,25 +271,9 @@ def gate_up_swiglu(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
     num_rows = x.shape[0]
     n, k = gate_up.shape
     out = torch.empty((num_rows, n // 2), dtype=x.dtype, device=device)
-    p = _swiglu_output_plan(num_rows, n, k, device)
-    kernel = rt.get_kernel(OP, f"bf16_gemv<{num_rows}, {p.rows_per_group}, {p.unroll}, 0, true>",
-                           device)  # fmt: skip
-    args = (
-        rt.ptr(out),
-        rt.ptr(x),
-        rt.i64(x.stride(0)),
-        rt.ptr(gate_up),
-        rt.i32(n),
-        rt.i32(k),
-        rt.i32(p.ks_log2),
-        rt.ptr(None),
-        rt.i64(0),
-        rt.i64(0),
-        rt.i32(0),
-        rt.i32(launch_options()),
-    )
-    rt.launch(kernel, (p.blocks,), (THREADS,), args, device)
-    return out
+    p = _launch_plan(num_rows, n, k, device, fused=False)
+    instance = f"bf16_gemv<{num_rows}, {p.rows_per_group}, {p.unroll}, 0, true>"
+    return _launch(instance, p, out, x, gate_up)
 
 
 def bf16_linear(
@@ -281,27 +295,7 @@ def bf16_linear(
     n, k = weight.shape
     out = torch.empty((num_rows, n), dtype=x.dtype, device=device)
     form = INPUT_SWIGLU if swiglu_input else INPUT_SIGMOID_GATE if gate is not None else None
-    if wide_rows(num_rows, fused=form is not None):
-        p = plan(num_rows, n, k, rt.num_sms(device), unroll=WIDE_UNROLL,
-                 max_rows_per_group=WIDE_ROWS_PER_GROUP)  # fmt: skip
-    else:
-        p = plan(num_rows, n, k, rt.num_sms(device))
+    p = _launch_plan(num_rows, n, k, device, fused=form is not None)
     suffix = f", {form}" if form is not None else ""
     instance = f"bf16_gemv<{num_rows}, {p.rows_per_group}, {p.unroll}{suffix}>"
-    kernel = rt.get_kernel(OP, instance, device)
-    args = (
-        rt.ptr(out),
-        rt.ptr(x),
-        rt.i64(x.stride(0)),
-        rt.ptr(weight),
-        rt.i32(n),
-        rt.i32(k),
-        rt.i32(p.ks_log2),
-        rt.ptr(gate),
-        rt.i64(gate.stride(0) if gate is not None else 0),
-        rt.i64(gate.stride(1) if gate is not None else 0),
-        rt.i32(gate.shape[2] if gate is not None else 0),
-        rt.i32(launch_options()),
-    )
-    rt.launch(kernel, (p.blocks,), (THREADS,), args, device)
-    return out
+    return _launch(instance, p, out, x, weight, gate)
