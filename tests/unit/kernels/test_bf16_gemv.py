@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from tests.support.kernel_sources import parameter_count
 
 from ninfer.kernels import dispatch, runtime
 from ninfer.kernels.bf16_gemv import launch as bf16_cuda
@@ -370,3 +371,39 @@ def test_launch_options_follow_the_switches(
     source = (runtime.KERNEL_DIR / "bf16_gemv" / "bf16_gemv.cu").read_text()
     assert f"constexpr int BF16_GEMV_L2_PREFETCH = {bf16_cuda.OPTION_L2_PREFETCH};" in source
     assert f"constexpr int BF16_GEMV_EARLY_LOADS = {bf16_cuda.OPTION_EARLY_LOADS};" in source
+
+
+@pytest.mark.parametrize(
+    ("form", "instance", "out_cols"),
+    [
+        ("plain", "bf16_gemv<1, 4, 2>", 34816),
+        ("swiglu_out", "bf16_gemv<1, 4, 2, 0, true>", 17408),
+        ("swiglu_in", "bf16_gemv<1, 4, 2, 1>", 34816),
+    ],
+)
+def test_launches_on_mocked_kernels(
+    monkeypatch: pytest.MonkeyPatch, form: str, instance: str, out_cols: int
+) -> None:
+    """The launcher with the device checks and launches stubbed (the 27B's gate-up shape, 132
+    SMs): the instance and grid each form picks, as many arguments as the kernel has parameters,
+    the weight's N and K where the kernel reads them, and the output's shape."""
+    calls: list[tuple] = []
+    monkeypatch.delenv("NINFER_KERNELS_ON", raising=False)
+    monkeypatch.setattr(runtime, "check_cuda", lambda *t: torch.device("cpu"))
+    monkeypatch.setattr(runtime, "num_sms", lambda device: 132)
+    monkeypatch.setattr(runtime, "get_kernel", lambda op, inst, device, headers=(): inst)
+    monkeypatch.setattr(runtime, "launch", lambda *a, **kw: calls.append(a))
+    monkeypatch.setattr(bf16_cuda, "_problem", lambda x, w, swiglu_input=False: None)
+    bf16 = torch.bfloat16
+    w = torch.zeros(34816, 5120, dtype=bf16)
+    if form == "plain":
+        out = bf16_cuda.bf16_linear(torch.zeros(1, 5120, dtype=bf16), w)
+    elif form == "swiglu_out":
+        out = bf16_cuda.gate_up_swiglu(torch.zeros(1, 5120, dtype=bf16), w)
+    else:
+        out = bf16_cuda.bf16_linear(torch.zeros(1, 10240, dtype=bf16), w, swiglu_input=True)
+    assert out.shape == (1, out_cols)
+    ((kernel, grid, block, args),) = (c[:4] for c in calls)
+    assert (kernel, grid, block) == (instance, (8704,), (256,))
+    assert len(args) == parameter_count("bf16_gemv", "bf16_gemv")
+    assert (int(args[4]), int(args[5]), int(args[6])) == (34816, 5120, 3)  # n, k, ks_log2

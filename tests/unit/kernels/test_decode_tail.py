@@ -226,3 +226,33 @@ def test_paged_attention_launches_on_mocked_kernels(
         assert (k2, grid2) == ("paged_decode_combine<bf16>", (hq, rows, d // 32))
         assert len(args2) == parameter_count("paged_decode_attention", "paged_decode_combine")
     assert block2 == (256,)
+
+
+@pytest.mark.parametrize("warp_combine", [True, False], ids=["warp", "block"])
+def test_gated_combine_passes_the_gate_view(monkeypatch: pytest.MonkeyPatch, warp_combine) -> None:
+    """With an output gate (a strided [B, Hq, 2, D] slice, as the model passes it) the combine's
+    last three arguments are its address, row stride and head stride; without, null and zeros;
+    as many arguments as the kernel has parameters either way."""
+    from ninfer.kernels import runtime as rt
+
+    calls: list[tuple] = []
+    monkeypatch.setattr(rt, "check_cuda", lambda *t: torch.device("cpu"))
+    monkeypatch.setattr(rt, "get_kernel", lambda op, instance, device, headers=(): instance)
+    monkeypatch.setattr(rt, "launch", lambda *a, **kw: calls.append(a))
+    rows, page, hq, hk, d = 8, 64, 24, 4, 256
+    q = torch.zeros(rows, hq, d, dtype=torch.bfloat16)
+    qg = torch.zeros(rows, hq, 2, d, dtype=torch.bfloat16)
+    gate = qg[:, :, 1]
+    pages = torch.zeros(rows * 16, page, hk, d, dtype=torch.bfloat16)
+    table = torch.arange(rows * 16, dtype=torch.int32).view(rows, 16)
+    lens = torch.full((rows,), 700)
+    for g in (gate, None):
+        calls.clear()
+        paged_launch.paged_decode_attention(
+            q, pages, pages, table, lens, scale=0.0625, warp_combine=warp_combine, gate=g
+        )
+        kernel, _, _, args = calls[1][:4]
+        name = kernel.split("<")[0]
+        assert len(args) == parameter_count("paged_decode_attention", name)
+        want = (gate.data_ptr(), hq * 2 * d, 2 * d) if g is not None else (0, 0, 0)
+        assert tuple(int(a) for a in args[-3:]) == want
