@@ -26,7 +26,8 @@ STAGES = (2, 3, 4)  # ring depths compiled (16 KiB of weights each per block)
 DEFAULT_STAGES = 4  # 64 KiB: three blocks per SM still fit (the launch bounds' 3)
 # opt-in shallower rings for an in-model A/B (`NINFER_KERNELS_ON=tc_stages3` / `tc_stages2`): the
 # H200 batch-8 profile (S36F) has this kernel at 3.37 TB/s inside the step against 3.72 per shape
-# (X1); a 48 or 32 KiB ring leaves shared memory for the PDL-launched neighbours to stay resident
+# (X1); a 48 or 32 KiB ring leaves shared memory for the PDL-launched neighbours to stay resident.
+# On an H100 both lose (run S37C: the 27B batch-8 step 1.003 and 1.015)
 STAGE_SWITCHES = {3: "tc_stages3", 2: "tc_stages2"}
 LONG_ROW_RATIO = 3  # tc_preferred: K / N from which the kernel beats cuBLAS
 # tc_preferred: the fewest output rows of a K >= N projection it takes. The 27B's 6,144 -> 5,120
