@@ -375,7 +375,9 @@ def test_default_thinking_budget_applies_to_every_protocol(tokenizer) -> None:
     budget = 8
     num_suffix = len(_control(tokenizer).suffix_ids)
     key = {"x-api-key": "local-secret"}
-    with serve("--default-thinking-budget", str(budget), "--api-key", "local-secret") as real:
+    # greedy: every exact token count below must not hang on a sampled EOS of the random model
+    args = ("--default-thinking-budget", str(budget), "--api-key", "local-secret", "--greedy")
+    with serve(*args) as real:
         sdk = anthropic.Anthropic(base_url=real.base_url, api_key="local-secret", max_retries=0)
         status, headers, err = real.request("POST", MESSAGES, {"model": "m", "messages": []})
         assert status == 401 and err["error"]["type"] == "authentication_error"
@@ -409,7 +411,5 @@ def test_default_thinking_budget_applies_to_every_protocol(tokenizer) -> None:
             )
             assert status == 400
             assert err["error"]["code"] == "thinking_budget_capacity_insufficient"
-        ok = sdk.messages.create(  # greedy: a sampled EOS inside the budget would end the turn
-            model=MODEL_ID, max_tokens=budget, messages=_ask("x"), extra_body={"temperature": 0}
-        )
+        ok = sdk.messages.create(model=MODEL_ID, max_tokens=budget, messages=_ask("x"))
         assert ok.stop_reason == "max_tokens" and GUIDANCE_TEXT not in ok.content[0].thinking

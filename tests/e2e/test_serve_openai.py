@@ -204,6 +204,7 @@ def test_stream_progress_and_per_token_timings(server: ServeProcess) -> None:
         "model": MODEL_ID,
         "messages": HELLO,
         "max_tokens": 3,
+        "seed": 7,  # the length finish below must not hang on a sampled EOS
         "stream": True,
         "return_progress": True,
         "timings_per_token": True,
