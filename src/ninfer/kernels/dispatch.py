@@ -765,8 +765,7 @@ def swiglu_mlp(
     if (
         not switches.switched_off("gate_up_swiglu")
         and not isinstance(gate_up, Fp8Weight)
-        and x.dim() == 2
-        and x.shape[0] == 1
+        and x.shape[0] == 1  # x is [T, H]; `bf16_gemv_routed` checks its rank, dtype, device
         and bf16_gemv_routed(x, gate_up)
         and _bf16_gemv_cuda.swiglu_output_problem(x, gate_up) is None
     ):
