@@ -539,6 +539,27 @@ def test_moe_combine_matches_twin(dtype, with_shared: bool, gen) -> None:
     assert rel(got, want) < TOL[dtype]
 
 
+@pytest.mark.parametrize("top_k", [1, 8, 16, 17])
+@pytest.mark.parametrize("with_shared", [False, True], ids=["routed", "with-shared"])
+def test_moe_combine_loads_first_gives_the_loops_bits(
+    top_k: int, with_shared: bool, gen, monkeypatch
+) -> None:
+    """The loads-first form (k <= 16) against the loop it replaces: the same adds in the same
+    order, so the same bits; k = 17 takes the loop in both."""
+    tokens, hidden = 64, 2048 + 96  # a partial last block of rows
+    y = torch.randn(tokens * top_k, hidden, device="cuda", generator=gen).to(torch.bfloat16)
+    weights = torch.rand(tokens, top_k, device="cuda", generator=gen)
+    shared = torch.randn(tokens, hidden, device="cuda", generator=gen).to(torch.bfloat16)
+    gate = torch.randn(tokens, 3, device="cuda", generator=gen).to(torch.bfloat16)[:, 2:3]
+    kw = {"shared": shared, "shared_gate": gate} if with_shared else {}
+    monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
+    first = expert_cuda.moe_combine(y, weights, **kw)
+    monkeypatch.setenv("NINFER_KERNELS_OFF", expert_cuda.COMBINE_PRELOAD)
+    loop = expert_cuda.moe_combine(y, weights, **kw)
+    assert torch.equal(first, loop)
+    assert rel(first, expert_ref.moe_combine(y, weights, **kw)) < TOL[torch.bfloat16]
+
+
 @pytest.mark.parametrize("tokens", [17, 64, 96])
 @pytest.mark.parametrize("kernel", ["mma", "fma"])
 @pytest.mark.parametrize("skew", [False, True], ids=["routed", "skewed"])

@@ -520,7 +520,13 @@ __global__ void __launch_bounds__(256, D <= 2 ? 3 : 2) expert_group_mma(
 // moe_combine: out[t] = sum_j w[t, j] * y[t k + j] (+ sigmoid(g[t]) * shared[t]), the tail of the
 // grouped path in one launch instead of five elementwise ones. Rounded as expert_down_sum's tail:
 // the sum in fp32 in order j = 0..k-1, then to T; the shared-expert combine op by op in T.
-template <typename T>
+// PRELOAD (k <= kCombineMaxK): a thread issues all its loads (k expert outputs, k weights, the
+// shared output and its gate) before it adds any, then adds in the same order: one memory round
+// trip instead of k + 1, as the loop over a runtime k waits for each load before issuing the next
+// (the H100 profile had this kernel at ~9 µs a 35B layer for 2 MB at 64 rows). The same bits.
+constexpr int kCombineMaxK = 16;
+
+template <typename T, bool PRELOAD>
 __global__ void __launch_bounds__(256) moe_combine(
     T* __restrict__ out, const T* __restrict__ y, const float* __restrict__ route_w,
     const T* __restrict__ shared, long long shared_stride, const T* __restrict__ shared_gate,
@@ -530,8 +536,28 @@ __global__ void __launch_bounds__(256) moe_combine(
   const int row = blockIdx.x * blockDim.x + threadIdx.x;
   if (row >= n) return;
   const long long a0 = static_cast<long long>(t) * top_k;
+  const long long at = static_cast<long long>(t) * n + row;
+  if (PRELOAD && top_k <= kCombineMaxK) {
+    float yv[kCombineMaxK], wv[kCombineMaxK];
+#pragma unroll
+    for (int j = 0; j < kCombineMaxK; ++j) {
+      if (j < top_k) {
+        yv[j] = to_float(y[(a0 + j) * n + row]);
+        wv[j] = route_w[a0 + j];
+      }
+    }
+    const bool has_shared = shared != nullptr;
+    const float sv = has_shared ? to_float(shared[t * shared_stride + row]) : 0.0f;
+    const float gv = has_shared ? to_float(shared_gate[t * gate_stride]) : 0.0f;
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kCombineMaxK; ++j)
+      if (j < top_k) sum += yv[j] * wv[j];
+    const float routed = to_float(from_float<T>(sum));
+    out[at] = has_shared ? combine_shared<T>(routed, sv, gv) : from_float<T>(routed);
+    return;
+  }
   float sum = 0.0f;
   for (int j = 0; j < top_k; ++j) sum += to_float(y[(a0 + j) * n + row]) * route_w[a0 + j];
-  out[static_cast<long long>(t) * n + row] = moe_output(
-      sum, shared, t * shared_stride + row, shared_gate, t * gate_stride);
+  out[at] = moe_output(sum, shared, t * shared_stride + row, shared_gate, t * gate_stride);
 }

@@ -19,7 +19,7 @@ import torch
 
 from ninfer.kernels import runtime as rt
 from ninfer.kernels.expert_gemv.reference import expert_groups
-from ninfer.kernels.switches import switched_on
+from ninfer.kernels.switches import switched_off, switched_on
 
 OP = "expert_gemv"
 THREADS = 256
@@ -424,6 +424,11 @@ def expert_group_gemv(
     return out
 
 
+# moe_combine's loads-first form (top_k <= 16: every load of a thread issued before its first add;
+# the same bits as the loop); `NINFER_KERNELS_OFF=combine_preload` keeps the loop
+COMBINE_PRELOAD = "combine_preload"
+
+
 def supports_combine(
     y: torch.Tensor,
     weights: torch.Tensor,
@@ -459,7 +464,8 @@ def moe_combine(
     if num_tokens == 0:
         return out
     route_w = weights.reshape(-1).to(torch.float32).contiguous()
-    kernel = rt.get_kernel(OP, f"moe_combine<{rt.cuda_type(y, 'y')}>", device)
+    preload = "false" if switched_off(COMBINE_PRELOAD) else "true"
+    kernel = rt.get_kernel(OP, f"moe_combine<{rt.cuda_type(y, 'y')}, {preload}>", device)
     args = (
         rt.ptr(out),
         rt.ptr(y),
