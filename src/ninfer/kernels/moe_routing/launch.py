@@ -24,6 +24,14 @@ SORT_THREADS = 1024
 SORT_ROUTED = True
 
 
+# expert_sort ranks through a per-chunk count table (O(A / 32) steps per expert) where the table
+# and the ids fit this much shared memory (the 35B's 512 assignments x 256 experts: 19 KiB), else
+# by the O(A^2 / blockDim) count; `NINFER_KERNELS_OFF=sort_table` keeps the count. The same order
+# and ends either way.
+SORT_TABLE = "sort_table"
+SORT_TABLE_SMEM = 48 * 1024
+
+
 def values_per_lane(num_experts: int) -> int:
     """Logits each lane holds: the smallest power of two covering E / 32 (one instance each)."""
     vals = 1
@@ -112,7 +120,24 @@ def expert_sort(expert_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tenso
     order = torch.empty(count, dtype=torch.int64, device=device)
     ends = torch.empty(num_experts, dtype=torch.int32, device=device)
     threads = min(SORT_THREADS, -(-max(count, num_experts) // 32) * 32)
-    args = (rt.ptr(order), rt.ptr(ends), rt.ptr(flat), rt.i32(count), rt.i32(num_experts))
+    shared = 4 * (count + num_experts)
+    table = sort_table_bytes(count, num_experts)
+    use_table = shared + table <= SORT_TABLE_SMEM and not switched_off(SORT_TABLE)
+    if use_table:
+        shared += table
+    args = (
+        rt.ptr(order),
+        rt.ptr(ends),
+        rt.ptr(flat),
+        rt.i32(count),
+        rt.i32(num_experts),
+        rt.i32(int(use_table)),
+    )
     kernel = rt.get_kernel(OP, "expert_sort", device)
-    rt.launch(kernel, (1,), (threads,), args, device, shared_mem=4 * (count + num_experts))
+    rt.launch(kernel, (1,), (threads,), args, device, shared_mem=shared)
     return order, ends
+
+
+def sort_table_bytes(count: int, num_experts: int) -> int:
+    """Shared memory of expert_sort's per-chunk count table: [ceil(A / 32)][E] ints."""
+    return 4 * -(-count // 32) * num_experts

@@ -153,46 +153,115 @@ __global__ void __launch_bounds__(128) moe_routing(
 // expert_sort: the grouped MoE path's sort of A assignments by expert in one launch, where torch
 // spends a radix sort (several kernels) and a searchsorted: ~27 µs per 35B layer at 512
 // assignments (run K's profile: 1.08 ms per batch-64 step). One block, a stable counting sort:
-// - the ids go to shared memory, a shared histogram counts each expert, one thread turns it into
-//   the inclusive prefix `ends` (E <= 1024 adds);
-// - assignment i lands at (start of its expert) + (how many j < i chose the same expert): a
-//   count over the ids in shared memory, every thread reading the same j at once (a broadcast),
-//   so the order within an expert is the assignment order, as `torch.sort(stable=True)` gives.
-// O(A^2 / blockDim) comparisons: the launcher keeps A <= SORT_MAX_ASSIGNMENTS. ids outside [0, E)
-// are skipped (the router never makes them): they are counted in no run and written nowhere, and
-// the consumers read `order` only inside the runs.
+// - the ids go to shared memory;
+// - TABLE (the launcher's choice where [ceil(A / 32)][E] ints fit shared memory): each warp-sized
+//   chunk of 32 assignments counts its experts with __match_any_sync into table[chunk][e]; one
+//   thread per expert turns its column into exclusive prefixes over the chunks (its total is the
+//   expert's count); assignment i then ranks at table[i / 32][e] + (lanes below it in its chunk
+//   with the same expert). O(A / 32) steps per expert instead of O(A) per assignment;
+// - else (the loop): a shared histogram by atomics, and the rank as a count over the ids in
+//   shared memory, every thread reading the same j at once (a broadcast): O(A^2 / blockDim);
+// - either way the counts become the inclusive ends by a block-wide scan (warp shuffles), and
+//   assignment i lands at (start of its expert) + rank, so the order within an expert is the
+//   assignment order, as `torch.sort(stable=True)` gives. Integer counts: both forms write the
+//   same order and ends.
+// The launcher keeps A <= SORT_MAX_ASSIGNMENTS and E <= blockDim. ids outside [0, E) are skipped
+// (the router never makes them): they are counted in no run and written nowhere, and the
+// consumers read `order` only inside the runs.
+
+// Inclusive sum of v over the block's threads in thread order (every thread must call it).
+__device__ __forceinline__ int block_inclusive_scan(int v, int* warp_total) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int up = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v += up;
+  }
+  if (lane == 31) warp_total[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    const int num_warps = blockDim.x >> 5;
+    int w = lane < num_warps ? warp_total[lane] : 0;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int up = __shfl_up_sync(0xffffffffu, w, o);
+      if (lane >= o) w += up;
+    }
+    warp_total[lane] = w;
+  }
+  __syncthreads();
+  return warp > 0 ? v + warp_total[warp - 1] : v;
+}
+
 __global__ void __launch_bounds__(1024) expert_sort(long long* __restrict__ order,
                                                     int* __restrict__ ends,
                                                     const long long* __restrict__ ids, int count,
-                                                    int num_experts) {
+                                                    int num_experts, int table) {
   pdl_begin();
   extern __shared__ int sort_smem[];
-  int* sid = sort_smem;            // [count]
+  __shared__ int warp_total[32];
+  int* sid = sort_smem;              // [count]
   int* run_end = sort_smem + count;  // [num_experts]: counts, then inclusive ends
+  int* tab = run_end + num_experts;  // TABLE: [chunks][num_experts]
+  const int chunks = (count + 31) >> 5;
+  const int lane = threadIdx.x & 31;
+  const unsigned int below = (1u << lane) - 1u;
   for (int i = threadIdx.x; i < count; i += blockDim.x) {
     const long long e = ids[i];
     sid[i] = e >= 0 && e < num_experts ? static_cast<int>(e) : -1;
   }
-  for (int e = threadIdx.x; e < num_experts; e += blockDim.x) run_end[e] = 0;
-  __syncthreads();
-  for (int i = threadIdx.x; i < count; i += blockDim.x) {
-    if (sid[i] >= 0) atomicAdd(&run_end[sid[i]], 1);
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int total = 0;
-    for (int e = 0; e < num_experts; ++e) {
-      total += run_end[e];
-      run_end[e] = total;
+  if (table) {
+    for (int i = threadIdx.x; i < chunks * num_experts; i += blockDim.x) tab[i] = 0;
+    __syncthreads();
+    for (int i0 = 0; i0 < count; i0 += blockDim.x) {  // whole warps: blockDim % 32 == 0
+      const int i = i0 + threadIdx.x;
+      const int e = i < count ? sid[i] : -1;
+      const unsigned int same = __match_any_sync(0xffffffffu, e);
+      if (e >= 0 && (same & below) == 0) tab[(i >> 5) * num_experts + e] = __popc(same);
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < num_experts; e += blockDim.x) {
+      int run = 0;
+      for (int c = 0; c < chunks; ++c) {
+        const int n = tab[c * num_experts + e];
+        tab[c * num_experts + e] = run;
+        run += n;
+      }
+      run_end[e] = run;
+    }
+  } else {
+    for (int e = threadIdx.x; e < num_experts; e += blockDim.x) run_end[e] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < count; i += blockDim.x) {
+      if (sid[i] >= 0) atomicAdd(&run_end[sid[i]], 1);
     }
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < num_experts; e += blockDim.x) ends[e] = run_end[e];
-  for (int i = threadIdx.x; i < count; i += blockDim.x) {
-    const int e = sid[i];
-    if (e < 0) continue;
-    int rank = 0;
-    for (int j = 0; j < i; ++j) rank += sid[j] == e;
-    order[(e == 0 ? 0 : run_end[e - 1]) + rank] = i;
+  // E <= blockDim: thread e scans expert e's count
+  const int mine = threadIdx.x < num_experts ? run_end[threadIdx.x] : 0;
+  const int end = block_inclusive_scan(mine, warp_total);
+  if (threadIdx.x < num_experts) {
+    run_end[threadIdx.x] = end;
+    ends[threadIdx.x] = end;
+  }
+  __syncthreads();
+  if (table) {
+    for (int i0 = 0; i0 < count; i0 += blockDim.x) {
+      const int i = i0 + threadIdx.x;
+      const int e = i < count ? sid[i] : -1;
+      const unsigned int same = __match_any_sync(0xffffffffu, e);
+      if (e < 0) continue;
+      const int rank = tab[(i >> 5) * num_experts + e] + __popc(same & below);
+      order[(e == 0 ? 0 : run_end[e - 1]) + rank] = i;
+    }
+  } else {
+    for (int i = threadIdx.x; i < count; i += blockDim.x) {
+      const int e = sid[i];
+      if (e < 0) continue;
+      int rank = 0;
+      for (int j = 0; j < i; ++j) rank += sid[j] == e;
+      order[(e == 0 ? 0 : run_end[e - 1]) + rank] = i;
+    }
   }
 }
