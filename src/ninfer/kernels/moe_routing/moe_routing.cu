@@ -154,17 +154,17 @@ __global__ void __launch_bounds__(128) moe_routing(
 // spends a radix sort (several kernels) and a searchsorted: ~27 µs per 35B layer at 512
 // assignments (run K's profile: 1.08 ms per batch-64 step). One block, a stable counting sort:
 // - the ids go to shared memory;
-// - TABLE (the launcher's choice where [ceil(A / 32)][E] ints fit shared memory): each warp-sized
+// - TABLE (opt-in, where [ceil(A / 32)][E] ints fit shared memory; launch.py): each warp-sized
 //   chunk of 32 assignments counts its experts with __match_any_sync into table[chunk][e]; one
 //   thread per expert turns its column into exclusive prefixes over the chunks (its total is the
 //   expert's count); assignment i then ranks at table[i / 32][e] + (lanes below it in its chunk
 //   with the same expert). O(A / 32) steps per expert instead of O(A) per assignment;
 // - else (the loop): a shared histogram by atomics, and the rank as a count over the ids in
 //   shared memory, every thread reading the same j at once (a broadcast): O(A^2 / blockDim);
-// - either way the counts become the inclusive ends by a block-wide scan (warp shuffles), and
-//   assignment i lands at (start of its expert) + rank, so the order within an expert is the
-//   assignment order, as `torch.sort(stable=True)` gives. Integer counts: both forms write the
-//   same order and ends.
+// - the counts become the inclusive ends: with TABLE by a block-wide scan (warp shuffles), else
+//   by one thread's loop over the experts; assignment i lands at (start of its expert) + rank, so
+//   the order within an expert is the assignment order, as `torch.sort(stable=True)` gives.
+//   Integer counts: both forms write the same order and ends.
 // The launcher keeps A <= SORT_MAX_ASSIGNMENTS and E <= blockDim. ids outside [0, E) are skipped
 // (the router never makes them): they are counted in no run and written nowhere, and the
 // consumers read `order` only inside the runs.
@@ -238,14 +238,19 @@ __global__ void __launch_bounds__(1024) expert_sort(long long* __restrict__ orde
     }
   }
   __syncthreads();
-  // E <= blockDim: thread e scans expert e's count
-  const int mine = threadIdx.x < num_experts ? run_end[threadIdx.x] : 0;
-  const int end = block_inclusive_scan(mine, warp_total);
-  if (threadIdx.x < num_experts) {
-    run_end[threadIdx.x] = end;
-    ends[threadIdx.x] = end;
+  if (table) {  // E <= blockDim: thread e scans expert e's count (`table` is uniform)
+    const int mine = threadIdx.x < num_experts ? run_end[threadIdx.x] : 0;
+    const int end = block_inclusive_scan(mine, warp_total);
+    if (threadIdx.x < num_experts) run_end[threadIdx.x] = end;
+  } else if (threadIdx.x == 0) {
+    int total = 0;
+    for (int e = 0; e < num_experts; ++e) {
+      total += run_end[e];
+      run_end[e] = total;
+    }
   }
   __syncthreads();
+  for (int e = threadIdx.x; e < num_experts; e += blockDim.x) ends[e] = run_end[e];
   if (table) {
     for (int i0 = 0; i0 < count; i0 += blockDim.x) {
       const int i = i0 + threadIdx.x;
