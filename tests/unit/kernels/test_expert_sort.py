@@ -1,5 +1,6 @@
-"""The one-launch expert sort (`expert_sort`): its routing switch and operand checks (CPU), and
-on the GPU bit for bit against the torch twin (`expert_gemv.reference.expert_groups`)."""
+"""The one-launch expert sort (`expert_sort`): its routing switch and operand checks and its table
+form's algorithm replayed (CPU), and on the GPU bit for bit against the torch twin
+(`expert_gemv.reference.expert_groups`)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,62 @@ def test_routing_decision(monkeypatch: pytest.MonkeyPatch) -> None:
         dispatch.expert_groups(small, 256)
         dispatch.expert_groups(big, 256)  # past SORT_MAX_ASSIGNMENTS: the twin
         assert calls == want
+
+
+def _table_sort(ids: list[int], num_experts: int, threads: int) -> tuple[list[int], list[int]]:
+    """expert_sort's opt-in table form replayed on the CPU, warp by warp: `__match_any_sync` as
+    the lanes of a 32-assignment chunk holding the same expert, the leader (lowest such lane)
+    writing the chunk's count, one thread per expert turning its column into exclusive prefixes,
+    and the rank as the chunk's prefix plus the same-expert lanes below."""
+    count = len(ids)
+    chunks = -(-count // 32)
+    sid = [e if 0 <= e < num_experts else -1 for e in ids]
+    tab = [[0] * num_experts for _ in range(chunks)]
+    warps = [
+        [sid[i] if i < count else -1 for i in range(w0, w0 + 32)]
+        for i0 in range(0, count, threads)
+        for w0 in range(i0, i0 + threads, 32)
+    ]
+    for w, lanes in enumerate(warps):
+        for lane, e in enumerate(lanes):
+            same = [j for j, f in enumerate(lanes) if f == e]
+            if e >= 0 and same[0] == lane:
+                tab[w][e] = len(same)
+    runs = []
+    for e in range(num_experts):
+        run = 0
+        for c in range(chunks):
+            tab[c][e], run = run, run + tab[c][e]
+        runs.append(run)
+    ends = [sum(runs[: e + 1]) for e in range(num_experts)]
+    order = [-1] * count
+    for w, lanes in enumerate(warps):
+        for lane, e in enumerate(lanes):
+            if e >= 0:
+                rank = tab[w][e] + sum(1 for f in lanes[:lane] if f == e)
+                order[(ends[e - 1] if e else 0) + rank] = 32 * w + lane
+    return order[: ends[-1]], ends
+
+
+@pytest.mark.parametrize("count,experts", [(1, 256), (37, 7), (512, 256), (700, 256), (96, 1)])
+def test_the_table_form_replayed_on_the_cpu_is_a_stable_sort(count: int, experts: int) -> None:
+    """The chunk-table ranks (the kernel's algorithm, not its code) give torch's stable order and
+    the searchsorted ends, with a few hot experts and the thread count the launcher picks."""
+    gen = torch.Generator().manual_seed(count * 1000 + experts)
+    hot = torch.randint(0, experts, (max(1, experts // 16),), generator=gen)
+    pick = torch.randint(0, experts, (count,), generator=gen)
+    skew = torch.rand(count, generator=gen) < 0.5
+    ids = torch.where(skew, hot[pick % hot.numel()], pick)
+    threads = min(routing_cuda.SORT_THREADS, -(-max(count, experts) // 32) * 32)
+    order, ends = _table_sort(ids.tolist(), experts, threads)
+    want_order, want_ends = expert_ref.expert_groups(ids, experts)
+    assert ends == want_ends.tolist()
+    assert order == want_order.tolist()
+
+
+def test_the_table_form_skips_ids_outside_the_experts() -> None:
+    order, ends = _table_sort([2, 9, 1, -1, 2], 4, 32)
+    assert ends == [0, 1, 3, 3] and order == [2, 0, 4]
 
 
 @pytest.mark.gpu
