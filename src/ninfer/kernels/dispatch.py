@@ -16,6 +16,9 @@ import torch.nn.functional as F
 from ninfer.kernels import runtime, switches
 from ninfer.kernels.add_rms_norm import launch as _add_rms_norm_cuda
 from ninfer.kernels.add_rms_norm import reference as _add_rms_norm_ref
+from ninfer.kernels.attention_metadata import launch as _meta_cuda
+from ninfer.kernels.attention_metadata import reference as _meta_ref
+from ninfer.kernels.attention_metadata.reference import Indices
 from ninfer.kernels.bf16_gemv import launch as _bf16_gemv_cuda
 from ninfer.kernels.bf16_mma_gemv import launch as _bf16_mma_cuda
 from ninfer.kernels.bf16_tc_gemv import launch as _bf16_tc_cuda
@@ -492,6 +495,27 @@ def gate_in_combine(q: torch.Tensor, gate: torch.Tensor) -> bool:
         and use_cuda_kernels(q, "paged_decode_attention")
         and _paged_cuda.gate_problem(q, gate) is None
     )
+
+
+def attention_indices(
+    cu_seqlens: torch.Tensor,
+    num_computed: torch.Tensor,
+    page_table: torch.Tensor,
+    page_size: int,
+    num_tokens: int,
+) -> Indices:
+    """Each new token's sequence, index and flat KV slot, and each sequence's KV length; see
+    kernels/attention_metadata/reference.py (one launch on CUDA instead of a dozen). Opt-in
+    (`NINFER_KERNELS_ON=attention_metadata`) until the kernel's GPU tests have run."""
+    if (
+        use_cuda_kernels(num_computed, "attention_metadata")
+        and switches.switched_on("attention_metadata")
+        and _meta_cuda.problem(cu_seqlens, num_computed, page_table, num_tokens) is None
+    ):
+        return _meta_cuda.attention_indices(
+            cu_seqlens, num_computed, page_table, page_size, num_tokens
+        )
+    return _meta_ref.attention_indices(cu_seqlens, num_computed, page_table, page_size, num_tokens)
 
 
 def store_kv(x: torch.Tensor, pages: KvPages, slot_mapping: torch.Tensor) -> None:

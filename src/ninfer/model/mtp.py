@@ -28,7 +28,6 @@ from ninfer.model.layers.gated_attention import (
 )
 from ninfer.model.layers.mlp import MlpWeights, mlp
 from ninfer.model.layers.moe import MoeWeights, sparse_moe
-from ninfer.model.layers.rope import rope_cos_sin
 from ninfer.model.qwen3_5 import (
     Qwen3_5Model,
     _bind_attention,
@@ -98,7 +97,7 @@ class MtpHead:
             dim=-1,
         )
         x = dispatch.linear(x, self.fc)  # [T, H], the layer's residual stream
-        cos, sin = rope_cos_sin(batch.positions, self.target.inv_freq, self.target.rope_axis_map)
+        cos, sin = self.target.rope.cos_sin(batch.positions)
         meta = build_attention_metadata(batch, cache.page_size)
         k_pages, v_pages = cache.kv(self.layer_id)
         h = dispatch.rms_norm(x, self.input_layernorm, eps)

@@ -31,7 +31,7 @@ from ninfer.model.layers.gated_attention import (
 from ninfer.model.layers.gated_deltanet import DeltaNetWeights, gated_deltanet
 from ninfer.model.layers.mlp import MlpWeights, mlp
 from ninfer.model.layers.moe import MoeWeights, sparse_moe
-from ninfer.model.layers.rope import mrope_axis_map, rope_cos_sin, rope_inv_freq
+from ninfer.model.layers.rope import Rope, mrope_axis_map, rope_inv_freq
 
 
 @dataclass(frozen=True)
@@ -165,6 +165,7 @@ class Qwen3_5Model:
             raise WeightError(f"{len(unused)} unexpected weight(s), first '{unused[0]}'")
         self.inv_freq = rope_inv_freq(c.rotary_dim, c.rope_theta, self.device)
         self.rope_axis_map = mrope_axis_map(c.mrope_section, c.mrope_interleaved, self.device)
+        self.rope = Rope(self.inv_freq, self.rope_axis_map)
 
     def _bind_layer(self, take: _Binder, i: int) -> DecoderLayerWeights:
         c = self.config
@@ -195,7 +196,7 @@ class Qwen3_5Model:
             fp32 logits: [B, vocab] for the last token of each sequence, or [T, vocab].
         """
         hidden = self.forward_hidden(batch, cache)
-        if not all_logits:
+        if not all_logits and batch.max_query_len > 1:  # one token a row: already [B, H]
             hidden = hidden[batch.cu_seqlens[1:].to(torch.int64) - 1]  # [B, H]
         return self.compute_logits(hidden)
 
@@ -207,7 +208,7 @@ class Qwen3_5Model:
         x = F.embedding(batch.input_ids, self.embed_tokens)  # [T, H]
         if batch.embed_index is not None and batch.embed_rows is not None:  # media tokens
             x = x.index_copy(0, batch.embed_index, batch.embed_rows.to(x.dtype))
-        cos, sin = rope_cos_sin(batch.positions, self.inv_freq, self.rope_axis_map)
+        cos, sin = self.rope.cos_sin(batch.positions)
         meta = build_attention_metadata(batch, cache.page_size) if c.full_attention_layers else None
         eps = c.rms_norm_eps
         h = x

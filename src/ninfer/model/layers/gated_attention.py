@@ -71,22 +71,18 @@ class AttentionWeights:
 
 
 def build_attention_metadata(batch: ForwardBatch, page_size: int) -> AttentionMetadata:
-    """Derive token -> (sequence, KV slot) maps on device without a host sync."""
-    device = batch.input_ids.device
-    cu = batch.cu_seqlens.to(torch.int64)
-    token = torch.arange(batch.num_tokens, dtype=torch.int64, device=device)
-    seq_idx = torch.searchsorted(cu[1:], token, right=True)  # [T]
-    local_idx = token - cu[seq_idx]
-    kv_idx = batch.num_computed[seq_idx] + local_idx  # [T] position in the sequence's KV
-    page_table = batch.page_table.to(torch.int64)
-    page = page_table[seq_idx, kv_idx // page_size]
+    """Derive token -> (sequence, KV slot) maps on device without a host sync (one kernel on
+    CUDA: `dispatch.attention_indices`)."""
+    index = dispatch.attention_indices(
+        batch.cu_seqlens, batch.num_computed, batch.page_table, page_size, batch.num_tokens
+    )
     return AttentionMetadata(
-        slot_mapping=page * page_size + kv_idx % page_size,
-        seq_idx=seq_idx,
-        local_idx=local_idx,
+        slot_mapping=index.slot_mapping,
+        seq_idx=index.seq_idx,
+        local_idx=index.local_idx,
         num_computed=batch.num_computed,
-        kv_lens=batch.num_computed + (cu[1:] - cu[:-1]),
-        page_table=page_table,
+        kv_lens=index.kv_lens,
+        page_table=index.page_table,
         max_query_len=batch.max_query_len,
         max_kv_len=batch.max_kv_len,
         static=batch.static_shapes,

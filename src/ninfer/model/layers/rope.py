@@ -59,6 +59,30 @@ def rope_cos_sin(
     return emb.cos(), emb.sin()
 
 
+class Rope:
+    """`rope_cos_sin` for one model's tables in fewer launches: the frequencies (and the MRoPE
+    axis map) are stored twice over, once per rotate-half half, so the angles come out [T, R]
+    from one multiply of the int64 positions (cast to fp32 inside it, exactly as `.float()`),
+    with no separate cast or concatenation: 3 kernels for text positions instead of 5, which a
+    CUDA graph runs once per forward (four times in a speculative round). The same bits as
+    `rope_cos_sin`: each element is the same single fp32 product, then cos or sin."""
+
+    def __init__(self, inv_freq: torch.Tensor, axis_map: torch.Tensor) -> None:
+        """`inv_freq`, `axis_map`: [R / 2] as `rope_inv_freq` and `mrope_axis_map` give them."""
+        self.freqs = torch.cat((inv_freq, inv_freq))  # [R] fp32
+        self.axes = torch.cat((axis_map, axis_map))  # [R] int64
+
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """See `rope_cos_sin`: positions [T] or [3, T] int64 -> (cos, sin), each [T, R] fp32."""
+        if positions.dim() == 1:
+            emb = positions[:, None] * self.freqs[None, :]  # [T, R]
+        else:
+            all_axes = positions[:, :, None] * self.freqs[None, None, :]  # [3, T, R]
+            index = self.axes[None, None, :].expand(1, positions.shape[1], -1)
+            emb = all_axes.gather(0, index)[0]
+        return emb.cos(), emb.sin()
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate the first R dims of each head (rotate-half pairing); the rest pass through.
 
