@@ -33,6 +33,8 @@ verify.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import statistics
 import threading
 import time
@@ -47,6 +49,7 @@ from ninfer.engine.handles import RequestHandle
 from ninfer.engine.request import EventKind
 from ninfer.engine.sampling import THINKING, presets_for
 from ninfer.engine.spec_step import SpecInput, SpecStep
+from ninfer.kernels.switches import setting
 from ninfer.model.batch import ForwardBatch
 from ninfer.model.cache import ModelCache
 from ninfer.model.lm_head_draft import ShortlistHead
@@ -81,11 +84,15 @@ def run_spec_bench(
     acceptance_lengths: Sequence[float] = (1.0, 2.0, 3.2),
     lm_head_draft: bool = False,
     profile: bool = False,
+    ab: Sequence[tuple[str, str]] = (),
+    ab_rounds: int = 1,
     on_progress: Callable[[str], None] = lambda _: None,
 ) -> dict[str, Any]:
     """Measure every batch in `batches`; returns the JSON-ready report (see the module doc).
     `lm_head_draft`: drafts through the 4-bit shortlist head, as `--lm-head-draft` serves;
-    `profile`: each row gets `round_profile` (kernels of one eager round)."""
+    `profile`: each row gets `round_profile` (kernels of one eager round); `ab` (`--ab`
+    settings, bench/ab.py): each row gets `ab`, the round's pieces timed again under each
+    setting and then the base, `ab_rounds` times over."""
     rows = []
     for batch in batches:
         on_progress(f"spec e2e: batch {batch}")
@@ -115,6 +122,11 @@ def run_spec_bench(
         # the host's share of a round end to end (what chaining leaves of it), against the
         # round the e2e requests run
         costs["e2e_round_over_round"] = e2e["e2e_round_ms"] / costs["round_served_ms"]
+        if ab:
+            costs["ab"] = _ab_costs(
+                model, head, draft_tokens, batch, context, steps, lm_head_draft,
+                ab, ab_rounds, on_progress,
+            )  # fmt: skip
         rows.append({"batch": batch, **e2e, **costs})
     return {
         "draft_tokens": draft_tokens,
@@ -233,6 +245,40 @@ def _drive(
     return stamps, finals
 
 
+AB_PIECES = ("plain_decode_ms", "verify_ms", "draft_step_ms", "round_ms")
+
+
+def _ab_costs(
+    model: Qwen3_5Model,
+    head: MtpHead,
+    k: int,
+    batch: int,
+    context: int,
+    steps: int,
+    lm_head_draft: bool,
+    settings: Sequence[tuple[str, str]],
+    rounds: int,
+    on_progress: Callable[[str], None],
+) -> list[dict[str, Any]]:
+    """The round's pieces (AB_PIECES) under each `--ab` setting, then the base again (setting
+    ''), the cycle `rounds` times. Each timing builds its own decode step, round and graphs
+    (`_step_costs`), so a switch read at launch or capture applies; one process, one card, so
+    the sides compare where two processes' rounds differ by ~1.4 % (docs/perf.md, run S36C)."""
+    out = []
+    for r in range(rounds):
+        for name, value in [*settings, ("", "")]:
+            label = f"{name}={value}" if name else ""
+            on_progress(f"spec A/B {label or 'the base again'} (round {r + 1} of {rounds})")
+            with setting(name, value) if name else contextlib.nullcontext():
+                costs = _step_costs(model, head, k, batch, context, steps, lm_head_draft,
+                                    pieces_only=True)  # fmt: skip
+            out.append({"setting": label, **{p: costs[p] for p in AB_PIECES}})
+            gc.collect()
+            if model.device.type == "cuda":
+                torch.cuda.empty_cache()
+    return out
+
+
 def _step_costs(
     model: Qwen3_5Model,
     head: MtpHead,
@@ -244,10 +290,12 @@ def _step_costs(
     *,
     served: tuple[tuple, tuple] = GREEDY_FIELDS,
     profile: bool = False,
+    pieces_only: bool = False,
 ) -> dict[str, Any]:
     """Median milliseconds of the pieces of a round, on a private cache (zero KV: timing only);
     `served`: the fields of `round_served_ms`'s rows (`served_greedy_fields`); with `profile`,
-    also `round_profile`: one eager round's kernels (`bench.profile`)."""
+    also `round_profile`: one eager round's kernels (`bench.profile`); `pieces_only`: only
+    AB_PIECES (an A/B's timings)."""
     device = model.device
     cuda = device.type == "cuda"
     per_seq = -(-(context + 2 * k + 1) // PAGE_SIZE)
@@ -344,6 +392,13 @@ def _step_costs(
     verify_fn, verify_graphed = _graphed(verify, cuda)
     draft_fn, draft_graphed = _graphed(draft_step, cuda)
     round_ms = _median_ms(lambda: spec.run(spec_rows), steps, cuda, before=fresh_drafts)
+    if pieces_only:
+        return {
+            "plain_decode_ms": _median_ms(lambda: decode.run(plain_rows), steps, cuda),
+            "verify_ms": _median_ms(verify_fn, steps, cuda),
+            "draft_step_ms": _median_ms(draft_fn, steps, cuda),
+            "round_ms": round_ms,
+        }
     costs: dict[str, Any] = {
         "plain_decode_ms": _median_ms(lambda: decode.run(plain_rows), steps, cuda),
         "verify_ms": _median_ms(verify_fn, steps, cuda),

@@ -58,9 +58,10 @@ def bench(
     ab: str = opt(
         "",
         "--ab",
-        help="Also time the decode batches (first --contexts value) again under each of these "
-        "switch settings, NAME=VALUE;NAME=VALUE (e.g. NINFER_KERNELS_OFF=fp8_ring), then the "
-        "base again: an A/B in one process.",
+        help="Also time the decode batches (first --contexts value; with --spec: the round's "
+        "plain step, verify, draft step and round) again under each of these switch settings, "
+        "NAME=VALUE;NAME=VALUE (e.g. NINFER_KERNELS_OFF=fp8_ring), then the base again: an A/B "
+        "in one process.",
         metavar="SETTINGS",
     ),
     ab_rounds: int = opt(
@@ -178,9 +179,9 @@ def bench(
         raise UserError(str(e)) from None
     if ab_rounds > 1 and not ab_settings:
         raise UserError("--ab-rounds needs --ab")
-    if ab_settings and (kv_dtype_quality or spec is not None or vision):
-        raise UserError("--ab applies to the text matrix; it is not supported with "
-                        "--kv-dtype-quality, --spec or --vision")  # fmt: skip
+    if ab_settings and (kv_dtype_quality or vision):
+        raise UserError("--ab applies to the text matrix and --spec rounds; it is not "
+                        "supported with --kv-dtype-quality or --vision")  # fmt: skip
     if profile and (kv_dtype_quality or vision):
         raise UserError("--profile covers the text matrix and --spec rounds; it is not "
                         "supported with --kv-dtype-quality or --vision")  # fmt: skip
@@ -201,7 +202,8 @@ def bench(
             raise UserError(f"--spec {spec}: only mtp is built")
         _spec(synthetic, cuda_device(device), weights, draft_tokens,
               _ints(batches, "--batches"), _ints(contexts, "--contexts")[0], e2e_prompt,
-              e2e_output, steps, as_json, save, lm_head_draft, profile)  # fmt: skip
+              e2e_output, steps, as_json, save, lm_head_draft, profile, ab_settings,
+              ab_rounds)  # fmt: skip
         return
     if vision:
         _vision(synthetic, cuda_device(device), vision_size,
@@ -267,6 +269,8 @@ def _spec(
     save: Path | None,
     lm_head_draft: bool,
     profile: bool,
+    ab: tuple[tuple[str, str], ...] = (),
+    ab_rounds: int = 1,
 ) -> None:
     import torch
 
@@ -297,6 +301,8 @@ def _spec(
         steps=steps,
         lm_head_draft=lm_head_draft,
         profile=profile,
+        ab=ab,
+        ab_rounds=ab_rounds,
         on_progress=lambda msg: err.print(msg, style="dim"),
     )
     report |= {"synthetic": synthetic, "weights": weights,
@@ -326,6 +332,12 @@ def _spec(
         )
         if r.get("eager_pieces"):
             con.print(f"  timed eagerly (capture failed): {', '.join(r['eager_pieces'])}")
+        for a in r.get("ab", []):
+            con.print(
+                f"  A/B {a['setting'] or 'base again'}: round {a['round_ms']:.3f} ms, verify "
+                f"{a['verify_ms']:.3f}, plain step {a['plain_decode_ms']:.3f}, draft step "
+                f"{a['draft_step_ms']:.3f}"
+            )
         if "round_profile" in r:
             print_profile(r["round_profile"], con)
 

@@ -126,3 +126,45 @@ def test_served_round_is_the_round_the_e2e_requests_run(
     costs = spec_bench._step_costs(model, head, 2, 1, 24, 1, False, served=served)
     assert mode in modes  # the served rows' rounds, beside the greedy and sampled ones
     assert (costs["round_served_ms"] == costs["round_ms"]) == (mode == "greedy")
+
+
+def test_ab_times_the_pieces_under_each_setting_then_the_base(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`--ab` with `--spec`: each setting is in the environment while its pieces are timed
+    (switches are read at launch and capture), the base follows with it gone, every round."""
+    import os
+
+    from ninfer.bench import spec_bench
+
+    model, head = _tiny()
+    seen: list[tuple[str | None, bool]] = []
+    step_costs = spec_bench._step_costs
+
+    def spy(*args, **kwargs):
+        seen.append((os.environ.get("NINFER_KERNELS_ON"), kwargs.get("pieces_only", False)))
+        return step_costs(*args, **kwargs)
+
+    monkeypatch.delenv("NINFER_KERNELS_ON", raising=False)
+    monkeypatch.setattr(spec_bench, "_step_costs", spy)
+    settings = (("NINFER_KERNELS_ON", "a"), ("NINFER_KERNELS_ON", "b"))
+    report = run_spec_bench(
+        model,
+        head,
+        architecture="qwen3_5",
+        draft_tokens=2,
+        batches=(1,),
+        context=24,
+        prompt_tokens=12,
+        output_tokens=4,
+        steps=1,
+        ab=settings,
+        ab_rounds=2,
+    )
+    # the row's own costs first, then (a, b, base) twice, each timing only the pieces
+    assert seen == [(None, False)] + [("a", True), ("b", True), (None, True)] * 2
+    ab = report["rows"][0]["ab"]
+    labels = ["NINFER_KERNELS_ON=a", "NINFER_KERNELS_ON=b", ""] * 2
+    assert [a["setting"] for a in ab] == labels
+    assert all(a[p] > 0 for a in ab for p in spec_bench.AB_PIECES)
+    assert "NINFER_KERNELS_ON" not in os.environ

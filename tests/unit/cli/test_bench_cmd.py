@@ -130,7 +130,6 @@ def test_kv_dtype_quality_takes_its_contexts(monkeypatch: pytest.MonkeyPatch) ->
     [
         (["--ab", "PATH=/usr"], "--ab takes NAME=VALUE"),
         (["--ab", "NINFER_KERNELS_OFF"], "--ab takes NAME=VALUE"),
-        (["--ab", "NINFER_KERNELS_OFF=pdl", "--spec", "mtp"], "not supported with"),
         (["--ab", "NINFER_KERNELS_OFF=pdl", "--vision"], "not supported with"),
         (["--ab-rounds", "3"], "--ab-rounds needs --ab"),
         (["--profile", "--vision"], "--profile covers"),
@@ -175,3 +174,17 @@ def test_ab_settings_reach_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
         ("NINFER_KERNELS_OFF", "fp8_ring,pdl"),
         ("NINFER_KERNELS_ON", "bf16_tc_gemv"),
     )
+
+
+def test_ab_settings_reach_the_spec_bench(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--ab` with `--spec mtp` is taken (the round's pieces per setting), not refused: the
+    settings and rounds reach `_spec`, past the option checks."""
+    import ninfer.cli.bench_cmd as cmd
+
+    seen = []
+    monkeypatch.setattr(cmd, "_spec", lambda *args: seen.append(args))
+    ab = ["--ab", "NINFER_KERNELS_ON=attention_metadata", "--ab-rounds", "2"]
+    result = CliRunner().invoke(app, [*BASE, "--spec", "mtp", *ab])
+    assert result.exit_code == 0, result.output
+    (args,) = seen
+    assert args[-2:] == ((("NINFER_KERNELS_ON", "attention_metadata"),), 2)
