@@ -175,10 +175,11 @@ class SpecStep:
         # what each slot's latest round left for a chained round after it: its t0 (the token
         # the round committed last), that token's KV index and output index, the columns the
         # round kept (its fold) and its committed tokens (-1 padded: the penalty counts)
-        feed = (4, max(cache.num_slots, 1))
-        self.feed_token, self.feed_position, self.feed_step, self.feed_columns = torch.zeros(
-            feed, dtype=torch.int64, device=self.device
+        # one [4, slots] block, so a round writes (and a chained one reads) them in one launch
+        self._feeds = torch.zeros(
+            (4, max(cache.num_slots, 1)), dtype=torch.int64, device=self.device
         )
+        self.feed_token, self.feed_position, self.feed_step, self.feed_columns = self._feeds
         self.feed_committed = torch.full(
             (max(cache.num_slots, 1), draft_tokens + 1), -1, dtype=torch.int64, device=self.device
         )
@@ -250,7 +251,8 @@ class SpecStep:
         if rows.chain is not None:
             self._take_feed(rows)
         ids = torch.cat((rows.t0[:, None], self.drafts.index_select(0, rows.slots)), dim=1)
-        batch = self._group_batch(rows, ids, verify=True)
+        layout = self._group_layout(rows, width)  # the verify's and the head pass's
+        batch = self._group_batch(rows, ids, layout, verify=True)
         hidden = self.model.forward_hidden(batch, self.cache)  # [B * W, H]
         logits = self.model.compute_logits(hidden).view(num, width, -1)
         counts = self._counts(mode)
@@ -271,7 +273,7 @@ class SpecStep:
         every = torch.arange(num, device=self.device)
         next_ids = torch.cat((ids[:, 1:], ids[:, :1]), dim=1)
         next_ids[every, accepted] = committed[every, accepted]
-        head_batch = self._group_batch(rows, next_ids, verify=False)
+        head_batch = self._group_batch(rows, next_ids, layout, verify=False)
         head_hidden = self.head.forward_hidden(head_batch, self.cache, hidden).view(num, width, -1)
         last = head_hidden[every, accepted]  # [B, H]
         self._draft_tensors(
@@ -283,7 +285,7 @@ class SpecStep:
             bound=draft_bound,
             static=rows.static,
         )
-        self._leave_feed(rows, accepted, committed)
+        self._leave_feed(rows, accepted, committed, every)
         return self._result(accepted + 1, accepted, committed), batch.verify_states or []
 
     def _take_feed(self, rows: _Rows) -> None:
@@ -293,45 +295,63 @@ class SpecStep:
         leaves these out: `Scheduler._land_spec`)."""
         assert rows.chain is not None
         chained = rows.chain != 0
-        step = rows.params.ints[:, STEP]
-        for column, feed in (
-            (rows.t0, self.feed_token),
-            (rows.position, self.feed_position),
-            (step, self.feed_step),
-        ):
-            column.copy_(torch.where(chained, feed.index_select(0, rows.slots), column))
+        columns = (rows.t0, rows.position, rows.params.ints[:, STEP])
+        fed = self._feeds[:3].index_select(1, rows.slots)  # [3, B]: token, position, step
+        taken = torch.where(chained, fed, torch.stack(columns))
+        for column, values in zip(columns, taken, strict=True):
+            column.copy_(values)
         tokens = self.feed_committed.index_select(0, rows.slots)  # [B, k + 1]
         add = (chained[:, None] & (tokens >= 0)).to(self.counts.dtype)
-        flat = rows.slots[:, None] * self.counts.shape[1] + tokens.clamp(min=0)
+        flat = torch.add(tokens.clamp(min=0), rows.slots[:, None], alpha=self.counts.shape[1])
         self.counts.view(-1).index_add_(0, flat.reshape(-1), add.reshape(-1))
 
-    def _leave_feed(self, rows: _Rows, accepted: torch.Tensor, committed: torch.Tensor) -> None:
+    def _leave_feed(
+        self, rows: _Rows, accepted: torch.Tensor, committed: torch.Tensor, every: torch.Tensor
+    ) -> None:
         """What a chained round after this one reads: the token committed last (its t0), the
         KV index it goes to, and the columns this round keeps (its fold): t0 and the accepted
         drafts up to the first stop id among them, where the host's commit ends the request
-        (`scheduler._fold_columns`), so a conversation kept at that stop holds its state."""
+        (`scheduler._fold_columns`), so a conversation kept at that stop holds its state.
+        `every`: arange(B). The four go into their [4, slots] block in one launch."""
         num, width = committed.shape
-        every = torch.arange(num, device=self.device)
         hit = (committed[:, :, None] == rows.stops[:, None, :]).any(dim=-1)  # [B, W]
         count = torch.arange(1, width + 1, device=self.device).expand(num, width)
         first = torch.where(hit, count, width + 1).amin(dim=1)  # 1-based, W + 1: none
         kept = torch.minimum(accepted, first)
-        self.feed_token.index_copy_(0, rows.slots, committed[every, accepted])
-        self.feed_position.index_copy_(0, rows.slots, rows.position + accepted + 1)
-        self.feed_step.index_copy_(0, rows.slots, rows.params.ints[:, STEP] + accepted + 1)
-        self.feed_columns.index_copy_(0, rows.slots, kept + 1)
-        columns = torch.arange(width, device=self.device)
-        landed = torch.where(columns[None, :] <= accepted[:, None], committed, -1)
+        landed_count = accepted + 1
+        feeds = (
+            committed[every, accepted],
+            rows.position + landed_count,
+            rows.params.ints[:, STEP] + landed_count,
+            kept + 1,
+        )
+        self._feeds.index_copy_(1, rows.slots, torch.stack(feeds))
+        landed = torch.where(count <= landed_count[:, None], committed, -1)
         self.feed_committed.index_copy_(0, rows.slots, landed)
 
-    def _group_batch(self, rows: _Rows, ids: torch.Tensor, *, verify: bool) -> ForwardBatch:
-        num, width = ids.shape
+    def _group_layout(self, rows: _Rows, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(RoPE positions [B * width], cu_seqlens [B + 1]) of `width` columns per row from each
+        row's position: the verify and the head pass of a round share them."""
+        num = rows.position.shape[0]
         cols = torch.arange(width, device=self.device)
-        kv = rows.position[:, None] + cols[None, :]
+        positions = (rows.position[:, None] + cols[None, :] + rows.rope[:, None]).reshape(-1)
+        cu = torch.arange(0, (num + 1) * width, width, dtype=torch.int32, device=self.device)
+        return positions, cu
+
+    def _group_batch(
+        self,
+        rows: _Rows,
+        ids: torch.Tensor,
+        layout: tuple[torch.Tensor, torch.Tensor],
+        *,
+        verify: bool,
+    ) -> ForwardBatch:
+        num, width = ids.shape
+        positions, cu = layout
         return ForwardBatch(
             input_ids=ids.reshape(-1),
-            positions=(kv + rows.rope[:, None]).reshape(-1),
-            cu_seqlens=torch.arange(num + 1, dtype=torch.int32, device=self.device) * width,
+            positions=positions,
+            cu_seqlens=cu,
             num_computed=rows.position,
             page_table=rows.table,
             state_slots=rows.slots,
@@ -569,27 +589,32 @@ class SpecStep:
         length they reach, is given; else d1 is repeated). Writes `drafts[slots]`."""
         k = self.k
         d = self._propose(hidden)
-        drafts = d[:, None].repeat(1, k)
-        if bound is not None and k > 1:
-            num = slots.shape[0]
-            h, tok = hidden, d
-            limit = table.shape[1] * self.cache.page_size
-            for i in range(1, k):
-                step = ForwardBatch(
-                    input_ids=tok,
-                    positions=positions + i + rope,
-                    cu_seqlens=torch.arange(num + 1, dtype=torch.int32, device=self.device),
-                    num_computed=positions + i,
-                    page_table=table,
-                    state_slots=slots,
-                    query_lens=(1,) * num,
-                    max_kv_len=min(bound + 1, limit),
-                    static_shapes=static,
-                )
-                h = self.head.forward_hidden(step, self.cache, h)
-                tok = self._propose(h)
-                drafts[:, i] = tok
-        self.drafts.index_copy_(0, slots, drafts)
+        if bound is None or k == 1:
+            self.drafts.index_copy_(0, slots, d[:, None].expand(-1, k))
+            return
+        num = slots.shape[0]
+        limit = table.shape[1] * self.cache.page_size
+        # every head step's KV index and RoPE position at once: [k - 1, B]
+        ahead = positions[None, :] + torch.arange(1, k, device=self.device)[:, None]
+        rope_at = ahead + rope[None, :]
+        cu = torch.arange(num + 1, dtype=torch.int32, device=self.device)
+        h, tok, proposed = hidden, d, [d]
+        for i in range(1, k):
+            step = ForwardBatch(
+                input_ids=tok,
+                positions=rope_at[i - 1],
+                cu_seqlens=cu,
+                num_computed=ahead[i - 1],
+                page_table=table,
+                state_slots=slots,
+                query_lens=(1,) * num,
+                max_kv_len=min(bound + 1, limit),
+                static_shapes=static,
+            )
+            h = self.head.forward_hidden(step, self.cache, h)
+            tok = self._propose(h)
+            proposed.append(tok)
+        self.drafts.index_copy_(0, slots, torch.stack(proposed, dim=1))
 
     def _record(self, records: list, slot_ids: Sequence[int]) -> None:
         """Keep the verify's records for the fold the scheduler queues once the round lands
