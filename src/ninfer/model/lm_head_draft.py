@@ -71,14 +71,14 @@ def dequantize_int4(
 
 
 class ShortlistHead:
-    """Proposals over the shortlist: row r is token id `ids[r]` (ascending, so the lowest id
-    wins a tie, as the full head's argmax)."""
+    """Proposals over the shortlist: row r is token id r (the first `size` ids, so an argmax
+    over the rows is the token id itself, and the lowest id wins a tie, as the full head's
+    argmax)."""
 
     def __init__(self, lm_head: torch.Tensor, num_sampleable: int, size: int | None = None):
         """`size`: the shortlist's length (None: DEFAULT_SIZE)."""
         size = DEFAULT_SIZE if size is None else size
         count = min(size, num_sampleable, lm_head.shape[0])
-        self.ids = torch.arange(count, device=lm_head.device)
         self.packed, self.scale = quantize_int4(lm_head[:count])
         # hidden states arrive in the lm_head's dtype: a one-row probe of that dtype decides
         probe = torch.empty((1, lm_head.shape[1]), dtype=lm_head.dtype, device=lm_head.device)
@@ -96,13 +96,13 @@ class ShortlistHead:
 
     @property
     def size(self) -> int:
-        return self.ids.shape[0]
+        return self.packed.shape[0]
 
     def propose(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, H] final-normed hidden states -> [N] proposed token ids."""
         fused = self.fused and (self.all_rows or hidden.shape[0] <= FUSED_MAX_ROWS)
         if self.weight is not None and not fused:  # a GPU: bf16 rows through F.linear
             logits = F.linear(hidden.to(self.weight.dtype), self.weight)
-            return self.ids[logits.float().argmax(dim=-1)]
+            return logits.float().argmax(dim=-1)
         # the int4 GEMV on a GPU (one launch), the exact fp32 twin on the CPU
-        return self.ids[dispatch.int4_linear(hidden, self.packed, self.scale).argmax(dim=-1)]
+        return dispatch.int4_linear(hidden, self.packed, self.scale).argmax(dim=-1)
