@@ -49,6 +49,7 @@ import torch
 from ninfer.engine import acceptance
 from ninfer.engine.copies import fold_latest
 from ninfer.engine.plan import ROUND_STOP_IDS
+from ninfer.kernels import dispatch
 from ninfer.kernels.sampling.reference import FREQUENCY, GREEDY, PRESENCE, STEP, RowParams
 from ninfer.model.batch import ForwardBatch
 from ninfer.model.cache import ModelCache
@@ -285,7 +286,7 @@ class SpecStep:
             bound=draft_bound,
             static=rows.static,
         )
-        self._leave_feed(rows, accepted, committed, every)
+        self._leave_feed(rows, accepted, committed)
         return self._result(accepted + 1, accepted, committed), batch.verify_states or []
 
     def _take_feed(self, rows: _Rows) -> None:
@@ -294,40 +295,32 @@ class SpecStep:
         added to the slot's penalty counts (the host, which adds every other committed token,
         leaves these out: `Scheduler._land_spec`)."""
         assert rows.chain is not None
-        chained = rows.chain != 0
-        columns = (rows.t0, rows.position, rows.params.ints[:, STEP])
-        fed = self._feeds[:3].index_select(1, rows.slots)  # [3, B]: token, position, step
-        taken = torch.where(chained, fed, torch.stack(columns))
-        for column, values in zip(columns, taken, strict=True):
-            column.copy_(values)
-        tokens = self.feed_committed.index_select(0, rows.slots)  # [B, k + 1]
-        add = (chained[:, None] & (tokens >= 0)).to(self.counts.dtype)
-        flat = torch.add(tokens.clamp(min=0), rows.slots[:, None], alpha=self.counts.shape[1])
-        self.counts.view(-1).index_add_(0, flat.reshape(-1), add.reshape(-1))
+        dispatch.take_feed(
+            rows.t0,
+            rows.position,
+            rows.params.ints[:, STEP],
+            rows.chain,
+            rows.slots,
+            self._feeds,
+            self.feed_committed,
+            self.counts,
+        )
 
-    def _leave_feed(
-        self, rows: _Rows, accepted: torch.Tensor, committed: torch.Tensor, every: torch.Tensor
-    ) -> None:
+    def _leave_feed(self, rows: _Rows, accepted: torch.Tensor, committed: torch.Tensor) -> None:
         """What a chained round after this one reads: the token committed last (its t0), the
         KV index it goes to, and the columns this round keeps (its fold): t0 and the accepted
         drafts up to the first stop id among them, where the host's commit ends the request
-        (`scheduler._fold_columns`), so a conversation kept at that stop holds its state.
-        `every`: arange(B). The four go into their [4, slots] block in one launch."""
-        num, width = committed.shape
-        hit = (committed[:, :, None] == rows.stops[:, None, :]).any(dim=-1)  # [B, W]
-        count = torch.arange(1, width + 1, device=self.device).expand(num, width)
-        first = torch.where(hit, count, width + 1).amin(dim=1)  # 1-based, W + 1: none
-        kept = torch.minimum(accepted, first)
-        landed_count = accepted + 1
-        feeds = (
-            committed[every, accepted],
-            rows.position + landed_count,
-            rows.params.ints[:, STEP] + landed_count,
-            kept + 1,
+        (`scheduler._fold_columns`), so a conversation kept at that stop holds its state."""
+        dispatch.leave_feed(
+            self._feeds,
+            self.feed_committed,
+            rows.slots,
+            rows.position,
+            rows.params.ints[:, STEP],
+            rows.stops,
+            accepted,
+            committed,
         )
-        self._feeds.index_copy_(1, rows.slots, torch.stack(feeds))
-        landed = torch.where(count <= landed_count[:, None], committed, -1)
-        self.feed_committed.index_copy_(0, rows.slots, landed)
 
     def _group_layout(self, rows: _Rows, width: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(RoPE positions [B * width], cu_seqlens [B + 1]) of `width` columns per row from each

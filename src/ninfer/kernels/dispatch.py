@@ -56,6 +56,8 @@ from ninfer.kernels.paged_decode_attention import launch as _paged_cuda
 from ninfer.kernels.paged_decode_attention import reference as _paged_ref
 from ninfer.kernels.qk_norm_rope import launch as _qk_cuda
 from ninfer.kernels.qk_norm_rope import reference as _qk_ref
+from ninfer.kernels.round_feed import launch as _feed_cuda
+from ninfer.kernels.round_feed import reference as _feed_ref
 from ninfer.kernels.sampling import launch as _sampling_cuda
 from ninfer.kernels.sampling import reference as _sampling_ref
 from ninfer.kernels.sampling import rng as _rng
@@ -516,6 +518,60 @@ def attention_indices(
             cu_seqlens, num_computed, page_table, page_size, num_tokens
         )
     return _meta_ref.attention_indices(cu_seqlens, num_computed, page_table, page_size, num_tokens)
+
+
+def take_feed(
+    t0: torch.Tensor,
+    position: torch.Tensor,
+    step: torch.Tensor,
+    chain: torch.Tensor,
+    slots: torch.Tensor,
+    feeds: torch.Tensor,
+    feed_committed: torch.Tensor,
+    counts: torch.Tensor,
+) -> None:
+    """A chained round takes what its slot's previous round left; see kernels/round_feed/
+    reference.py (one launch on CUDA with `NINFER_KERNELS_ON=round_feed`: opt-in until its GPU
+    tests have run)."""
+    args = (t0, position, step, chain, slots, feeds, feed_committed, counts)
+    if (
+        use_cuda_kernels(feeds, "round_feed")
+        and switches.switched_on("round_feed")
+        and _feed_cuda.problem([t0, position, step, chain, slots], feeds, feed_committed) is None
+        and counts.dtype == torch.int32
+        and counts.is_contiguous()
+    ):
+        _feed_cuda.take_feed(*args)
+    else:
+        _feed_ref.take_feed(*args)
+
+
+def leave_feed(
+    feeds: torch.Tensor,
+    feed_committed: torch.Tensor,
+    slots: torch.Tensor,
+    position: torch.Tensor,
+    step: torch.Tensor,
+    stops: torch.Tensor,
+    accepted: torch.Tensor,
+    committed: torch.Tensor,
+) -> None:
+    """A round leaves its slot's feeds for a chained successor; see kernels/round_feed/
+    reference.py (one launch on CUDA with `NINFER_KERNELS_ON=round_feed`, as `take_feed`)."""
+    args = (feeds, feed_committed, slots, position, step, stops, accepted, committed)
+    rows = [slots, position, step, stops, accepted, committed]
+    if (
+        use_cuda_kernels(feeds, "round_feed")
+        and switches.switched_on("round_feed")
+        and _feed_cuda.problem(rows, feeds, feed_committed) is None
+        and accepted.is_contiguous()
+        and committed.is_contiguous()
+        and committed.shape[1] == feed_committed.shape[1]
+        and stops.stride(1) == 1
+    ):
+        _feed_cuda.leave_feed(*args)
+    else:
+        _feed_ref.leave_feed(*args)
 
 
 def store_kv(x: torch.Tensor, pages: KvPages, slot_mapping: torch.Tensor) -> None:

@@ -1,0 +1,100 @@
+"""The round-feed kernels against their torch twin, bit for bit (GPU), and what they refuse (CPU).
+
+Fresh random rounds each run: slots distinct (padding rows of a static round share the dummy
+slot, whose feeds nobody reads), some rows chained, stop ids that hit before, at and after the
+accepted columns, per-row inputs as the static round stages them (strided columns of one int64
+block) and as the eager round builds them (contiguous).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ninfer.kernels import dispatch
+from ninfer.kernels.round_feed import launch as feed_cuda
+from ninfer.kernels.round_feed import reference as feed_ref
+from ninfer.kernels.switches import setting
+
+SLOTS, VOCAB, STOPS = 70, 300, 4
+
+
+def _round(num: int, width: int, seed: int, device: str, staged: bool) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    block = torch.randint(0, 1000, (num, 16), generator=g)
+    block[:, 0] = torch.randperm(SLOTS - 1, generator=g)[:num]  # distinct slots
+    block[:, 1] = torch.randint(0, 5, (num,), generator=g) * (torch.rand(num, generator=g) < 0.5)
+    block[:, 8:12] = torch.randint(0, 12, (num, STOPS), generator=g)  # stop ids, some hit
+    block[:, 10:12] = -1  # padding
+    block = block.to(device)
+    cols = {n: block[:, i] for n, i in (("slots", 0), ("chain", 1), ("t0", 2), ("position", 3))}
+    cols["step"], cols["stops"] = block[:, 6], block[:, 8 : 8 + STOPS]
+    if not staged:
+        cols = {n: t.contiguous() for n, t in cols.items()}
+    committed = torch.randint(0, 12, (num, width), generator=g)
+    accepted = torch.randint(0, width, (num,), generator=g)
+    committed[torch.arange(width)[None, :] > accepted[:, None]] = 0  # as acceptance leaves it
+    feed_committed = torch.randint(-1, VOCAB, (SLOTS, width), generator=g)
+    return {
+        **cols,
+        "block": block,
+        "committed": committed.to(device),
+        "accepted": accepted.to(device),
+        "feeds": torch.randint(0, 1000, (4, SLOTS), generator=g).to(device),
+        "feed_committed": feed_committed.to(device),
+        "counts": torch.randint(0, 3, (SLOTS, VOCAB), generator=g, dtype=torch.int32).to(device),
+    }
+
+
+def _take(fn, r: dict) -> None:
+    fn(r["t0"], r["position"], r["step"], r["chain"], r["slots"], r["feeds"],
+       r["feed_committed"], r["counts"])  # fmt: skip
+
+
+def _leave(fn, r: dict) -> None:
+    fn(r["feeds"], r["feed_committed"], r["slots"], r["position"], r["step"], r["stops"],
+       r["accepted"], r["committed"])  # fmt: skip
+
+
+def _clone(r: dict) -> dict:
+    out = {n: t.clone() for n, t in r.items()}
+    if not r["t0"].is_contiguous():  # the staged columns: views of the copied block
+        b = out["block"]
+        out |= {"slots": b[:, 0], "chain": b[:, 1], "t0": b[:, 2], "position": b[:, 3]}
+        out |= {"step": b[:, 6], "stops": b[:, 8 : 8 + STOPS]}
+    return out
+
+
+def test_the_launcher_names_what_it_refuses() -> None:
+    r = _round(4, 4, 0, "cpu", staged=True)
+    rows = [r["slots"], r["position"], r["step"]]
+    assert feed_cuda.problem(rows, r["feeds"], r["feed_committed"]) is None
+    assert "int64" in feed_cuda.problem([r["slots"].int()], r["feeds"], r["feed_committed"])
+    assert "1..1024" in feed_cuda.problem([r["slots"][:0]], r["feeds"], r["feed_committed"])
+    assert "contiguous" in feed_cuda.problem(rows, r["feeds"].t().contiguous().t(),
+                                             r["feed_committed"])  # fmt: skip
+
+
+def test_dispatch_runs_the_twin_on_the_cpu() -> None:
+    r = _round(5, 4, 1, "cpu", staged=True)
+    want = _clone(r)
+    with setting("NINFER_KERNELS_ON", "round_feed"):
+        _take(dispatch.take_feed, r)
+        _leave(dispatch.leave_feed, r)
+    _take(feed_ref.take_feed, want)
+    _leave(feed_ref.leave_feed, want)
+    assert all(torch.equal(r[n], want[n]) for n in r)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("staged", [True, False], ids=["staged", "eager"])
+@pytest.mark.parametrize("num,width", [(1, 4), (8, 4), (64, 6), (3, 2)])
+def test_the_kernels_equal_the_twin(num: int, width: int, staged: bool) -> None:
+    r = _round(num, width, torch.seed() % 2**31, "cuda", staged)
+    want = _clone(r)
+    _take(feed_cuda.take_feed, r)
+    _take(feed_ref.take_feed, want)
+    _leave(feed_cuda.leave_feed, r)
+    _leave(feed_ref.leave_feed, want)
+    for name in ("block", "feeds", "feed_committed", "counts", "t0", "position", "step"):
+        assert torch.equal(r[name], want[name]), name
