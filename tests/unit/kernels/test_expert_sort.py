@@ -48,7 +48,7 @@ def test_routing_decision(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _table_sort(ids: list[int], num_experts: int, threads: int) -> tuple[list[int], list[int]]:
-    """expert_sort's opt-in table form replayed on the CPU, warp by warp: `__match_any_sync` as
+    """expert_sort's table form replayed on the CPU, warp by warp: `__match_any_sync` as
     the lanes of a 32-assignment chunk holding the same expert, the leader (lowest such lane)
     writing the chunk's count, one thread per expert turning its column into exclusive prefixes,
     and the rank as the chunk's prefix plus the same-expert lanes below."""
@@ -112,14 +112,14 @@ def test_equals_the_twin_bit_for_bit(
     tokens: int, top_k: int, experts: int, form: str, gen, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Stable: the same order and ends as torch's stable sort and searchsorted, skewed choices
-    (a few hot experts chosen by many tokens) included; the opt-in chunk table (where it fits)
+    (a few hot experts chosen by many tokens) included; the chunk table (where it fits)
     and the O(A^2) count alike."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     if form == "table":
-        monkeypatch.setenv("NINFER_KERNELS_ON", routing_cuda.SORT_TABLE)
+        monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
     else:
-        monkeypatch.delenv("NINFER_KERNELS_ON", raising=False)
+        monkeypatch.setenv("NINFER_KERNELS_OFF", routing_cuda.SORT_TABLE)
     hot = torch.randint(0, experts, (max(1, experts // 16),), device="cuda", generator=gen)
     pick = torch.randint(0, experts, (tokens, top_k), device="cuda", generator=gen)
     skew = torch.rand(tokens, top_k, device="cuda", generator=gen) < 0.5
@@ -145,7 +145,7 @@ def test_replays_in_a_graph_and_skips_out_of_range_ids(
     want_order, want_ends = expert_ref.expert_groups(ids, 256)
     assert torch.equal(order, want_order) and torch.equal(ends, want_ends)
     bad = torch.tensor([2, 9, 1, -1, 2], device="cuda")  # 9 and -1 are no expert of 4
-    monkeypatch.setenv("NINFER_KERNELS_ON", routing_cuda.SORT_TABLE)
+    monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
     for table in (True, False):
         monkeypatch.setattr(routing_cuda, "SORT_TABLE_SMEM", 48 * 1024 if table else 0)
         order, ends = routing_cuda.expert_sort(bad, 4)

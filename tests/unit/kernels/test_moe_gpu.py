@@ -552,9 +552,9 @@ def test_moe_combine_loads_first_gives_the_loops_bits(
     shared = torch.randn(tokens, hidden, device="cuda", generator=gen).to(torch.bfloat16)
     gate = torch.randn(tokens, 3, device="cuda", generator=gen).to(torch.bfloat16)[:, 2:3]
     kw = {"shared": shared, "shared_gate": gate} if with_shared else {}
-    monkeypatch.setenv("NINFER_KERNELS_ON", expert_cuda.COMBINE_PRELOAD)
+    monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
     first = expert_cuda.moe_combine(y, weights, **kw)
-    monkeypatch.delenv("NINFER_KERNELS_ON")
+    monkeypatch.setenv("NINFER_KERNELS_OFF", expert_cuda.COMBINE_PRELOAD)
     loop = expert_cuda.moe_combine(y, weights, **kw)
     assert torch.equal(first, loop)
     assert rel(first, expert_ref.moe_combine(y, weights, **kw)) < TOL[torch.bfloat16]

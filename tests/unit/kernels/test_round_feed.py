@@ -14,7 +14,6 @@ import torch
 from ninfer.kernels import dispatch
 from ninfer.kernels.round_feed import launch as feed_cuda
 from ninfer.kernels.round_feed import reference as feed_ref
-from ninfer.kernels.switches import setting
 
 SLOTS, VOCAB, STOPS = 70, 300, 4
 
@@ -78,9 +77,8 @@ def test_the_launcher_names_what_it_refuses() -> None:
 def test_dispatch_runs_the_twin_on_the_cpu() -> None:
     r = _round(5, 4, 1, "cpu", staged=True)
     want = _clone(r)
-    with setting("NINFER_KERNELS_ON", "round_feed"):
-        _take(dispatch.take_feed, r)
-        _leave(dispatch.leave_feed, r)
+    _take(dispatch.take_feed, r)
+    _leave(dispatch.leave_feed, r)
     _take(feed_ref.take_feed, want)
     _leave(feed_ref.leave_feed, want)
     assert all(torch.equal(r[n], want[n]) for n in r)

@@ -524,7 +524,7 @@ __global__ void __launch_bounds__(256, D <= 2 ? 3 : 2) expert_group_mma(
 // shared output and its gate) before it adds any, then adds in the same order: one memory round
 // trip instead of k + 1, as the loop over a runtime k waits for each load before issuing the next
 // (the H100 profile had this kernel at ~9 µs a 35B layer for 2 MB at 64 rows). The same bits.
-// Opt-in in launch.py until a GPU run.
+// On by default (launch.py: COMBINE_PRELOAD); bit-equal to the loop on the GPU (run S39B).
 constexpr int kCombineMaxK = 16;
 
 template <typename T, bool PRELOAD>

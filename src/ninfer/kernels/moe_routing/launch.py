@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ninfer.kernels import runtime as rt
-from ninfer.kernels.switches import switched_off, switched_on
+from ninfer.kernels.switches import switched_off
 
 OP = "moe_routing"
 ROWS_PER_BLOCK = 4  # one warp per row
@@ -26,9 +26,9 @@ SORT_ROUTED = True
 
 # expert_sort ranks through a per-chunk count table (O(A / 32) steps per expert) where the table
 # and the ids fit this much shared memory (the 35B's 512 assignments x 256 experts: 19 KiB), else
-# by the O(A^2 / blockDim) count. The same order and ends either way. Opt-in
-# (`NINFER_KERNELS_ON=sort_table`) until its GPU test and a 64-row 35B-A3B A/B have run (written in
-# stop 38, when no device call started).
+# by the O(A^2 / blockDim) count. The same order and ends either way (GPU test, run S39B). On by
+# default since S39B (with the loads-first combine: the 35B-A3B 64-row step 0.997x on an H100);
+# `NINFER_KERNELS_OFF=sort_table` keeps the count.
 SORT_TABLE = "sort_table"
 SORT_TABLE_SMEM = 48 * 1024
 
@@ -123,7 +123,7 @@ def expert_sort(expert_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tenso
     threads = min(SORT_THREADS, -(-max(count, num_experts) // 32) * 32)
     shared = 4 * (count + num_experts)
     table = sort_table_bytes(count, num_experts)
-    use_table = shared + table <= SORT_TABLE_SMEM and switched_on(SORT_TABLE)
+    use_table = shared + table <= SORT_TABLE_SMEM and not switched_off(SORT_TABLE)
     if use_table:
         shared += table
     args = (

@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(128) moe_routing(
 // spends a radix sort (several kernels) and a searchsorted: ~27 µs per 35B layer at 512
 // assignments (run K's profile: 1.08 ms per batch-64 step). One block, a stable counting sort:
 // - the ids go to shared memory;
-// - TABLE (opt-in, where [ceil(A / 32)][E] ints fit shared memory; launch.py): each warp-sized
+// - TABLE (the default where [ceil(A / 32)][E] ints fit shared memory; launch.py): each warp-sized
 //   chunk of 32 assignments counts its experts with __match_any_sync into table[chunk][e]; one
 //   thread per expert turns its column into exclusive prefixes over the chunks (its total is the
 //   expert's count); assignment i then ranks at table[i / 32][e] + (lanes below it in its chunk
