@@ -43,6 +43,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -80,6 +81,14 @@ class _Rows:
     stops: torch.Tensor  # [B, ROUND_STOP_IDS] stop ids, -1 padded (see _leave_feed)
     static: bool = False
     chain: torch.Tensor | None = None  # [B] nonzero: a chained row (t0, position from the feed)
+
+
+class _Layout(NamedTuple):
+    """Where a round's columns sit: shared by its verify and its head pass."""
+
+    positions: torch.Tensor  # [B * W] RoPE positions
+    angles: tuple[torch.Tensor, torch.Tensor]  # their (cos, sin), [B * W, R] each
+    cu_seqlens: torch.Tensor  # [B + 1] int32
 
 
 @dataclass
@@ -322,29 +331,29 @@ class SpecStep:
             committed,
         )
 
-    def _group_layout(self, rows: _Rows, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(RoPE positions [B * width], cu_seqlens [B + 1]) of `width` columns per row from each
-        row's position: the verify and the head pass of a round share them."""
+    def _group_layout(self, rows: _Rows, width: int) -> _Layout:
+        """RoPE positions [B * width], their angles and cu_seqlens [B + 1] of `width` columns
+        per row from each row's position: the verify and the head pass of a round share them."""
         num = rows.position.shape[0]
         cols = torch.arange(width, device=self.device)
         positions = (rows.position[:, None] + cols[None, :] + rows.rope[:, None]).reshape(-1)
         cu = torch.arange(0, (num + 1) * width, width, dtype=torch.int32, device=self.device)
-        return positions, cu
+        return _Layout(positions, self.model.rope.cos_sin(positions), cu)
 
     def _group_batch(
         self,
         rows: _Rows,
         ids: torch.Tensor,
-        layout: tuple[torch.Tensor, torch.Tensor],
+        layout: _Layout,
         *,
         verify: bool,
     ) -> ForwardBatch:
         num, width = ids.shape
-        positions, cu = layout
         return ForwardBatch(
             input_ids=ids.reshape(-1),
-            positions=positions,
-            cu_seqlens=cu,
+            positions=layout.positions,
+            rope_angles=layout.angles,
+            cu_seqlens=layout.cu_seqlens,
             num_computed=rows.position,
             page_table=rows.table,
             state_slots=rows.slots,
@@ -590,12 +599,14 @@ class SpecStep:
         # every head step's KV index and RoPE position at once: [k - 1, B]
         ahead = positions[None, :] + torch.arange(1, k, device=self.device)[:, None]
         rope_at = ahead + rope[None, :]
+        cos, sin = (a.view(k - 1, num, -1) for a in self.model.rope.cos_sin(rope_at.reshape(-1)))
         cu = torch.arange(num + 1, dtype=torch.int32, device=self.device)
         h, tok, proposed = hidden, d, [d]
         for i in range(1, k):
             step = ForwardBatch(
                 input_ids=tok,
                 positions=rope_at[i - 1],
+                rope_angles=(cos[i - 1], sin[i - 1]),
                 cu_seqlens=cu,
                 num_computed=ahead[i - 1],
                 page_table=table,

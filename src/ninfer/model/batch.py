@@ -46,6 +46,10 @@ class ForwardBatch:
     # `max_kv_len` is a static bound, not the longest sequence (CUDA graphs of verify steps):
     # attention takes every length from `num_computed` on the device
     static_shapes: bool = False
+    # (cos, sin) [T, R] fp32 of `positions`, when the caller has them already: a speculative
+    # round's verify and head pass share their positions, and its draft steps take theirs from
+    # one computation (`Rope.cos_sin`: the same values, three launches fewer a forward)
+    rope_angles: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def __post_init__(self) -> None:
         num_tokens = self.input_ids.shape[0]
@@ -70,6 +74,10 @@ class ForwardBatch:
             raise BatchError(f"page_table shape {tuple(self.page_table.shape)} != [{num_seqs}, *]")
         if self.verify_width and self.query_lens != (self.verify_width,) * num_seqs:
             raise BatchError(f"a verify step feeds {self.verify_width} tokens per sequence")
+        if self.rope_angles is not None and any(
+            a.dim() != 2 or a.shape[0] != num_tokens for a in self.rope_angles
+        ):
+            raise BatchError(f"rope_angles must be two [{num_tokens}, R] tables")
         if (self.embed_index is None) != (self.embed_rows is None):
             raise BatchError("embed_index and embed_rows come together")
         if self.embed_index is not None and self.embed_rows is not None:

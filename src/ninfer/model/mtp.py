@@ -97,7 +97,7 @@ class MtpHead:
             dim=-1,
         )
         x = dispatch.linear(x, self.fc)  # [T, H], the layer's residual stream
-        cos, sin = self.target.rope.cos_sin(batch.positions)
+        cos, sin = batch.rope_angles or self.target.rope.cos_sin(batch.positions)
         meta = build_attention_metadata(batch, cache.page_size)
         k_pages, v_pages = cache.kv(self.layer_id)
         h = dispatch.rms_norm(x, self.input_layernorm, eps)

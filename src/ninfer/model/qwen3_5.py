@@ -208,7 +208,7 @@ class Qwen3_5Model:
         x = F.embedding(batch.input_ids, self.embed_tokens)  # [T, H]
         if batch.embed_index is not None and batch.embed_rows is not None:  # media tokens
             x = x.index_copy(0, batch.embed_index, batch.embed_rows.to(x.dtype))
-        cos, sin = self.rope.cos_sin(batch.positions)
+        cos, sin = batch.rope_angles or self.rope.cos_sin(batch.positions)
         meta = build_attention_metadata(batch, cache.page_size) if c.full_attention_layers else None
         eps = c.rms_norm_eps
         h = x
