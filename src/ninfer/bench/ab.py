@@ -14,7 +14,7 @@ one card (docs/perf.md, runs S35E / S35G), as much as the effects an A/B is usua
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
@@ -60,18 +60,23 @@ def run_ab(
 ) -> list[AbResult]:
     """Each setting's decode rows, then the base's again (setting ''), each with fresh graphs;
     the cycle `rounds` times (the list always ends with the base)."""
-    results = []
+    return [
+        AbResult(label, _rows(bench, decode_batches, context, decode_steps, on_progress, text))
+        for label, text in cycle(settings, rounds)
+    ]
+
+
+def cycle(settings: Sequence[tuple[str, str]], rounds: int) -> Iterator[tuple[str, str]]:
+    """The A/B order: each setting, then the base, the whole cycle `rounds` times. Yields
+    (label: NAME=VALUE, '' for the base; a progress text) with the setting in the environment
+    while the caller times that side (`ninfer bench --ab`, and `--spec` rounds' pieces)."""
     for r in range(rounds):
         of = f" (round {r + 1} of {rounds})" if rounds > 1 else ""
         for name, value in settings:
             label = f"{name}={value}"
             with setting(name, value):
-                rows = _rows(bench, decode_batches, context, decode_steps, on_progress, label + of)
-            results.append(AbResult(label, rows))
-        again = f"the base again{of}"
-        base = _rows(bench, decode_batches, context, decode_steps, on_progress, again)
-        results.append(AbResult("", base))
-    return results
+                yield label, label + of
+        yield "", f"the base again{of}"
 
 
 def _rows(

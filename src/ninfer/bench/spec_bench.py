@@ -33,7 +33,6 @@ verify.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import statistics
 import threading
@@ -43,13 +42,13 @@ from typing import Any
 
 import torch
 
+from ninfer.bench.ab import cycle
 from ninfer.bench.profile import profile_steps, summarize
 from ninfer.engine.graphs import DecodeInput, DecodeStep
 from ninfer.engine.handles import RequestHandle
 from ninfer.engine.request import EventKind
 from ninfer.engine.sampling import THINKING, presets_for
 from ninfer.engine.spec_step import SpecInput, SpecStep
-from ninfer.kernels.switches import setting
 from ninfer.model.batch import ForwardBatch
 from ninfer.model.cache import ModelCache
 from ninfer.model.lm_head_draft import ShortlistHead
@@ -265,17 +264,13 @@ def _ab_costs(
     (`_step_costs`), so a switch read at launch or capture applies; one process, one card, so
     the sides compare where two processes' rounds differ by ~1.4 % (docs/perf.md, run S36C)."""
     out = []
-    for r in range(rounds):
-        for name, value in [*settings, ("", "")]:
-            label = f"{name}={value}" if name else ""
-            on_progress(f"spec A/B {label or 'the base again'} (round {r + 1} of {rounds})")
-            with setting(name, value) if name else contextlib.nullcontext():
-                costs = _step_costs(model, head, k, batch, context, steps, lm_head_draft,
-                                    pieces_only=True)  # fmt: skip
-            out.append({"setting": label, **{p: costs[p] for p in AB_PIECES}})
-            gc.collect()
-            if model.device.type == "cuda":
-                torch.cuda.empty_cache()
+    for label, text in cycle(settings, rounds):
+        on_progress(f"spec A/B, {text}: batch {batch}")
+        costs = _step_costs(model, head, k, batch, context, steps, lm_head_draft, pieces_only=True)
+        out.append({"setting": label, **costs})
+        gc.collect()
+        if model.device.type == "cuda":
+            torch.cuda.empty_cache()
     return out
 
 
@@ -392,18 +387,16 @@ def _step_costs(
     verify_fn, verify_graphed = _graphed(verify, cuda)
     draft_fn, draft_graphed = _graphed(draft_step, cuda)
     round_ms = _median_ms(lambda: spec.run(spec_rows), steps, cuda, before=fresh_drafts)
-    if pieces_only:
-        return {
-            "plain_decode_ms": _median_ms(lambda: decode.run(plain_rows), steps, cuda),
-            "verify_ms": _median_ms(verify_fn, steps, cuda),
-            "draft_step_ms": _median_ms(draft_fn, steps, cuda),
-            "round_ms": round_ms,
-        }
-    costs: dict[str, Any] = {
+    pieces: dict[str, Any] = {  # AB_PIECES
         "plain_decode_ms": _median_ms(lambda: decode.run(plain_rows), steps, cuda),
         "verify_ms": _median_ms(verify_fn, steps, cuda),
         "draft_step_ms": _median_ms(draft_fn, steps, cuda),
         "round_ms": round_ms,
+    }
+    if pieces_only:
+        return pieces
+    costs: dict[str, Any] = {
+        **pieces,
         # the same rows when greedy is served with the preset's penalties, else round_ms
         "round_served_ms": round_ms
         if served == GREEDY_FIELDS
