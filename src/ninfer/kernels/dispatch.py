@@ -533,12 +533,7 @@ def take_feed(
     reference.py (one launch on CUDA; on since run S39A: with the metadata kernel the 27B MTP
     round 0.992x on an H100)."""
     args = (t0, position, step, chain, slots, feeds, feed_committed, counts)
-    if (
-        use_cuda_kernels(feeds, "round_feed")
-        and _feed_cuda.problem([t0, position, step, chain, slots], feeds, feed_committed) is None
-        and counts.dtype == torch.int32
-        and counts.is_contiguous()
-    ):
+    if use_cuda_kernels(feeds, "round_feed") and _feed_cuda.take_problem(*args) is None:
         _feed_cuda.take_feed(*args)
     else:
         _feed_ref.take_feed(*args)
@@ -557,15 +552,7 @@ def leave_feed(
     """A round leaves its slot's feeds for a chained successor; see kernels/round_feed/
     reference.py (one launch on CUDA, as `take_feed`)."""
     args = (feeds, feed_committed, slots, position, step, stops, accepted, committed)
-    rows = [slots, position, step, stops, accepted, committed]
-    if (
-        use_cuda_kernels(feeds, "round_feed")
-        and _feed_cuda.problem(rows, feeds, feed_committed) is None
-        and accepted.is_contiguous()
-        and committed.is_contiguous()
-        and committed.shape[1] == feed_committed.shape[1]
-        and stops.stride(1) == 1
-    ):
+    if use_cuda_kernels(feeds, "round_feed") and _feed_cuda.leave_problem(*args) is None:
         _feed_cuda.leave_feed(*args)
     else:
         _feed_ref.leave_feed(*args)

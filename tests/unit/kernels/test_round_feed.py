@@ -45,13 +45,13 @@ def _round(num: int, width: int, seed: int, device: str, staged: bool) -> dict:
     }
 
 
-def _take(fn, r: dict) -> None:
-    fn(r["t0"], r["position"], r["step"], r["chain"], r["slots"], r["feeds"],
+def _take(fn, r: dict):
+    return fn(r["t0"], r["position"], r["step"], r["chain"], r["slots"], r["feeds"],
        r["feed_committed"], r["counts"])  # fmt: skip
 
 
-def _leave(fn, r: dict) -> None:
-    fn(r["feeds"], r["feed_committed"], r["slots"], r["position"], r["step"], r["stops"],
+def _leave(fn, r: dict):
+    return fn(r["feeds"], r["feed_committed"], r["slots"], r["position"], r["step"], r["stops"],
        r["accepted"], r["committed"])  # fmt: skip
 
 
@@ -66,12 +66,20 @@ def _clone(r: dict) -> dict:
 
 def test_the_launcher_names_what_it_refuses() -> None:
     r = _round(4, 4, 0, "cpu", staged=True)
-    rows = [r["slots"], r["position"], r["step"]]
-    assert feed_cuda.problem(rows, r["feeds"], r["feed_committed"]) is None
-    assert "int64" in feed_cuda.problem([r["slots"].int()], r["feeds"], r["feed_committed"])
-    assert "1..1024" in feed_cuda.problem([r["slots"][:0]], r["feeds"], r["feed_committed"])
-    assert "contiguous" in feed_cuda.problem(rows, r["feeds"].t().contiguous().t(),
-                                             r["feed_committed"])  # fmt: skip
+
+    def take(**change) -> str | None:
+        return _take(feed_cuda.take_problem, {**r, **change})
+
+    def leave(**change) -> str | None:
+        return _leave(feed_cuda.leave_problem, {**r, **change})
+
+    assert take() is None and leave() is None
+    assert "int64" in take(slots=r["slots"].int())
+    assert "1..1024" in take(t0=r["t0"][:0])
+    assert "contiguous" in take(feeds=r["feeds"].t().contiguous().t())
+    assert "contiguous int32" in take(counts=r["counts"].long())
+    assert "contiguous" in leave(committed=r["committed"].t().contiguous().t())
+    assert "as wide as" in leave(committed=r["committed"][:, :3].contiguous())
 
 
 def test_dispatch_runs_the_twin_on_the_cpu() -> None:

@@ -1,8 +1,9 @@
 """CUDA launcher of the round-feed kernels: `reference.take_feed` / `leave_feed` in one launch
 each (one thread per row), the twin's values exactly.
 
-Imports torch and kernels.runtime. `problem` names operands the kernels do not take (dispatch then
-runs the twin): int64 rows, int64 feeds and committed tokens, int32 counts, at most MAX_ROWS rows.
+Imports torch and kernels.runtime. `take_problem` / `leave_problem` (the ops' own signatures) name
+operands the kernels do not take (dispatch then runs the twin): int64 rows, int64 feeds and
+committed tokens, int32 counts, at most MAX_ROWS rows.
 """
 
 from __future__ import annotations
@@ -16,11 +17,47 @@ MAX_ROWS = 1024  # one block
 _INT64 = torch.int64
 
 
-def problem(
+def take_problem(
+    t0: torch.Tensor,
+    position: torch.Tensor,
+    step: torch.Tensor,
+    chain: torch.Tensor,
+    slots: torch.Tensor,
+    feeds: torch.Tensor,
+    feed_committed: torch.Tensor,
+    counts: torch.Tensor,
+) -> str | None:
+    """Why `take_feed`'s kernel cannot take these operands, or None."""
+    why = _problem([t0, position, step, chain, slots], feeds, feed_committed)
+    if why is None and (counts.dtype != torch.int32 or not counts.is_contiguous()):
+        why = f"counts must be contiguous int32, got {counts.dtype}"
+    return why
+
+
+def leave_problem(
+    feeds: torch.Tensor,
+    feed_committed: torch.Tensor,
+    slots: torch.Tensor,
+    position: torch.Tensor,
+    step: torch.Tensor,
+    stops: torch.Tensor,
+    accepted: torch.Tensor,
+    committed: torch.Tensor,
+) -> str | None:
+    """Why `leave_feed`'s kernel cannot take these operands, or None."""
+    why = _problem([slots, position, step, stops, accepted, committed], feeds, feed_committed)
+    if why is None and not (accepted.is_contiguous() and committed.is_contiguous()):
+        why = "accepted and committed must be contiguous"
+    if why is None and (committed.shape[1] != feed_committed.shape[1] or stops.stride(1) != 1):
+        why = "committed must be as wide as the committed feed, stop rows dense"
+    return why
+
+
+def _problem(
     rows: list[torch.Tensor], feeds: torch.Tensor, feed_committed: torch.Tensor
 ) -> str | None:
-    """Why the kernels cannot take these operands, or None. `rows`: the [B] (or [B, N]) per-row
-    inputs; feeds [4, S] and feed_committed [S, W] must be contiguous int64."""
+    """What both kernels need. `rows`: the [B] (or [B, N]) per-row inputs; feeds [4, S] and
+    feed_committed [S, W] must be contiguous int64."""
     num = rows[0].shape[0]
     if not 0 < num <= MAX_ROWS:
         return f"{num} rows; the kernels take 1..{MAX_ROWS}"
@@ -45,9 +82,7 @@ def take_feed(
 ) -> None:
     """See `reference.take_feed`."""
     device = rt.check_cuda(t0, position, step, chain, slots, feeds, feed_committed, counts)
-    why = problem([t0, position, step, chain, slots], feeds, feed_committed)
-    if why is None and (counts.dtype != torch.int32 or not counts.is_contiguous()):
-        why = f"counts must be contiguous int32, got {counts.dtype}"
+    why = take_problem(t0, position, step, chain, slots, feeds, feed_committed, counts)
     if why is not None:
         raise rt.KernelInputError(why)
     num = t0.shape[0]
@@ -77,11 +112,7 @@ def leave_feed(
 ) -> None:
     """See `reference.leave_feed`."""
     device = rt.check_cuda(feeds, feed_committed, slots, position, step, stops, accepted, committed)
-    why = problem([slots, position, step, stops, accepted, committed], feeds, feed_committed)
-    if why is None and not (accepted.is_contiguous() and committed.is_contiguous()):
-        why = "accepted and committed must be contiguous"
-    if why is None and (committed.shape[1] != feed_committed.shape[1] or stops.stride(1) != 1):
-        why = "committed must be as wide as the committed feed, stop rows dense"
+    why = leave_problem(feeds, feed_committed, slots, position, step, stops, accepted, committed)
     if why is not None:
         raise rt.KernelInputError(why)
     num, width = committed.shape
