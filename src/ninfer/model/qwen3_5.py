@@ -163,9 +163,10 @@ class Qwen3_5Model:
             self.lm_head = self.embed_tokens
         if strict and (unused := sorted(set(weights) - take.used)):
             raise WeightError(f"{len(unused)} unexpected weight(s), first '{unused[0]}'")
-        self.inv_freq = rope_inv_freq(c.rotary_dim, c.rope_theta, self.device)
-        self.rope_axis_map = mrope_axis_map(c.mrope_section, c.mrope_interleaved, self.device)
-        self.rope = Rope(self.inv_freq, self.rope_axis_map)
+        self.rope = Rope(
+            rope_inv_freq(c.rotary_dim, c.rope_theta, self.device),
+            mrope_axis_map(c.mrope_section, c.mrope_interleaved, self.device),
+        )
 
     def _bind_layer(self, take: _Binder, i: int) -> DecoderLayerWeights:
         c = self.config
