@@ -53,6 +53,7 @@ from ninfer.kernels.kv_quant import reference as _kv_ref
 from ninfer.kernels.kv_quant.formats import KvPages, QuantPages
 from ninfer.kernels.moe_routing import launch as _routing_cuda
 from ninfer.kernels.moe_routing import reference as _routing_ref
+from ninfer.kernels.mtp_front import launch as _mtp_front_cuda
 from ninfer.kernels.paged_decode_attention import launch as _paged_cuda
 from ninfer.kernels.paged_decode_attention import reference as _paged_ref
 from ninfer.kernels.qk_norm_rope import launch as _qk_cuda
@@ -596,6 +597,30 @@ def leave_feed(
         _feed_cuda.leave_feed(*args)
     else:
         _feed_ref.leave_feed(*args)
+
+
+def mtp_front(
+    ids: torch.Tensor,
+    embed: torch.Tensor,
+    hidden: torch.Tensor,
+    embed_norm: torch.Tensor,
+    hidden_norm: torch.Tensor,
+    eps: float,
+) -> torch.Tensor:
+    """The MTP head's input [rms_norm(embed[ids]) | rms_norm(hidden)]; see kernels/mtp_front/
+    reference.py. One launch on CUDA with the four launches' bits, opt-in
+    (`NINFER_KERNELS_ON=mtp_front`) until a GPU has run its tests and an A/B."""
+    args = (ids, embed, hidden, embed_norm, hidden_norm)
+    if (
+        switches.switched_on("mtp_front")
+        and use_cuda_kernels(hidden, "mtp_front")
+        and _mtp_front_cuda.problem(*args) is None
+    ):
+        return _mtp_front_cuda.mtp_front(*args, eps)
+    # the twin's four ops, each through dispatch (the norms on their CUDA kernel where it runs)
+    rows = F.embedding(ids, embed)
+    normed = (rms_norm(rows, embed_norm, eps), rms_norm(hidden.to(rows.dtype), hidden_norm, eps))
+    return torch.cat(normed, dim=-1)
 
 
 def store_kv(x: torch.Tensor, pages: KvPages, slot_mapping: torch.Tensor) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
-import torch.nn.functional as F
 
 from ninfer.kernels import dispatch
 from ninfer.model.batch import ForwardBatch
@@ -88,14 +87,14 @@ class MtpHead:
         final-normed hidden states (the target's, or the head's own output when drafting on);
         writes the head's KV at the batch's positions. Returns its final-normed hidden [T, H]."""
         c, eps = self.config, self.config.rms_norm_eps
-        embed = F.embedding(batch.input_ids, self.target.embed_tokens)
-        x = torch.cat(
-            (
-                dispatch.rms_norm(embed, self.pre_fc_norm_embedding, eps),
-                dispatch.rms_norm(hidden.to(embed.dtype), self.pre_fc_norm_hidden, eps),
-            ),
-            dim=-1,
-        )
+        x = dispatch.mtp_front(
+            batch.input_ids,
+            self.target.embed_tokens,
+            hidden,
+            self.pre_fc_norm_embedding,
+            self.pre_fc_norm_hidden,
+            eps,
+        )  # [T, 2H]: the normed embedding, then the normed hidden
         # fc's output is the layer's residual stream x [T, H]; its input norm may finish in
         # fc's launch (`dispatch.project`)
         fc = dispatch.project(x, self.fc, defer=True)
