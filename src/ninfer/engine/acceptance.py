@@ -292,12 +292,33 @@ def verify_greedy(
 
     Args / Returns: as `verify`.
     """
+    target = greedy_targets(
+        logits,
+        drafts,
+        num_sampleable=num_sampleable,
+        rows=rows,
+        counts=counts,
+        count_rows=count_rows,
+    )
+    return _commit(target, target[:, :-1] == drafts)
+
+
+def greedy_targets(
+    logits: torch.Tensor,
+    drafts: torch.Tensor,
+    *,
+    num_sampleable: int,
+    rows: RowParams | None = None,
+    counts: torch.Tensor | None = None,
+    count_rows: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The target's greedy token per column [B, W] (`verify_greedy` before it compares them with
+    the drafts: a round's graph hands them to `dispatch.round_commit`, which does both)."""
     if counts is not None:
         if rows is None:
             raise ValueError("penalty counts need the rows' penalties")
         logits = _column_logits(logits, drafts, rows, num_sampleable, counts, count_rows)
-    target = logits[:, :, :num_sampleable].argmax(dim=-1)  # [B, W]: first maximum, lowest id
-    return _commit(target, target[:, :-1] == drafts)
+    return logits[:, :, :num_sampleable].argmax(dim=-1)  # first maximum, lowest id
 
 
 def _race(

@@ -266,37 +266,42 @@ class SpecStep:
         hidden = self.model.forward_hidden(batch, self.cache)  # [B * W, H]
         logits = self.model.compute_logits(hidden).view(num, width, -1)
         counts = self._counts(mode)
-        verify = (
-            acceptance.verify_greedy
-            if mode in (GREEDY_ROUND, PENALIZED_GREEDY_ROUND)
-            else acceptance.verify
-        )
-        committed, accepted = verify(
-            logits,
-            ids[:, 1:],
-            rows=rows.params,
-            num_sampleable=self.num_sampleable,
-            counts=counts,
-            count_rows=rows.slots if counts is not None else None,
-        )
+        given = {
+            "rows": rows.params,
+            "num_sampleable": self.num_sampleable,
+            "counts": counts,
+            "count_rows": rows.slots if counts is not None else None,
+        }
+        # what the round keeps, the head pass's ids, the result rows: `dispatch.round_commit`
+        if mode in (GREEDY_ROUND, PENALIZED_GREEDY_ROUND):
+            target = acceptance.greedy_targets(logits, ids[:, 1:], **given)
+            kept = dispatch.round_commit(
+                ids, rows.position, HEADER, self.result_width, target=target
+            )
+        else:
+            committed, accepted = acceptance.verify(logits, ids[:, 1:], **given)
+            kept = dispatch.round_commit(
+                ids,
+                rows.position,
+                HEADER,
+                self.result_width,
+                committed=committed,
+                accepted=accepted,
+            )
         # the head's shifted pass over the verify: row j sees (h_j, d_{j+1}); row a (h_a, t*)
-        every = torch.arange(num, device=self.device)
-        next_ids = torch.cat((ids[:, 1:], ids[:, :1]), dim=1)
-        next_ids[every, accepted] = committed[every, accepted]
-        head_batch = self._group_batch(rows, next_ids, layout, verify=False)
-        head_hidden = self.head.forward_hidden(head_batch, self.cache, hidden).view(num, width, -1)
-        last = head_hidden[every, accepted]  # [B, H]
+        head_batch = self._group_batch(rows, kept.next_ids, layout, verify=False)
+        head_hidden = self.head.forward_hidden(head_batch, self.cache, hidden)  # [B * W, H]
         self._draft_tensors(
             rows.slots,
-            last,
-            rows.position + accepted,
+            head_hidden.index_select(0, kept.gather),  # [B, H]: row a of each
+            kept.draft_position,
             rows.rope,
             rows.table,
             bound=draft_bound,
             static=rows.static,
         )
-        self._leave_feed(rows, accepted, committed)
-        return self._result(accepted + 1, accepted, committed), batch.verify_states or []
+        self._leave_feed(rows, kept.accepted, kept.committed)
+        return kept.result, batch.verify_states or []
 
     def _take_feed(self, rows: _Rows) -> None:
         """A chained row's t0, position and output index (in place: a static round's staged

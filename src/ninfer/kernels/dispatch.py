@@ -623,6 +623,29 @@ def mtp_front(
     return torch.cat(normed, dim=-1)
 
 
+def round_commit(
+    ids: torch.Tensor,
+    position: torch.Tensor,
+    header: int,
+    result_width: int,
+    *,
+    target: torch.Tensor | None = None,
+    committed: torch.Tensor | None = None,
+    accepted: torch.Tensor | None = None,
+) -> _feed_ref.Commit:
+    """A round's bookkeeping after its verify (what it keeps, the head pass's ids, its result
+    rows); see kernels/round_feed/reference.py. One launch on CUDA where the twin runs about 16,
+    opt-in (`NINFER_KERNELS_ON=round_commit`) until a GPU has run its tests and an A/B."""
+    given = {"target": target, "committed": committed, "accepted": accepted}
+    if (
+        switches.switched_on("round_commit")
+        and use_cuda_kernels(ids, "round_feed")
+        and _feed_cuda.commit_problem(ids, position, header, result_width, **given) is None
+    ):
+        return _feed_cuda.round_commit(ids, position, header, result_width, **given)
+    return _feed_ref.round_commit(ids, position, header, result_width, **given)
+
+
 def store_kv(x: torch.Tensor, pages: KvPages, slot_mapping: torch.Tensor) -> None:
     """New K or V rows into their page slots, quantized on the way for `QuantPages`; see
     kernels/kv_quant/reference.py. Plain pages keep torch's `index_copy_`."""

@@ -104,3 +104,71 @@ def test_the_kernels_equal_the_twin(num: int, width: int, staged: bool) -> None:
     _leave(feed_ref.leave_feed, want)
     for name in ("block", "feeds", "feed_committed", "counts", "t0", "position", "step"):
         assert torch.equal(r[name], want[name]), name
+
+
+def _commit_round(num: int, width: int, seed: int, device: str, staged: bool, greedy: bool):
+    """ids, positions and either a target (some drafts equal it, so every count of kept drafts
+    occurs) or a sampled verify's committed and accepted."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 6, (num, width), generator=g)
+    block = torch.randint(0, 10_000, (num, 5), generator=g)
+    position = block[:, 3] if staged else block[:, 3].contiguous()
+    given: dict = {}
+    if greedy:
+        target = torch.randint(0, 6, (num, width), generator=g)
+        same = torch.rand(num, width - 1, generator=g) < 0.7
+        target[:, :-1] = torch.where(same, ids[:, 1:], target[:, :-1])
+        given["target"] = target
+    else:
+        accepted = torch.randint(0, width, (num,), generator=g)
+        committed = torch.randint(0, 6, (num, width), generator=g)
+        committed[torch.arange(width)[None, :] > accepted[:, None]] = 0
+        given |= {"committed": committed, "accepted": accepted}
+    return ids.to(device), position.to(device), {n: t.to(device) for n, t in given.items()}
+
+
+@pytest.mark.parametrize("greedy", [True, False], ids=["greedy", "sampled"])
+def test_round_commit_twin_is_the_acceptance_walk(greedy: bool) -> None:
+    """The twin against the plain walk it replaces: the leading drafts equal to the target's
+    token before them, the head pass's ids, result rows of (a + 1, a, committed, zeros)."""
+    ids, position, given = _commit_round(40, 4, 5, "cpu", staged=True, greedy=greedy)
+    got = feed_ref.round_commit(ids, position, 2, 7, **given)
+    for b in range(40):
+        if greedy:
+            t = given["target"][b].tolist()
+            a = 0
+            while a < 3 and t[a] == ids[b, a + 1]:
+                a += 1
+            committed = [t[j] if j <= a else 0 for j in range(4)]
+        else:
+            a, committed = int(given["accepted"][b]), given["committed"][b].tolist()
+        assert int(got.accepted[b]) == a and got.committed[b].tolist() == committed
+        head_ids = ids[b, 1:].tolist() + [int(ids[b, 0])]
+        head_ids[a] = committed[a]
+        assert got.next_ids[b].tolist() == head_ids
+        assert got.result[b].tolist() == [a + 1, a, *committed, 0]
+        assert int(got.gather[b]) == b * 4 + a
+        assert int(got.draft_position[b]) == int(position[b]) + a
+
+
+def test_round_commit_launcher_names_what_it_refuses() -> None:
+    ids, position, given = _commit_round(4, 4, 0, "cpu", staged=True, greedy=True)
+    assert feed_cuda.commit_problem(ids, position, 2, 6, **given) is None
+    assert "either" in feed_cuda.commit_problem(ids, position, 2, 6)
+    assert "int64" in feed_cuda.commit_problem(ids.int(), position, 2, 6, **given)
+    assert "does not hold" in feed_cuda.commit_problem(ids, position, 2, 5, **given)
+    assert "contiguous" in feed_cuda.commit_problem(
+        ids.t().contiguous().t(), position, 2, 6, **given
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("greedy", [True, False], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("staged", [True, False], ids=["staged", "eager"])
+@pytest.mark.parametrize("num,width", [(1, 4), (8, 4), (64, 6), (3, 2)])
+def test_round_commit_kernel_equals_the_twin(num, width, staged, greedy) -> None:
+    ids, position, given = _commit_round(num, width, torch.seed() % 2**31, "cuda", staged, greedy)
+    want = feed_ref.round_commit(ids, position, 2, width + 3, **given)
+    got = feed_cuda.round_commit(ids, position, 2, width + 3, **given)
+    for name, w in want._asdict().items():
+        assert torch.equal(getattr(got, name), w), name

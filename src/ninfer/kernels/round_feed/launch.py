@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ninfer.kernels import runtime as rt
+from ninfer.kernels.round_feed.reference import Commit
 
 OP = "round_feed"
 MAX_ROWS = 1024  # one block
@@ -129,6 +130,84 @@ def leave_feed(
         rt.i32(width),
     )
     rt.launch(kernel, (1,), (_threads(num),), args, device)
+
+
+def commit_problem(
+    ids: torch.Tensor,
+    position: torch.Tensor,
+    header: int,
+    result_width: int,
+    *,
+    target: torch.Tensor | None = None,
+    committed: torch.Tensor | None = None,
+    accepted: torch.Tensor | None = None,
+) -> str | None:
+    """Why `round_commit`'s kernel cannot take these operands, or None: int64 throughout, ids
+    (and target or committed) contiguous [B, W], at most MAX_ROWS rows, the result wide enough,
+    and either a target or the verify's committed and accepted."""
+    num, width = ids.shape
+    if not 0 < num <= MAX_ROWS:
+        return f"{num} rows; the kernel takes 1..{MAX_ROWS}"
+    if (target is None) == (committed is None or accepted is None):
+        return "either a target or the verify's committed and accepted tokens"
+    given = [t for t in (target, committed) if t is not None]
+    if any(t.dtype != _INT64 for t in (ids, position, *given)) or (
+        accepted is not None and accepted.dtype != _INT64
+    ):
+        return "ids, positions and tokens must be int64"
+    if any(t.shape != (num, width) or not t.is_contiguous() for t in (ids, *given)):
+        return "ids and tokens must be contiguous [B, W]"
+    if position.shape != (num,) or (accepted is not None and accepted.shape != (num,)):
+        return "positions and accepted counts must hold one entry per row"
+    if accepted is not None and not accepted.is_contiguous():
+        return "accepted counts must be contiguous"
+    if result_width < header + width or header < 2:
+        return f"a result row of {result_width} columns does not hold {header} + {width}"
+    return None
+
+
+def round_commit(
+    ids: torch.Tensor,
+    position: torch.Tensor,
+    header: int,
+    result_width: int,
+    *,
+    target: torch.Tensor | None = None,
+    committed: torch.Tensor | None = None,
+    accepted: torch.Tensor | None = None,
+) -> Commit:
+    """See `reference.round_commit`."""
+    device = rt.check_cuda(ids, position, target, committed, accepted)
+    given = {"target": target, "committed": committed, "accepted": accepted}
+    why = commit_problem(ids, position, header, result_width, **given)
+    if why is not None:
+        raise rt.KernelInputError(why)
+    num, width = ids.shape
+    if target is not None:
+        committed = torch.empty_like(target)
+        accepted = torch.empty(num, dtype=_INT64, device=device)
+    assert committed is not None and accepted is not None
+    next_ids = torch.empty_like(ids)
+    result = torch.empty((num, result_width), dtype=_INT64, device=device)
+    gather, draft_position = torch.empty((2, num), dtype=_INT64, device=device)
+    args = (
+        rt.ptr(target),
+        rt.ptr(committed),
+        rt.ptr(accepted),
+        rt.ptr(ids),
+        *_strided(position),
+        rt.ptr(next_ids),
+        rt.ptr(result),
+        rt.ptr(gather),
+        rt.ptr(draft_position),
+        rt.i32(num),
+        rt.i32(width),
+        rt.i32(header),
+        rt.i32(result_width),
+    )
+    kernel = rt.get_kernel(OP, "round_commit", device)
+    rt.launch(kernel, (1,), (_threads(num),), args, device)
+    return Commit(committed, accepted, next_ids, result, gather, draft_position)
 
 
 def _strided(*tensors: torch.Tensor) -> list:

@@ -4,10 +4,14 @@ Imports only torch. A speculative round (engine/spec_step.py) leaves per slot th
 committed last, that token's KV index and output index, the columns it keeps (its fold) and its
 committed tokens; a round planned while that one was in flight (chained) takes them. These are
 the ops the round body ran for it (about 30 small kernels, each a launch and a dependency inside
-the round's CUDA graph); the kernels do the same in two launches.
+the round's CUDA graph); the kernels do the same in two launches. `round_commit` is the round's
+own bookkeeping after its verify (what it keeps, the head pass's ids, its result rows): about 16
+small kernels, one launch.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -72,3 +76,53 @@ def leave_feed(
     feeds.index_copy_(1, slots, torch.stack(values))
     landed = torch.where(count <= landed_count[:, None], committed, -1)
     feed_committed.index_copy_(0, slots, landed)
+
+
+class Commit(NamedTuple):
+    """What a round keeps of its verify, per row (B rows of W = k + 1 columns)."""
+
+    committed: torch.Tensor  # [B, W] the drafts kept, then the target's token; 0 past them
+    accepted: torch.Tensor  # [B] drafts kept (a)
+    next_ids: torch.Tensor  # [B, W] the head pass's ids: d1..dk, t0, with column a the last token
+    result: torch.Tensor  # [B, R] (a + 1, a, committed, zeros): the round's result rows
+    gather: torch.Tensor  # [B] the head pass's row to draft on: b * W + a
+    draft_position: torch.Tensor  # [B] that row's KV index: position + a
+
+
+def round_commit(
+    ids: torch.Tensor,
+    position: torch.Tensor,
+    header: int,
+    result_width: int,
+    *,
+    target: torch.Tensor | None = None,
+    committed: torch.Tensor | None = None,
+    accepted: torch.Tensor | None = None,
+) -> Commit:
+    """The round's bookkeeping after its verify. With `target` (a greedy round: the target's
+    token per column), the drafts kept are those equal to the target's token before them, up to
+    the first that is not, and the committed tokens the target's up to column a; otherwise the
+    verify's `committed` and `accepted` (a sampled round).
+
+    Args:
+        ids: [B, W] int64, t0 then the drafts d1..dk; position: [B] int64 (may be strided),
+        each row's KV index of t0; header: result columns before the tokens (2); result_width:
+        header + W at least. target / committed: [B, W] int64; accepted: [B] int64.
+    """
+    num, width = ids.shape
+    if target is not None:
+        passed = target[:, :-1] == ids[:, 1:]
+        accepted = passed.to(torch.int64).cumprod(dim=1).sum(dim=1)
+        cols = torch.arange(width, device=ids.device)
+        committed = torch.where(cols[None, :] <= accepted[:, None], target, 0)
+    assert committed is not None and accepted is not None
+    every = torch.arange(num, device=ids.device)
+    next_ids = torch.cat((ids[:, 1:], ids[:, :1]), dim=1)
+    next_ids[every, accepted] = committed[every, accepted]
+    result = torch.zeros((num, result_width), dtype=torch.int64, device=ids.device)
+    result[:, 0] = accepted + 1
+    result[:, 1] = accepted
+    result[:, header : header + width] = committed
+    return Commit(
+        committed, accepted, next_ids, result, every * width + accepted, position + accepted
+    )

@@ -61,3 +61,40 @@ __global__ void round_leave_feed(long long* __restrict__ feeds,
   feeds[3LL * num_slots + slot] = min(a, first) + 1;
   for (int j = 0; j < width; ++j) feed_committed[slot * width + j] = j <= a ? row[j] : -1;
 }
+
+// round_commit: a round's bookkeeping after its verify, one thread per row (reference.py's
+// round_commit). With target (greedy rounds) a = the count of leading columns j < W - 1 whose
+// target token equals draft j + 1 (ids[b][j + 1]) and committed[b][j] = target[b][j] for j <= a,
+// else 0, both written; without, committed and accepted are the verify's, read. Then next_ids
+// (d1..dk, t0 with column a the last committed token), the result row (a + 1, a, committed,
+// zeros to result_width), gather = b * W + a and draft_position = position + a.
+__global__ void round_commit(const long long* __restrict__ target, long long* __restrict__ committed,
+                             long long* __restrict__ accepted, const long long* __restrict__ ids,
+                             const long long* __restrict__ position, long long position_stride,
+                             long long* __restrict__ next_ids, long long* __restrict__ result,
+                             long long* __restrict__ gather, long long* __restrict__ draft_position,
+                             int num_rows, int width, int header, int result_width) {
+  pdl_begin();
+  const int b = blockIdx.x * blockDim.x + threadIdx.x;
+  if (b >= num_rows) return;
+  const long long row0 = static_cast<long long>(b) * width;
+  const long long* id = ids + row0;
+  long long* c = committed + row0;
+  long long a = 0;
+  if (target != nullptr) {
+    const long long* t = target + row0;
+    while (a < width - 1 && t[a] == id[a + 1]) ++a;
+    for (int j = 0; j < width; ++j) c[j] = j <= a ? t[j] : 0;
+    accepted[b] = a;
+  } else {
+    a = accepted[b];
+  }
+  for (int j = 0; j < width; ++j) next_ids[row0 + j] = j == a ? c[a] : j + 1 < width ? id[j + 1] : id[0];
+  long long* r = result + static_cast<long long>(b) * result_width;
+  for (int j = 0; j < result_width; ++j) r[j] = 0;
+  r[0] = a + 1;
+  r[1] = a;
+  for (int j = 0; j < width; ++j) r[header + j] = c[j];
+  gather[b] = row0 + a;
+  draft_position[b] = position[b * position_stride] + a;
+}
