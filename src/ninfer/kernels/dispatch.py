@@ -9,7 +9,6 @@ tensors, no CuPy) runs the reference, so callers never branch on the device them
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -86,49 +85,10 @@ def switched_off(op: str) -> bool:
     return switches.switched_off(op)
 
 
-class Pending(NamedTuple):
-    """A projection `x @ weight.T` not run yet (`project`), so that the norm after it
-    (`add_rms_norm`) can run in the projection's own launch."""
-
-    x: torch.Tensor
-    weight: torch.Tensor
-
-
-def norm_tail_routed(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> bool:
-    """Whether `project(..., defer=True)` defers this projection: opt-in
-    (`NINFER_KERNELS_ON=gemv_norm_tail`, for an A/B), a plain bf16 weight that `linear` would
-    run on the CUDA-core bf16 GEMV, on a device whose tail counters exist or can be made now
-    (not inside a graph capture that ran no eager pass first)."""
-    return (
-        isinstance(weight, torch.Tensor)
-        and switches.switched_on("gemv_norm_tail")
-        and not bf16_tc_routed(x, weight)
-        and bf16_gemv_routed(x, weight)
-        and (x.device in _bf16_gemv_cuda._counters or not torch.cuda.is_current_stream_capturing())
-    )
-
-
-def project(
-    x: torch.Tensor, weight: torch.Tensor | Fp8Weight, *, defer: bool = False
-) -> torch.Tensor | Pending:
-    """`linear(x, weight)`; with `defer`, where the bf16 GEMV can finish the following norm in
-    its last block (`norm_tail_routed`), the projection as a `Pending` for `add_rms_norm`."""
-    if defer and norm_tail_routed(x, weight):
-        assert isinstance(weight, torch.Tensor)
-        return Pending(x, weight)
-    return linear(x, weight)
-
-
 def add_rms_norm(
-    x: torch.Tensor | Pending, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rms_norm(x + residual), x + residual); see kernels/add_rms_norm/reference.py. A
-    `Pending` x is projected first: in one launch with the norm where the bf16 GEMV's norm tail
-    takes the operands (the same bits as the two launches), else `linear` then the norm."""
-    if isinstance(x, Pending):
-        if _bf16_gemv_cuda.norm_tail_problem(x.x, x.weight, residual, weight) is None:
-            return _bf16_gemv_cuda.linear_norm(x.x, x.weight, residual, weight, eps)
-        x = linear(x.x, x.weight)
+    """(rms_norm(x + residual), x + residual); see kernels/add_rms_norm/reference.py."""
     if use_cuda_kernels(x, "add_rms_norm"):
         return _add_rms_norm_cuda.add_rms_norm(x, residual, weight, eps)
     return _add_rms_norm_ref.add_rms_norm(x, residual, weight, eps)
@@ -608,14 +568,11 @@ def mtp_front(
     eps: float,
 ) -> torch.Tensor:
     """The MTP head's input [rms_norm(embed[ids]) | rms_norm(hidden)]; see kernels/mtp_front/
-    reference.py. One launch on CUDA with the four launches' bits, opt-in
-    (`NINFER_KERNELS_ON=mtp_front`) until a GPU has run its tests and an A/B."""
+    reference.py. One launch on CUDA with the four launches' bits (on since run S40A: with
+    `round_commit` the 27B MTP round 0.998x on an H100); `NINFER_KERNELS_OFF=mtp_front` runs
+    the four."""
     args = (ids, embed, hidden, embed_norm, hidden_norm)
-    if (
-        switches.switched_on("mtp_front")
-        and use_cuda_kernels(hidden, "mtp_front")
-        and _mtp_front_cuda.problem(*args) is None
-    ):
+    if use_cuda_kernels(hidden, "mtp_front") and _mtp_front_cuda.problem(*args) is None:
         return _mtp_front_cuda.mtp_front(*args, eps)
     # the twin's four ops, each through dispatch (the norms on their CUDA kernel where it runs)
     rows = F.embedding(ids, embed)
@@ -634,11 +591,11 @@ def round_commit(
     accepted: torch.Tensor | None = None,
 ) -> _feed_ref.Commit:
     """A round's bookkeeping after its verify (what it keeps, the head pass's ids, its result
-    rows); see kernels/round_feed/reference.py. One launch on CUDA where the twin runs about 16,
-    opt-in (`NINFER_KERNELS_ON=round_commit`) until a GPU has run its tests and an A/B."""
+    rows); see kernels/round_feed/reference.py. One launch on CUDA where the twin runs about 16
+    (on since run S40A, with `mtp_front`); `NINFER_KERNELS_OFF=round_commit` runs the twin."""
     given = {"target": target, "committed": committed, "accepted": accepted}
     if (
-        switches.switched_on("round_commit")
+        use_cuda_kernels(ids, "round_commit")
         and use_cuda_kernels(ids, "round_feed")
         and _feed_cuda.commit_problem(ids, position, header, result_width, **given) is None
     ):
@@ -903,14 +860,9 @@ def swiglu_linear(gate_up: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> to
 
 
 def swiglu_mlp(
-    x: torch.Tensor,
-    gate_up: torch.Tensor | Fp8Weight,
-    down: torch.Tensor | Fp8Weight,
-    *,
-    defer: bool = False,
-) -> torch.Tensor | Pending:
-    """down(swiglu(x @ gate_up.T)): a dense MLP (or shared expert) over its [2I, H] gate-up;
-    with `defer`, the down projection may come back `Pending` (`project`).
+    x: torch.Tensor, gate_up: torch.Tensor | Fp8Weight, down: torch.Tensor | Fp8Weight
+) -> torch.Tensor:
+    """down(swiglu(x @ gate_up.T)): a dense MLP (or shared expert) over its [2I, H] gate-up.
 
     Where the bf16 GEMV runs the gate-up projection of one x row, its SwiGLU output form writes
     the activated row and the down projection is a plain GEMV (the same bits as every other route
@@ -926,7 +878,7 @@ def swiglu_mlp(
         and bf16_gemv_routed(x, gate_up)
         and _bf16_gemv_cuda.swiglu_output_problem(x, gate_up) is None
     ):
-        return project(_bf16_gemv_cuda.gate_up_swiglu(x, gate_up), down, defer=defer)
+        return linear(_bf16_gemv_cuda.gate_up_swiglu(x, gate_up), down)
     return swiglu_linear(linear(x, gate_up), down)
 
 

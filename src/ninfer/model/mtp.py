@@ -95,13 +95,11 @@ class MtpHead:
             self.pre_fc_norm_hidden,
             eps,
         )  # [T, 2H]: the normed embedding, then the normed hidden
-        # fc's output is the layer's residual stream x [T, H]; its input norm may finish in
-        # fc's launch (`dispatch.project`)
-        fc = dispatch.project(x, self.fc, defer=True)
+        x = dispatch.linear(x, self.fc)  # [T, H], the layer's residual stream
         cos, sin = batch.rope_angles or self.target.rope.cos_sin(batch.positions)
         meta = build_attention_metadata(batch, cache.page_size)
         k_pages, v_pages = cache.kv(self.layer_id)
-        h, x = dispatch.add_rms_norm(fc, None, self.input_layernorm, eps)
+        h = dispatch.rms_norm(x, self.input_layernorm, eps)
         h = gated_attention(
             h,
             self.attention,
@@ -111,7 +109,6 @@ class MtpHead:
             v_pages=v_pages,
             meta=meta,
             eps=eps,
-            defer=True,
         )
         h, x = dispatch.add_rms_norm(h, x, self.post_attention_layernorm, eps)
         if isinstance(self.ffn, MoeWeights):
@@ -119,7 +116,7 @@ class MtpHead:
                 h, self.ffn, top_k=c.num_experts_per_tok, norm_topk_prob=c.norm_topk_prob
             )
         else:
-            h = mlp(h, self.ffn, defer=True)
+            h = mlp(h, self.ffn)
         return dispatch.add_rms_norm(h, x, self.norm, eps)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -231,7 +231,6 @@ class Qwen3_5Model:
                     v_pages=v_pages,
                     meta=meta,
                     eps=c.rms_norm_eps,
-                    defer=True,
                 )
             else:
                 conv_state, ssm_state = cache.state(i)
@@ -242,16 +241,14 @@ class Qwen3_5Model:
                     ssm_state=ssm_state,
                     batch=batch,
                     eps=c.rms_norm_eps,
-                    defer=True,
                 )
-            # a deferred projection finishes with this norm in its own launch (`project`)
             h, x = dispatch.add_rms_norm(h, x, layer.post_attention_layernorm, eps)
             if isinstance(layer.ffn, MoeWeights):
                 h = sparse_moe(
                     h, layer.ffn, top_k=c.num_experts_per_tok, norm_topk_prob=c.norm_topk_prob
                 )
             else:
-                h = mlp(h, layer.ffn, defer=True)
+                h = mlp(h, layer.ffn)
         if not self.layers:
             return dispatch.rms_norm(x, self.norm, eps)
         return dispatch.add_rms_norm(h, x, self.norm, eps)[0]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ninfer.kernels import dispatch
+from ninfer.kernels import dispatch, switches
 from ninfer.kernels.mtp_front import launch as front_cuda
 from support.gpu_checks import capture_graph
 
@@ -25,25 +25,24 @@ def _operands(rows: int, n: int, gen: torch.Generator, vocab: int = 1000):
 
 
 def _unfused(ids, embed, hidden, embed_norm, hidden_norm) -> torch.Tensor:
-    """dispatch's four launches (callers leave `mtp_front` switched off)."""
-    return dispatch.mtp_front(ids, embed, hidden, embed_norm, hidden_norm, EPS)
+    """dispatch's four launches (`mtp_front` switched off)."""
+    with switches.setting("NINFER_KERNELS_OFF", "mtp_front"):
+        return dispatch.mtp_front(ids, embed, hidden, embed_norm, hidden_norm, EPS)
 
 
 @pytest.mark.parametrize("rows", [1, 4, 8, 32])
 @pytest.mark.parametrize("n", [5120, 2048, 64])
 def test_mtp_front_is_the_four_launches_bit_for_bit(rows, n, gen, monkeypatch) -> None:
-    monkeypatch.delenv("NINFER_KERNELS_ON", raising=False)
+    monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
     args = _operands(rows, n, gen)
     assert front_cuda.problem(*args) is None
     want = _unfused(*args)
     got = front_cuda.mtp_front(*args, EPS)
     assert got.shape == (rows, 2 * n) and torch.equal(got, want)
-    monkeypatch.setenv("NINFER_KERNELS_ON", "mtp_front")
-    assert torch.equal(dispatch.mtp_front(*args, EPS), want)
+    assert torch.equal(dispatch.mtp_front(*args, EPS), want)  # the default route
 
 
-def test_mtp_front_strided_hidden_and_graph(gen, monkeypatch) -> None:
-    monkeypatch.delenv("NINFER_KERNELS_ON", raising=False)
+def test_mtp_front_strided_hidden_and_graph(gen) -> None:
     ids, embed, hidden, embed_norm, hidden_norm = _operands(4, 5120, gen)
     wide = torch.randn(4, 5120 + 64, device="cuda", generator=gen).to(torch.bfloat16)
     view = wide[:, 64:]  # rows 10,368 bytes apart

@@ -77,32 +77,17 @@ __host__ __device__ constexpr int bf16_gemv_pow2(int v) {
 // same loads in the same order either way: the results do not change.
 constexpr int BF16_GEMV_L2_PREFETCH = 1;
 constexpr int BF16_GEMV_EARLY_LOADS = 2;
-// TAIL (plain input form only): the RMSNorm that follows the projection, in this launch. Each
-// block fences its outputs and counts itself done on `counter` (zero before the launch); the
-// block that counts last runs norm_tail_row (add_rms_norm/norm_tail.cu) over every x row's output
-// with the add_rms_norm launch's own shape (TAIL_CHUNKS vectors for each of TAIL_THREADS virtual
-// threads), so norm_out (and, for BF16_GEMV_TAIL_ADD, summed_out = out + residual) get that
-// launch's bits, and sets the counter back to zero for the next launch. What it saves is a
-// kernel boundary per norm (~2 us inside a graph). The tail arguments are unused without TAIL.
-constexpr int BF16_GEMV_TAIL_NONE = 0;
-constexpr int BF16_GEMV_TAIL_NORM = 1;
-constexpr int BF16_GEMV_TAIL_ADD = 2;
 
-template <int M, int R, int U, int INPUT = BF16_GEMV_PLAIN, bool SWIGLU_OUT = false,
-          int TAIL = BF16_GEMV_TAIL_NONE, int TAIL_CHUNKS = 1, int TAIL_THREADS = 32>
+template <int M, int R, int U, int INPUT = BF16_GEMV_PLAIN, bool SWIGLU_OUT = false>
 __global__ void __launch_bounds__(256, M <= 2 ? 4 : M <= 4 ? 3 : 2) bf16_gemv(
     bf16* __restrict__ out, const bf16* __restrict__ x, long long x_stride,
     const bf16* __restrict__ w, int n, int k, int ks_log2, const bf16* __restrict__ gate,
-    long long gate_stride, long long gate_head_stride, int head_dim, int options,
-    bf16* __restrict__ norm_out, bf16* __restrict__ summed_out, const bf16* __restrict__ residual,
-    const bf16* __restrict__ norm_weight, float eps, unsigned int* __restrict__ counter) {
+    long long gate_stride, long long gate_head_stride, int head_dim, int options) {
   pdl_trigger();
   constexpr int V = M * R;  // sums per lane, index m * R + r
   constexpr int P = bf16_gemv_pow2(V);
   static_assert(V <= 32, "M * R sums must fit one per lane of a warp");
   static_assert(!SWIGLU_OUT || (R % 2 == 0 && INPUT == BF16_GEMV_PLAIN), "pairs of plain rows");
-  static_assert(TAIL == BF16_GEMV_TAIL_NONE || (INPUT == BF16_GEMV_PLAIN && !SWIGLU_OUT),
-                "the norm tail follows a plain projection");
   constexpr int RO = SWIGLU_OUT ? R / 2 : R;  // outputs per group: rows, or (gate, up) pairs
   __shared__ float part[BF16_GEMV_WARPS][32];
 
@@ -252,21 +237,5 @@ __global__ void __launch_bounds__(256, M <= 2 ? 4 : M <= 4 ? 3 : 2) bf16_gemv(
       for (int s = 0; s < ks; ++s) sum += part[g * ks + s][i];
       out[static_cast<long long>(m) * n + row] = from_float<bf16>(sum);
     }
-  }
-  if constexpr (TAIL != BF16_GEMV_TAIL_NONE) {
-    __shared__ bool last;
-    __threadfence();  // this thread's outputs, before the block counts itself done
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();  // every other block's outputs are visible from here (read at L2)
-#pragma unroll 1
-    for (int m = 0; m < M; ++m) {
-      const long long off = static_cast<long long>(m) * n;
-      norm_tail_row<256, TAIL == BF16_GEMV_TAIL_ADD, TAIL_CHUNKS, TAIL_THREADS>(
-          norm_out + off, summed_out + off, out + off, residual + off, norm_weight, n, eps);
-    }
-    if (threadIdx.x == 0) *counter = 0u;
   }
 }

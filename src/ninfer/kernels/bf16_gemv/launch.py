@@ -16,13 +16,9 @@ from dataclasses import dataclass
 import torch
 
 from ninfer.kernels import runtime as rt
-from ninfer.kernels.add_rms_norm.launch import vec_plan
 from ninfer.kernels.switches import switched_off, switched_on
 
 OP = "bf16_gemv"
-HEADERS = ("add_rms_norm/norm_tail.cu",)  # the norm tail's row function
-TAIL_NORM, TAIL_ADD = 1, 2  # the .cu's BF16_GEMV_TAIL_NORM, BF16_GEMV_TAIL_ADD
-COUNTERS = 1024  # norm-tail completion counters per device (a ring, see `_counter`)
 THREADS = 256  # 8 warps per block (the .cu's BF16_GEMV_WARPS)
 WARPS = THREADS // 32
 MAX_ROWS = 8  # x rows per launch (one template instance per count)
@@ -242,13 +238,10 @@ def _launch(
     x: torch.Tensor,
     weight: torch.Tensor,
     gate: torch.Tensor | None = None,
-    tail: tuple = (None, None, None, None, 0.0, None),
 ) -> torch.Tensor:
-    """One launch of `instance` (the .cu's argument list, every form's) on plan `p`; `tail`:
-    the norm tail's (norm_out, summed_out, residual, norm_weight, eps, counter)."""
+    """One launch of `instance` (the .cu's argument list, every form's) on plan `p`."""
     device = x.device
     n, k = weight.shape
-    norm_out, summed_out, residual, norm_weight, eps, counter = tail
     args = (
         rt.ptr(out),
         rt.ptr(x),
@@ -262,15 +255,8 @@ def _launch(
         rt.i64(gate.stride(1) if gate is not None else 0),
         rt.i32(gate.shape[2] if gate is not None else 0),
         rt.i32(launch_options()),
-        rt.ptr(norm_out),
-        rt.ptr(summed_out),
-        rt.ptr(residual),
-        rt.ptr(norm_weight),
-        rt.f32(eps),
-        rt.ptr(counter),
     )
-    kernel = rt.get_kernel(OP, instance, device, HEADERS)
-    rt.launch(kernel, (p.blocks,), (THREADS,), args, device)
+    rt.launch(rt.get_kernel(OP, instance, device), (p.blocks,), (THREADS,), args, device)
     return out
 
 
@@ -313,89 +299,3 @@ def bf16_linear(
     suffix = f", {form}" if form is not None else ""
     instance = f"bf16_gemv<{num_rows}, {p.rows_per_group}, {p.unroll}{suffix}>"
     return _launch(instance, p, out, x, weight, gate)
-
-
-# -- the norm tail ---------------------------------------------------------------------------
-
-
-def norm_tail_problem(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    residual: torch.Tensor | None,
-    norm_weight: torch.Tensor,
-) -> str | None:
-    """Why `linear_norm` cannot take these operands, or None: the plain GEMV's operands, an
-    output row the add_rms_norm launch runs in its register-resident shape (n % 8 == 0 and at
-    most 512 threads: `vec_plan`), a bf16 residual [M, N] and norm weight [N], contiguous and
-    16-byte aligned, on x's device."""
-    problem = _problem(x, weight)
-    if problem is not None:
-        return problem
-    n = weight.shape[0]
-    if vec_plan(n, 2) is None:
-        return f"rows of {n} outputs: add_rms_norm's one-pass shape needs n % 8 == 0, n <= 32768"
-    tensors = [norm_weight] + ([residual] if residual is not None else [])
-    if any(t.device != x.device or t.dtype != torch.bfloat16 for t in tensors):
-        return "the residual and norm weight must be bf16 on x's device"
-    if norm_weight.shape != (n,) or (residual is not None and residual.shape != (x.shape[0], n)):
-        return f"norm weight [{n}] and residual [{x.shape[0]}, {n}] expected"
-    if any(not t.is_contiguous() or t.data_ptr() % 16 for t in tensors):
-        return "the residual and norm weight must be contiguous and 16-byte aligned"
-    return None
-
-
-_counters: dict[torch.device, tuple[torch.Tensor, list[int]]] = {}
-
-
-def _counter(device: torch.device) -> torch.Tensor:
-    """A zeroed completion counter for one launch: the next of COUNTERS per device. Each launch
-    leaves its counter at zero again, so a graph node keeps the one it captured for every replay;
-    launches in one stream are ordered (each waits on its predecessor before it counts), and the
-    ring keeps even launches on other streams apart unless COUNTERS of them are in flight."""
-    entry = _counters.get(device)
-    if entry is None:
-        if torch.cuda.is_current_stream_capturing():
-            raise rt.KernelInputError("the norm tail's counters are made outside graph capture")
-        entry = _counters[device] = (torch.zeros(COUNTERS, dtype=torch.int32, device=device), [0])
-    buffer, turn = entry
-    turn[0] = (turn[0] + 1) % COUNTERS
-    return buffer[turn[0]]
-
-
-def prepare_counters(device: torch.device) -> None:
-    """Make the device's counters now (before any graph capture that may launch the tail)."""
-    if device not in _counters:
-        _counter(device)
-
-
-def linear_norm(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    residual: torch.Tensor | None,
-    norm_weight: torch.Tensor,
-    eps: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`add_rms_norm(bf16_linear(x, weight), residual, norm_weight, eps)` in one launch: (the
-    normed rows, the summed rows; with no residual, the projection itself), the very bits of the
-    two launches (the .cu's TAIL, `add_rms_norm/norm_tail.cu`)."""
-    device = rt.check_cuda(x, weight, residual, norm_weight)
-    problem = norm_tail_problem(x, weight, residual, norm_weight)
-    if problem is not None:
-        raise rt.KernelInputError(f"bf16 GEMV (norm tail): {problem}")
-    num_rows = x.shape[0]
-    n, k = weight.shape
-    out = torch.empty((num_rows, n), dtype=x.dtype, device=device)
-    normed = torch.empty_like(out)
-    summed = torch.empty_like(out) if residual is not None else out
-    norm = vec_plan(n, 2)
-    assert norm is not None
-    p = _launch_plan(num_rows, n, k, device, fused=False)
-    form = TAIL_ADD if residual is not None else TAIL_NORM
-    instance = (
-        f"bf16_gemv<{num_rows}, {p.rows_per_group}, {p.unroll}, 0, false, {form}, "
-        f"{norm.chunks}, {norm.num_threads}>"
-    )
-    tail = (normed, summed if residual is not None else None, residual, norm_weight, eps,
-            _counter(device))  # fmt: skip
-    _launch(instance, p, out, x, weight, tail=tail)
-    return normed, summed

@@ -12,8 +12,8 @@ from ninfer.kernels import runtime as rt
 from ninfer.kernels.add_rms_norm.launch import vec_plan
 
 OP = "mtp_front"
-HEADERS = ("add_rms_norm/norm_tail.cu",)
-THREADS = 256  # the .cu's launch bounds and norm_tail_row's BLOCK
+HEADERS = ("add_rms_norm/norm_row.cu",)
+THREADS = 256  # the .cu's launch bounds and add_rms_norm_row's BLOCK
 
 
 def problem(

@@ -145,13 +145,11 @@ def gated_attention(
     v_pages: KvPages,
     meta: AttentionMetadata,
     eps: float,
-    defer: bool = False,
-) -> torch.Tensor | dispatch.Pending:
+) -> torch.Tensor:
     """The full-attention token mixer: projections, q/k norm, RoPE, paged attention, gate, o_proj.
 
     Args:
         x: [T, H] (already input-normed); cos, sin: [T, R].
-        defer: o_proj may come back `dispatch.Pending` (for the norm after it: `dispatch.project`).
     Returns:
         [T, H].
     """
@@ -184,7 +182,7 @@ def gated_attention(
         # CUDA decode and speculative verify: split-KV kernel, no gather, no mask
         if dispatch.gate_in_combine(q, gate):  # the gate in its combine, a plain o_proj
             gated = paged_rows_attention(q, k_pages, v_pages, meta, scale=scale, gate=gate)
-            return dispatch.project(gated, w.o_proj, defer=defer)
+            return dispatch.linear(gated, w.o_proj)
         out = paged_rows_attention(q, k_pages, v_pages, meta, scale=scale)
     else:
         out = paged_attention(q, k_pages, v_pages, meta, scale=scale)  # [T, Hq, D]

@@ -253,13 +253,11 @@ def gated_deltanet(
     ssm_state: torch.Tensor,
     batch: ForwardBatch,
     eps: float,
-    defer: bool = False,
-) -> torch.Tensor | dispatch.Pending:
+) -> torch.Tensor:
     """The linear-attention token mixer; head counts and dims are read from the tensors.
 
     Args:
         x: [T, H] (already input-normed); conv_state: [S, C, K-1]; ssm_state: [S, Hv, Dk, Dv].
-        defer: out_proj may come back `dispatch.Pending` (for the norm after it).
     Returns:
         [T, H].
     """
@@ -331,4 +329,4 @@ def gated_deltanet(
         )  # [T, Hv, Dv] fp32
 
     out = dispatch.gated_rms_norm(out, z, w.norm, eps, x.dtype)
-    return dispatch.project(out.reshape(num_tokens, -1), w.out_proj, defer=defer)
+    return dispatch.linear(out.reshape(num_tokens, -1), w.out_proj)

@@ -50,32 +50,26 @@ def swiglu_mlp(
 
 
 def fused_mlp(
-    x: torch.Tensor,
-    gate_up: torch.Tensor | Fp8Weight,
-    down_proj: torch.Tensor | Fp8Weight,
-    *,
-    defer: bool = False,
-) -> torch.Tensor | dispatch.Pending:
+    x: torch.Tensor, gate_up: torch.Tensor | Fp8Weight, down_proj: torch.Tensor | Fp8Weight
+) -> torch.Tensor:
     """down(swiglu(gate_up(x))) with gate and up as one [2I, H] matrix: one gate-up GEMM.
 
     Args:
         x: [T, H]; gate_up: [2I, H], gate rows then up rows; down_proj: [H, I].
-        defer: the down projection may come back `dispatch.Pending`, for the norm after it.
     Returns:
         [T, H].
     """
-    return dispatch.swiglu_mlp(x, gate_up, down_proj, defer=defer)
+    return dispatch.swiglu_mlp(x, gate_up, down_proj)
 
 
-def mlp(x: torch.Tensor, w: MlpWeights, *, defer: bool = False) -> torch.Tensor | dispatch.Pending:
+def mlp(x: torch.Tensor, w: MlpWeights) -> torch.Tensor:
     """`swiglu_mlp` over bound weights: one gate-up GEMM when `w.gate_up` is bound.
 
     Args:
         x: [T, H].
-        defer: as `fused_mlp`'s (the caller then passes the result to `dispatch.add_rms_norm`).
     Returns:
         [T, H].
     """
     if w.gate_up is None:
         return swiglu_mlp(x, w.gate_proj, w.up_proj, w.down_proj)
-    return fused_mlp(x, w.gate_up, w.down_proj, defer=defer)
+    return fused_mlp(x, w.gate_up, w.down_proj)

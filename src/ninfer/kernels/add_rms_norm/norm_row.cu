@@ -1,18 +1,23 @@
-// norm_tail: add_rms_norm_vec's arithmetic for one bf16 row, run by a block of BLOCK threads on
+// norm_row: add_rms_norm_vec's arithmetic for one bf16 row, run by a block of BLOCK threads on
 // behalf of the VT threads add_rms_norm_vec would launch for that row (BLOCK and VT multiples of
-// 32, VT <= 2 * BLOCK). A kernel whose last block finishes a row (the bf16 GEMV's norm tail:
-// bf16_gemv.cu) calls it instead of leaving the row to one more launch, and gets that launch's
-// bits: virtual thread t sums the squares of the same vectors in the same order (c * VT + t,
-// c < CHUNKS, then the 8 elements), each virtual warp's butterfly sees the same 32 values, and
-// the warp totals meet in shared memory and one more butterfly exactly as block_sum's do.
+// 32, VT <= 2 * BLOCK). A kernel that norms rows as one step of its own (mtp_front) calls it
+// instead of leaving the rows to more launches, and gets that launch's bits: virtual thread t
+// sums the squares of the same vectors in the same order (c * VT + t, c < CHUNKS, then the 8
+// elements), each virtual warp's butterfly sees the same 32 values, and the warp totals meet in
+// shared memory and one more butterfly exactly as block_sum's do.
 //
-// y: the row this kernel just wrote (other blocks wrote most of it: read at L2, __ldcg, after the
-// caller's fence); residual / summed_out only with HAS_RESIDUAL (summed = y + residual, rounded
-// to bf16 as torch's add); out = summed * rsqrt(mean(summed^2) + eps) * (1 + w). n % 8 == 0, every
-// pointer 16-byte aligned (the launcher checks). Called by every thread of the block.
+// y: the row (read at L2, __ldcg: it may have been written by another block of the caller);
+// residual / summed_out only with HAS_RESIDUAL (summed = y + residual, rounded to bf16 as torch's
+// add); out = summed * rsqrt(mean(summed^2) + eps) * (1 + w). n % 8 == 0, every pointer 16-byte
+// aligned (the caller's launcher checks). Called by every thread of the block.
+//
+// Also tried (stop 40): the bf16 GEMV's last block running it for the norm after a projection
+// (one launch per norm fewer). On an H100 the 27B batch-1 step took 1.025x and the 35B-A3B's
+// 1.011x: the fence, the completion count and this serial tail cost more than the kernel
+// boundary they saved (docs/perf.md, run S40A), so that form was removed.
 
 template <int BLOCK, bool HAS_RESIDUAL, int CHUNKS, int VT>
-__device__ __forceinline__ void norm_tail_row(bf16* __restrict__ out, bf16* __restrict__ summed_out,
+__device__ __forceinline__ void add_rms_norm_row(bf16* __restrict__ out, bf16* __restrict__ summed_out,
                                               const bf16* y, const bf16* __restrict__ residual,
                                               const bf16* __restrict__ weight, int n, float eps) {
   static_assert(BLOCK % 32 == 0 && VT % 32 == 0 && VT <= 2 * BLOCK, "whole warps, two per thread");
