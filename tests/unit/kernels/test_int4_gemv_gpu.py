@@ -59,6 +59,28 @@ def test_int4_gemv_shortlist_shape(dtype, rows: int, gen) -> None:
     assert rel(got, int4_ref.int4_linear(x, packed, scale)) < TOL
 
 
+@pytest.mark.parametrize("switch", ["int4_unroll2", "int4_early", "int4_unroll2,int4_early"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,hidden", [(1000, 64), (1000, 2048), (37, 5120), (131072, 5120)])
+def test_opt_in_load_forms_give_the_same_bits(switch, dtype, rows, hidden, gen, monkeypatch):
+    """U = 2 and the early loads change when loads are issued, not what is added in which order:
+    one x row gives exactly the default form's bits (chunk counts odd and even per lane)."""
+    monkeypatch.delenv("NINFER_KERNELS_ON", raising=False)
+    packed, scale = int4_operands(rows, hidden, gen)
+    x = torch.randn(1, hidden, device="cuda", generator=gen).to(dtype)
+    want = int4_cuda.int4_linear(x, packed, scale, tensor_cores=False)
+    monkeypatch.setenv("NINFER_KERNELS_ON", switch)
+    assert int4_cuda.cuda_core_options(1) is not None
+    got = int4_cuda.int4_linear(x, packed, scale, tensor_cores=False)
+    assert torch.equal(got, want)
+    graph, out = capture_graph(lambda: int4_cuda.int4_linear(x, packed, scale, tensor_cores=False))
+    x.copy_(torch.randn(1, hidden, device="cuda", generator=gen).to(dtype))
+    graph.replay()
+    torch.cuda.synchronize()
+    monkeypatch.delenv("NINFER_KERNELS_ON")
+    assert torch.equal(out, int4_cuda.int4_linear(x, packed, scale, tensor_cores=False))
+
+
 def test_int4_gemv_rows_off_the_warp_tile(gen) -> None:
     """R not a multiple of the 16 rows a block covers: the tail rows are written, nothing past."""
     packed, scale = int4_operands(37, 128, gen)

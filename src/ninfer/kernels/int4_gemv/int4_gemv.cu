@@ -28,7 +28,8 @@
 // of weights) close to the L1 limit as well: a tensor-core variant is what would take M = 8 (and
 // more rows per launch) back to the memory bound.
 
-__device__ __forceinline__ float int4_ld_scale(const float* p) {
+// A weight scale through the no-allocate path (a weight load: allowed before pdl_wait, test_pdl.py).
+__device__ __forceinline__ float ld_weight_scale_nc(const float* p) {
   float v;
   asm("ld.global.nc.L1::no_allocate.f32 %0, [%1];" : "=f"(v) : "l"(p));
   return v;
@@ -110,7 +111,7 @@ __global__ void __launch_bounds__(128) int4_gemv(
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
       u[r] = ld_stream16(wrow[r] + 16 * c);
-      s[r] = int4_ld_scale(srow[r] + (c >> 1));
+      s[r] = ld_weight_scale_nc(srow[r] + (c >> 1));
     }
     float part[M][ROWS];
 #pragma unroll
@@ -136,6 +137,106 @@ __global__ void __launch_bounds__(128) int4_gemv(
     for (int m = 0; m < M; ++m)
 #pragma unroll
       for (int r = 0; r < ROWS; ++r) acc[m][r] = fmaf(part[m][r], s[r], acc[m][r]);
+  }
+
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    float mine = 0.0f;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      const float total = warp_sum(acc[m][r]);
+      if (lane == r) mine = total;
+    }
+    if (lane < ROWS && row0 + lane < rows) out[static_cast<long long>(m) * rows + row0 + lane] = mine;
+  }
+}
+
+// int4_gemv_ring: int4_gemv for one x row (M = 1) with its loads deeper in flight, opt-in for an A/B
+// (`launch.cuda_core_options`). Grid as int4_gemv's. U: steps of loads issued together (U * ROWS * 20 bytes in flight per lane); EARLY: the first U steps' weight and
+// scale loads are issued before pdl_wait (weights are never a predecessor's output), overlapping
+// the previous kernel's tail. Each lane still adds its chunks in ascending order, so every U and
+// EARLY give int4_gemv's bits. Why: one x row streamed 2.9 TB/s on the H200 in run S4, where the
+// bf16 GEMV reaches 4.0 with 128 bytes in flight a lane. U = 2 asks for 7 blocks an SM: 72
+// registers, no spills, 28 warps x 160 bytes in flight against int4_gemv's 32 x 80 (64
+// registers); U = 1 asks for 8 (64 registers); nvcc -Xptxas -v, sm_90. Kept apart from int4_gemv
+// because this loop shape took its M > 1 instances from 128-168 registers to 231-255.
+template <typename T, int ROWS, int U, bool EARLY>
+__global__ void __launch_bounds__(128, U > 1 ? 7 : 8) int4_gemv_ring(
+    float* __restrict__ out, const T* __restrict__ x, long long x_stride,
+    const unsigned char* __restrict__ packed, const float* __restrict__ scale, int rows,
+    int hidden) {
+  pdl_trigger();
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int row0 = (blockIdx.x * (blockDim.x >> 5) + warp) * ROWS;
+  if (row0 >= rows) return;
+  const int chunks = hidden >> 5;  // 16-byte chunks (32 weights) per row
+  const int groups = hidden >> 6;
+  const unsigned char* wrow[ROWS];
+  const float* wscale[ROWS];
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+    const int row = row0 + r < rows ? row0 + r : rows - 1;  // past R: computed, never stored
+    wrow[r] = packed + static_cast<long long>(row) * (hidden >> 1);
+    wscale[r] = scale + static_cast<long long>(row) * groups;
+  }
+  constexpr int M = 1;
+  float acc[M][ROWS];
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) acc[m][r] = 0.0f;
+
+  uint4 u[U][ROWS];
+  float s[U][ROWS];
+  // U steps of this lane's weight and scale loads from chunk c0 (past the row: never used)
+  auto load_steps = [&](int c0) {
+#pragma unroll
+    for (int v = 0; v < U; ++v) {
+      const int c = c0 + 32 * v;
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) {
+        if (c < chunks) {
+          u[v][r] = ld_weight16(wrow[r] + 16 * c);
+          s[v][r] = ld_weight_scale_nc(wscale[r] + (c >> 1));
+        }
+      }
+    }
+  };
+  if (EARLY) load_steps(lane);
+  pdl_wait();
+
+  for (int c0 = lane; c0 < chunks; c0 += 32 * U) {
+    if (!EARLY || c0 != lane) load_steps(c0);
+#pragma unroll
+    for (int v = 0; v < U; ++v) {
+      const int c = c0 + 32 * v;
+      if (c >= chunks) break;
+      float part[M][ROWS];
+#pragma unroll
+      for (int m = 0; m < M; ++m)
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) part[m][r] = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {  // word j: weights 32c + 8j .. 32c + 8j + 7
+        float q[ROWS][8];
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) int4_decode8(int4_word(u[v][r], j), q[r]);
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          float xv[8];
+          int4_load_x8(x + m * x_stride + 32 * c + 8 * j, xv);
+#pragma unroll
+          for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) part[m][r] = fmaf(q[r][i], xv[i], part[m][r]);
+        }
+      }
+#pragma unroll
+      for (int m = 0; m < M; ++m)
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) acc[m][r] = fmaf(part[m][r], s[v][r], acc[m][r]);
+    }
   }
 
 #pragma unroll
@@ -221,8 +322,8 @@ __device__ __forceinline__ void load_group(Group& b, const unsigned char* w_g,
                                            const float* s_g8, int kg, int t) {
   b.wg = ld_stream8(w_g + 32 * kg + 8 * t);
   b.wg8 = ld_stream8(w_g8 + 32 * kg + 8 * t);
-  b.sg = int4_ld_scale(s_g + kg);
-  b.sg8 = int4_ld_scale(s_g8 + kg);
+  b.sg = ld_weight_scale_nc(s_g + kg);
+  b.sg8 = ld_weight_scale_nc(s_g8 + kg);
 }
 
 // Stage x[:, groups kg0 .. kg0 + num) as bf16, each 8 values as 0 4 1 5 2 6 3 7; rows M .. 8 NT
