@@ -568,7 +568,7 @@ def mtp_front(
     eps: float,
 ) -> torch.Tensor:
     """The MTP head's input [rms_norm(embed[ids]) | rms_norm(hidden)]; see kernels/mtp_front/
-    reference.py. One launch on CUDA with the four launches' bits (on since run S40A: with
+    reference.py. One launch on CUDA with the four launches' bits (on since run S40B: with
     `round_commit` the 27B MTP round 0.998x on an H100); `NINFER_KERNELS_OFF=mtp_front` runs
     the four."""
     args = (ids, embed, hidden, embed_norm, hidden_norm)
@@ -592,7 +592,7 @@ def round_commit(
 ) -> _feed_ref.Commit:
     """A round's bookkeeping after its verify (what it keeps, the head pass's ids, its result
     rows); see kernels/round_feed/reference.py. One launch on CUDA where the twin runs about 16
-    (on since run S40A, with `mtp_front`); `NINFER_KERNELS_OFF=round_commit` runs the twin."""
+    (on since run S40B, with `mtp_front`); `NINFER_KERNELS_OFF=round_commit` runs the twin."""
     given = {"target": target, "committed": committed, "accepted": accepted}
     if (
         use_cuda_kernels(ids, "round_commit")

@@ -14,7 +14,7 @@
 // Also tried (stop 40): the bf16 GEMV's last block running it for the norm after a projection
 // (one launch per norm fewer). On an H100 the 27B batch-1 step took 1.025x and the 35B-A3B's
 // 1.011x: the fence, the completion count and this serial tail cost more than the kernel
-// boundary they saved (docs/perf.md, run S40A), so that form was removed.
+// boundary they saved (docs/perf.md, run S40B), so that form was removed.
 
 template <int BLOCK, bool HAS_RESIDUAL, int CHUNKS, int VT>
 __device__ __forceinline__ void add_rms_norm_row(bf16* __restrict__ out, bf16* __restrict__ summed_out,
