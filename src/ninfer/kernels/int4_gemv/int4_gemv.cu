@@ -78,6 +78,55 @@ __device__ __forceinline__ unsigned int int4_word(const uint4& u, int j) {
   return j == 0 ? u.x : j == 1 ? u.y : j == 2 ? u.z : u.w;
 }
 
+// Chunk c (32 weights: half of one scale group) of ROWS rows into acc: per (x row, row) the 32
+// products q * x summed in fp32, then scaled once by the group's scale (the two halves of a
+// group, on lanes 2i and 2i + 1, each scale their own half).
+template <typename T, int M, int ROWS>
+__device__ __forceinline__ void int4_chunk(float (&acc)[M][ROWS], const uint4 (&u)[ROWS],
+                                           const float (&s)[ROWS], const T* __restrict__ x,
+                                           long long x_stride, int c) {
+  float part[M][ROWS];
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) part[m][r] = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {  // word j: weights 32c + 8j .. 32c + 8j + 7
+    float q[ROWS][8];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) int4_decode8(int4_word(u[r], j), q[r]);
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      float xv[8];
+      int4_load_x8(x + m * x_stride + 32 * c + 8 * j, xv);
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) part[m][r] = fmaf(q[r][i], xv[i], part[m][r]);
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) acc[m][r] = fmaf(part[m][r], s[r], acc[m][r]);
+}
+
+// The warp's sums of acc to out [M, rows]: lane r writes row row0 + r (rows past R: not stored).
+template <int M, int ROWS>
+__device__ __forceinline__ void int4_store(float* __restrict__ out, float (&acc)[M][ROWS],
+                                           int lane, int row0, int rows) {
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    float mine = 0.0f;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      const float total = warp_sum(acc[m][r]);
+      if (lane == r) mine = total;
+    }
+    if (lane < ROWS && row0 + lane < rows) out[static_cast<long long>(m) * rows + row0 + lane] = mine;
+  }
+}
+
 // Grid: ceil(R / (4 * ROWS)) blocks of 128 threads (4 warps, ROWS rows each).
 template <typename T, int M, int ROWS>
 __global__ void __launch_bounds__(128) int4_gemv(
@@ -113,42 +162,9 @@ __global__ void __launch_bounds__(128) int4_gemv(
       u[r] = ld_stream16(wrow[r] + 16 * c);
       s[r] = ld_weight_scale_nc(srow[r] + (c >> 1));
     }
-    float part[M][ROWS];
-#pragma unroll
-    for (int m = 0; m < M; ++m)
-#pragma unroll
-      for (int r = 0; r < ROWS; ++r) part[m][r] = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {  // word j: weights 32c + 8j .. 32c + 8j + 7
-      float q[ROWS][8];
-#pragma unroll
-      for (int r = 0; r < ROWS; ++r) int4_decode8(int4_word(u[r], j), q[r]);
-#pragma unroll
-      for (int m = 0; m < M; ++m) {
-        float xv[8];
-        int4_load_x8(x + m * x_stride + 32 * c + 8 * j, xv);
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-          for (int i = 0; i < 8; ++i) part[m][r] = fmaf(q[r][i], xv[i], part[m][r]);
-      }
-    }
-#pragma unroll
-    for (int m = 0; m < M; ++m)
-#pragma unroll
-      for (int r = 0; r < ROWS; ++r) acc[m][r] = fmaf(part[m][r], s[r], acc[m][r]);
+    int4_chunk<T, M, ROWS>(acc, u, s, x, x_stride, c);
   }
-
-#pragma unroll
-  for (int m = 0; m < M; ++m) {
-    float mine = 0.0f;
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-      const float total = warp_sum(acc[m][r]);
-      if (lane == r) mine = total;
-    }
-    if (lane < ROWS && row0 + lane < rows) out[static_cast<long long>(m) * rows + row0 + lane] = mine;
-  }
+  int4_store<M, ROWS>(out, acc, lane, row0, rows);
 }
 
 // int4_gemv_ring: int4_gemv for one x row (M = 1) with its loads deeper in flight, opt-in for an A/B
@@ -212,43 +228,10 @@ __global__ void __launch_bounds__(128, U > 1 ? 7 : 8) int4_gemv_ring(
     for (int v = 0; v < U; ++v) {
       const int c = c0 + 32 * v;
       if (c >= chunks) break;
-      float part[M][ROWS];
-#pragma unroll
-      for (int m = 0; m < M; ++m)
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r) part[m][r] = 0.0f;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {  // word j: weights 32c + 8j .. 32c + 8j + 7
-        float q[ROWS][8];
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r) int4_decode8(int4_word(u[v][r], j), q[r]);
-#pragma unroll
-        for (int m = 0; m < M; ++m) {
-          float xv[8];
-          int4_load_x8(x + m * x_stride + 32 * c + 8 * j, xv);
-#pragma unroll
-          for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-            for (int i = 0; i < 8; ++i) part[m][r] = fmaf(q[r][i], xv[i], part[m][r]);
-        }
-      }
-#pragma unroll
-      for (int m = 0; m < M; ++m)
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r) acc[m][r] = fmaf(part[m][r], s[v][r], acc[m][r]);
+      int4_chunk<T, M, ROWS>(acc, u[v], s[v], x, x_stride, c);
     }
   }
-
-#pragma unroll
-  for (int m = 0; m < M; ++m) {
-    float mine = 0.0f;
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-      const float total = warp_sum(acc[m][r]);
-      if (lane == r) mine = total;
-    }
-    if (lane < ROWS && row0 + lane < rows) out[static_cast<long long>(m) * rows + row0 + lane] = mine;
-  }
+  int4_store<M, ROWS>(out, acc, lane, row0, rows);
 }
 
 // ================================================================================================
