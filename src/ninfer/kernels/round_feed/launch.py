@@ -1,9 +1,9 @@
-"""CUDA launcher of the round-feed kernels: `reference.take_feed` / `leave_feed` in one launch
-each (one thread per row), the twin's values exactly.
+"""CUDA launcher of the round-feed kernels: `reference.take_feed` / `leave_feed` /
+`round_commit` in one launch each (one thread per row), the twin's values exactly.
 
-Imports torch and kernels.runtime. `take_problem` / `leave_problem` (the ops' own signatures) name
-operands the kernels do not take (dispatch then runs the twin): int64 rows, int64 feeds and
-committed tokens, int32 counts, at most MAX_ROWS rows.
+Imports torch and kernels.runtime. `take_problem` / `leave_problem` / `commit_problem` (the ops'
+own signatures) name operands the kernels do not take (dispatch then runs the twin): int64 rows,
+int64 feeds and committed tokens, int32 counts, at most MAX_ROWS rows.
 """
 
 from __future__ import annotations
