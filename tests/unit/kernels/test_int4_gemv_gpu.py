@@ -81,6 +81,17 @@ def test_opt_in_load_forms_give_the_same_bits(switch, dtype, rows, hidden, gen, 
     assert torch.equal(out, int4_cuda.int4_linear(x, packed, scale, tensor_cores=False))
 
 
+@pytest.mark.parametrize("num_x", [1, 2, 8, 9, 64])
+def test_mma_scales_through_l1_give_the_same_bits(num_x: int, gen, monkeypatch) -> None:
+    """`int4_mma_l1_scales` changes the cache path of the scale loads, not their values."""
+    monkeypatch.delenv("NINFER_KERNELS_ON", raising=False)
+    packed, scale = int4_operands(1000, 5120, gen)
+    x = torch.randn(num_x, 5120, device="cuda", generator=gen).to(torch.bfloat16)
+    want = int4_cuda.int4_linear(x, packed, scale)
+    monkeypatch.setenv("NINFER_KERNELS_ON", "int4_mma_l1_scales")
+    assert torch.equal(int4_cuda.int4_linear(x, packed, scale), want)
+
+
 def test_int4_gemv_rows_off_the_warp_tile(gen) -> None:
     """R not a multiple of the 16 rows a block covers: the tail rows are written, nothing past."""
     packed, scale = int4_operands(37, 128, gen)

@@ -300,13 +300,18 @@ struct Group {
   float sg, sg8;
 };
 
+// L1S: the scales through L1 (__ldg). A warp's scale load touches 8 rows, one 32-byte sector
+// each for 4 bytes, where the sector holds the next 7 groups' scales too: without L1 every group
+// fetches those sectors from L2 again (as many sector requests as the weights make), with L1
+// the next 7 groups hit. The same values either way (opt-in `int4_mma_l1_scales`, for an A/B).
+template <bool L1S>
 __device__ __forceinline__ void load_group(Group& b, const unsigned char* w_g,
                                            const unsigned char* w_g8, const float* s_g,
                                            const float* s_g8, int kg, int t) {
   b.wg = ld_stream8(w_g + 32 * kg + 8 * t);
   b.wg8 = ld_stream8(w_g8 + 32 * kg + 8 * t);
-  b.sg = ld_weight_scale_nc(s_g + kg);
-  b.sg8 = ld_weight_scale_nc(s_g8 + kg);
+  b.sg = L1S ? ld_weight_scale(s_g + kg) : ld_weight_scale_nc(s_g + kg);
+  b.sg8 = L1S ? ld_weight_scale(s_g8 + kg) : ld_weight_scale_nc(s_g8 + kg);
 }
 
 // Stage x[:, groups kg0 .. kg0 + num) as bf16, each 8 values as 0 4 1 5 2 6 3 7; rows M .. 8 NT
@@ -368,8 +373,9 @@ __device__ __forceinline__ void compute_group(float (&acc)[NT][4], const Group& 
 }
 }  // namespace int4mma
 
-// NT = ceil(num_x / 8) n-tiles (1..8), D groups loaded ahead. Grid: ceil(R / 128) blocks of 256.
-template <int NT, int D>
+// NT = ceil(num_x / 8) n-tiles (1..8), D groups loaded ahead, L1S as load_group's. Grid:
+// ceil(R / 128) blocks of 256.
+template <int NT, int D, bool L1S = false>
 __global__ void __launch_bounds__(int4mma::kThreads) int4_mma(
     float* __restrict__ out, const bf16* __restrict__ x, long long x_stride, int num_x,
     const unsigned char* __restrict__ packed, const float* __restrict__ scale, int rows,
@@ -403,13 +409,13 @@ __global__ void __launch_bounds__(int4mma::kThreads) int4_mma(
   Group buf[D + 1];
 #pragma unroll
   for (int p = 0; p < D; ++p)
-    if (p < groups) load_group(buf[p], w_g, w_g8, s_g, s_g8, p, t);
+    if (p < groups) load_group<L1S>(buf[p], w_g, w_g8, s_g, s_g8, p, t);
   for (int kg = 0; kg < groups; kg += D + 1) {
 #pragma unroll
     for (int u = 0; u <= D; ++u) {
       const int kc = kg + u;
       if (kc >= groups) break;
-      if (kc + D < groups) load_group(buf[(u + D) % (D + 1)], w_g, w_g8, s_g, s_g8, kc + D, t);
+      if (kc + D < groups) load_group<L1S>(buf[(u + D) % (D + 1)], w_g, w_g8, s_g, s_g8, kc + D, t);
       const int kl = kc % KC;
       if (kl == 0) {  // block-uniform: a new chunk of x
         __syncthreads();  // every warp is done with the previous chunk

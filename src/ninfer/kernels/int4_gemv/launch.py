@@ -122,7 +122,9 @@ def int4_linear(
     out = torch.empty((num_rows, rows), dtype=torch.float32, device=device)
     if uses_mma(x, tensor_cores):
         n_tiles = -(-num_rows // 8)
-        kernel = rt.get_kernel(OP, f"int4_mma<{n_tiles}, {MMA_DEPTH[n_tiles]}>", device)
+        l1_scales = "true" if switched_on("int4_mma_l1_scales") else "false"
+        instance = f"int4_mma<{n_tiles}, {MMA_DEPTH[n_tiles]}, {l1_scales}>"
+        kernel = rt.get_kernel(OP, instance, device)
         args = (
             rt.ptr(out),
             rt.ptr(x),
