@@ -92,6 +92,19 @@ def test_mma_scales_through_l1_give_the_same_bits(num_x: int, gen, monkeypatch) 
     assert torch.equal(int4_cuda.int4_linear(x, packed, scale), want)
 
 
+def test_dispatch_sends_one_row_to_the_tensor_cores_when_switched_on(gen, monkeypatch) -> None:
+    monkeypatch.delenv("NINFER_KERNELS_ON", raising=False)
+    monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
+    packed, scale = int4_operands(1000, 5120, gen)
+    x = torch.randn(1, 5120, device="cuda", generator=gen).to(torch.bfloat16)
+    cores = int4_cuda.int4_linear(x, packed, scale, tensor_cores=False)
+    mma = int4_cuda.int4_linear(x, packed, scale, tensor_cores=True)
+    assert torch.equal(dispatch.int4_linear(x, packed, scale), cores)
+    monkeypatch.setenv("NINFER_KERNELS_ON", "int4_mma_one_row")
+    assert torch.equal(dispatch.int4_linear(x, packed, scale), mma)
+    assert rel(mma, int4_ref.int4_linear(x, packed, scale)) < TOL
+
+
 def test_int4_gemv_rows_off_the_warp_tile(gen) -> None:
     """R not a multiple of the 16 rows a block covers: the tail rows are written, nothing past."""
     packed, scale = int4_operands(37, 128, gen)
