@@ -127,6 +127,21 @@ __device__ __forceinline__ void int4_store(float* __restrict__ out, float (&acc)
   }
 }
 
+// Each of a warp's ROWS rows' packed bytes and scales (rows past R re-read row R - 1: computed,
+// never stored).
+template <int ROWS>
+__device__ __forceinline__ void int4_rows(const unsigned char* (&wrow)[ROWS],
+                                          const float* (&wscale)[ROWS],
+                                          const unsigned char* packed, const float* scale,
+                                          int row0, int rows, int hidden) {
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+    const int row = row0 + r < rows ? row0 + r : rows - 1;
+    wrow[r] = packed + static_cast<long long>(row) * (hidden >> 1);
+    wscale[r] = scale + static_cast<long long>(row) * (hidden >> 6);
+  }
+}
+
 // Grid: ceil(R / (4 * ROWS)) blocks of 128 threads (4 warps, ROWS rows each).
 template <typename T, int M, int ROWS>
 __global__ void __launch_bounds__(128) int4_gemv(
@@ -139,15 +154,9 @@ __global__ void __launch_bounds__(128) int4_gemv(
   const int row0 = (blockIdx.x * (blockDim.x >> 5) + warp) * ROWS;
   if (row0 >= rows) return;
   const int chunks = hidden >> 5;  // 16-byte chunks (32 weights) per row
-  const int groups = hidden >> 6;
   const unsigned char* wrow[ROWS];
   const float* srow[ROWS];
-#pragma unroll
-  for (int r = 0; r < ROWS; ++r) {
-    const int row = row0 + r < rows ? row0 + r : rows - 1;  // past R: computed, never stored
-    wrow[r] = packed + static_cast<long long>(row) * (hidden >> 1);
-    srow[r] = scale + static_cast<long long>(row) * groups;
-  }
+  int4_rows<ROWS>(wrow, srow, packed, scale, row0, rows, hidden);
   float acc[M][ROWS];
 #pragma unroll
   for (int m = 0; m < M; ++m)
@@ -167,9 +176,10 @@ __global__ void __launch_bounds__(128) int4_gemv(
   int4_store<M, ROWS>(out, acc, lane, row0, rows);
 }
 
-// int4_gemv_ring: int4_gemv for one x row (M = 1) with its loads deeper in flight, opt-in for an A/B
-// (`launch.cuda_core_options`). Grid as int4_gemv's. U: steps of loads issued together (U * ROWS * 20 bytes in flight per lane); EARLY: the first U steps' weight and
-// scale loads are issued before pdl_wait (weights are never a predecessor's output), overlapping
+// int4_gemv_ring: int4_gemv for one x row (M = 1) with its loads deeper in flight, opt-in for an
+// A/B (`launch.cuda_core_options`). Grid as int4_gemv's. U: steps of loads issued together
+// (U * ROWS * 20 bytes in flight per lane); EARLY: the first U steps' weight and scale loads are
+// issued before pdl_wait (weights are never a predecessor's output), overlapping
 // the previous kernel's tail. Each lane still adds its chunks in ascending order, so every U and
 // EARLY give int4_gemv's bits. Why: one x row streamed 2.9 TB/s on the H200 in run S4, where the
 // bf16 GEMV reaches 4.0 with 128 bytes in flight a lane. U = 2 asks for 7 blocks an SM: 72
@@ -187,15 +197,9 @@ __global__ void __launch_bounds__(128, U > 1 ? 7 : 8) int4_gemv_ring(
   const int row0 = (blockIdx.x * (blockDim.x >> 5) + warp) * ROWS;
   if (row0 >= rows) return;
   const int chunks = hidden >> 5;  // 16-byte chunks (32 weights) per row
-  const int groups = hidden >> 6;
   const unsigned char* wrow[ROWS];
   const float* wscale[ROWS];
-#pragma unroll
-  for (int r = 0; r < ROWS; ++r) {
-    const int row = row0 + r < rows ? row0 + r : rows - 1;  // past R: computed, never stored
-    wrow[r] = packed + static_cast<long long>(row) * (hidden >> 1);
-    wscale[r] = scale + static_cast<long long>(row) * groups;
-  }
+  int4_rows<ROWS>(wrow, wscale, packed, scale, row0, rows, hidden);
   constexpr int M = 1;
   float acc[M][ROWS];
 #pragma unroll
