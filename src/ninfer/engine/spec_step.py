@@ -189,7 +189,7 @@ class SpecStep:
         self._feeds = torch.zeros(
             (4, max(cache.num_slots, 1)), dtype=torch.int64, device=self.device
         )
-        self.feed_token, self.feed_position, self.feed_step, self.feed_columns = self._feeds
+        self.feed_columns = self._feeds[3]  # what `run` folds for a chained round
         self.feed_committed = torch.full(
             (max(cache.num_slots, 1), draft_tokens + 1), -1, dtype=torch.int64, device=self.device
         )
@@ -272,22 +272,15 @@ class SpecStep:
             "counts": counts,
             "count_rows": rows.slots if counts is not None else None,
         }
-        # what the round keeps, the head pass's ids, the result rows: `dispatch.round_commit`
+        # greedy rounds hand the target's tokens to the commit, which compares them with the
+        # drafts; other rounds their verify's committed tokens and counts
         if mode in (GREEDY_ROUND, PENALIZED_GREEDY_ROUND):
-            target = acceptance.greedy_targets(logits, ids[:, 1:], **given)
-            kept = dispatch.round_commit(
-                ids, rows.position, HEADER, self.result_width, target=target
-            )
+            decided = {"target": acceptance.greedy_targets(logits, ids[:, 1:], **given)}
         else:
             committed, accepted = acceptance.verify(logits, ids[:, 1:], **given)
-            kept = dispatch.round_commit(
-                ids,
-                rows.position,
-                HEADER,
-                self.result_width,
-                committed=committed,
-                accepted=accepted,
-            )
+            decided = {"committed": committed, "accepted": accepted}
+        # what the round keeps, the head pass's ids, the result rows
+        kept = dispatch.round_commit(ids, rows.position, HEADER, self.result_width, **decided)
         # the head's shifted pass over the verify: row j sees (h_j, d_{j+1}); row a (h_a, t*)
         head_batch = self._group_batch(rows, kept.next_ids, layout, verify=False)
         head_hidden = self.head.forward_hidden(head_batch, self.cache, hidden)  # [B * W, H]

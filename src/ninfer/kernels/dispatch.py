@@ -53,6 +53,7 @@ from ninfer.kernels.kv_quant.formats import KvPages, QuantPages
 from ninfer.kernels.moe_routing import launch as _routing_cuda
 from ninfer.kernels.moe_routing import reference as _routing_ref
 from ninfer.kernels.mtp_front import launch as _mtp_front_cuda
+from ninfer.kernels.mtp_front import reference as _mtp_front_ref
 from ninfer.kernels.paged_decode_attention import launch as _paged_cuda
 from ninfer.kernels.paged_decode_attention import reference as _paged_ref
 from ninfer.kernels.qk_norm_rope import launch as _qk_cuda
@@ -574,10 +575,7 @@ def mtp_front(
     args = (ids, embed, hidden, embed_norm, hidden_norm)
     if use_cuda_kernels(hidden, "mtp_front") and _mtp_front_cuda.problem(*args) is None:
         return _mtp_front_cuda.mtp_front(*args, eps)
-    # the twin's four ops, each through dispatch (the norms on their CUDA kernel where it runs)
-    rows = F.embedding(ids, embed)
-    normed = (rms_norm(rows, embed_norm, eps), rms_norm(hidden.to(rows.dtype), hidden_norm, eps))
-    return torch.cat(normed, dim=-1)
+    return _mtp_front_ref.mtp_front(*args, eps, rms_norm=rms_norm)  # its norms through dispatch
 
 
 def round_commit(
