@@ -369,6 +369,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         "kernels.",
     )
     parser.add_argument(
+        "--moe-weight-copies",
+        type=int,
+        default=1,
+        help="--moe-batches: the grouped GEMVs alone cycle through this many copies of the "
+        "layer's expert weights (1: one layer's, as before; more: each call's weights as cold as "
+        "a decode step's, whose 40 layers stream 40 different GB).",
+    )
+    parser.add_argument(
         "--attention-contexts",
         default="",
         help="Instead: the paged decode attention per KV dtype and split size at these contexts.",
@@ -445,6 +453,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "meets it. Run in a fresh process.",
     )
     opts = parser.parse_args(argv)
+    if opts.moe_weight_copies < 1:
+        parser.error(f"--moe-weight-copies must be at least 1, got {opts.moe_weight_copies}")
     if not torch.cuda.is_available():
         parser.error("needs a CUDA device")
     if opts.attention_first_calls:
@@ -487,7 +497,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         batches = [int(x) for x in opts.moe_batches.split(",") if x.strip()]
         print(moe_path_sweep(batches, torch.device("cuda", opts.device)))
         print()
-        print(moe_group_gemv_sweep(batches, torch.device("cuda", opts.device)))
+        print(
+            moe_group_gemv_sweep(
+                batches, torch.device("cuda", opts.device), copies=opts.moe_weight_copies
+            )
+        )
         print()
         print(moe_shared_sweep(batches, torch.device("cuda", opts.device)))
         print()
@@ -705,15 +719,24 @@ def moe_path_sweep(batches: Sequence[int], device: torch.device) -> str:
     return "\n".join(lines)
 
 
-def moe_group_gemv_sweep(batches: Sequence[int], device: torch.device) -> str:
+def moe_group_gemv_sweep(batches: Sequence[int], device: torch.device, copies: int = 1) -> str:
     """µs per call (graphs) and touched-expert TB/s of the two grouped expert GEMVs of one
     35B-A3B MoE layer (gate-up: [256, 1024, 2048], 8 rows per input; down: [256, 2048, 512] of
     SwiGLU'd gate-up rows), CUDA-core kernel ("fma") against the tensor-core one per load depth
-    ("mma dD"), and the tensor-core results' error against the twin (both GEMVs, relative)."""
+    ("mma dD"), and the tensor-core results' error against the twin (both GEMVs, relative).
+
+    `copies` > 1: each call reads the next of that many copies of the weights. One layer's 1.5 GB
+    is far past the L2 either way; the copies ask whether weights a step has not touched for a
+    while (its other 39 layers') stream slower than one layer's read again and again (run S41A:
+    the gate-up 355 µs a layer inside an H100 step against 308 here)."""
+    if copies < 1:
+        raise ValueError(f"copies must be at least 1, got {copies}")
     experts, hidden, inter, top_k = 256, 2048, 512, 8
     bf16 = torch.bfloat16
     gate_up = torch.randn(experts, 2 * inter, hidden, device=device, dtype=bf16) * 0.02
     down = torch.randn(experts, hidden, inter, device=device, dtype=bf16) * 0.04
+    gate_ups = [gate_up] + [torch.randn_like(gate_up) * 0.02 for _ in range(copies - 1)]
+    downs = [down] + [torch.randn_like(down) * 0.04 for _ in range(copies - 1)]
     variants = [("fma", {"tensor_cores": False})] + [
         (f"mma d{d}", {"depth": d}) for d in expert_cuda.GROUP_MMA_DEPTHS
     ]
@@ -729,17 +752,20 @@ def moe_group_gemv_sweep(batches: Sequence[int], device: torch.device) -> str:
         touched = int(torch.unique(flat).numel())
         rows = torch.randn(b * top_k, 2 * inter, device=device, dtype=bf16)  # gate-up outputs
         calls = {
-            "gate-up": (x, gate_up, {"rows_per_input": top_k}),
-            "down": (rows, down, {"rows_per_input": 1, "swiglu_input": True}),
+            "gate-up": (x, gate_ups, {"rows_per_input": top_k}),
+            "down": (rows, downs, {"rows_per_input": 1, "swiglu_input": True}),
         }
         row = []
         errors = []
-        for inp, weight, kw in calls.values():
+        for inp, weights, kw in calls.values():
+            weight = weights[0]
             moved = touched * weight.shape[1] * weight.shape[2] * 2
             for _, extra in variants:
-                call = functools.partial(
-                    expert_cuda.expert_group_gemv, inp, weight, flat, groups=groups, **kw, **extra
+                one = functools.partial(
+                    expert_cuda.expert_group_gemv, inp, expert_ids=flat, groups=groups, **kw
                 )
+                one = functools.partial(one, **extra)
+                call = _rotating(lambda w, f=one: f(weight=w), weights)
                 us = _graph_us(call, replays=5)
                 row.append(f"{us:.1f} ({moved / us / 1e6:.2f})")
             got = expert_cuda.expert_group_gemv(inp, weight, flat, groups=groups, **kw)

@@ -1,6 +1,7 @@
 """`python -m ninfer.bench.kernel_bench --attention-heads / --attention-kv-dtypes /
---attention-splits`: the head shape of the attention sweep (the 35B-A3B's 16 over 2 beside the
-27B's default 24 over 4), its KV dtypes and its split sizes."""
+--attention-splits / --moe-weight-copies`: the head shape of the attention sweep (the 35B-A3B's
+16 over 2 beside the 27B's default 24 over 4), its KV dtypes and its split sizes, and the MoE
+sweep's weight copies."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import argparse
 
 import pytest
 
-from ninfer.bench.kernel_bench import _heads, _kv_dtypes, _splits
+from ninfer.bench.kernel_bench import _heads, _kv_dtypes, _splits, main
 
 
 @pytest.mark.parametrize(("text", "want"), [("24x4", (24, 4)), ("16X2", (16, 2)), ("8x8", (8, 8))])
@@ -51,3 +52,13 @@ def test_bad_kv_dtypes_and_splits_are_usage_errors(
         parse(text, argparse.ArgumentParser())
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("copies", ["0", "-3"])
+def test_moe_weight_copies_below_one_is_a_usage_error(
+    copies: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--moe-batches", "64", "--moe-weight-copies", copies])
+    assert exc.value.code == 2
+    assert f"--moe-weight-copies must be at least 1, got {copies}" in capsys.readouterr().err
