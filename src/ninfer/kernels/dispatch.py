@@ -763,10 +763,10 @@ def int4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> t
         ]
         return torch.cat(parts)
     if int4_linear_available(dense, packed, scale):
-        # one row: the CUDA-core kernel is faster (131.7 against 163.2 µs on the 27B shortlist);
-        # `NINFER_KERNELS_ON=int4_mma_one_row` (an A/B, with `int4_mma_l1_scales`) sends it too
-        min_rows = 1 if switches.switched_on("int4_mma_one_row") else _int4_cuda.MMA_MIN_ROWS
-        mma = tensor_cores and (dense.dim() != 2 or dense.shape[0] >= min_rows)
+        # one row: the CUDA-core kernel is faster (135 against 162 µs on the 27B shortlist with
+        # the tensor-core kernel's scales through L1, run S41A; the 27B MTP round 1.01x with
+        # one-row proposals on tensor cores)
+        mma = tensor_cores and (dense.dim() != 2 or dense.shape[0] >= _int4_cuda.MMA_MIN_ROWS)
         return _int4_cuda.int4_linear(dense, packed, scale, tensor_cores=mma)
     return _int4_ref.int4_linear(x, packed, scale)
 

@@ -176,68 +176,6 @@ __global__ void __launch_bounds__(128) int4_gemv(
   int4_store<M, ROWS>(out, acc, lane, row0, rows);
 }
 
-// int4_gemv_ring: int4_gemv for one x row (M = 1) with its loads deeper in flight, opt-in for an
-// A/B (`launch.cuda_core_options`). Grid as int4_gemv's. U: steps of loads issued together
-// (U * ROWS * 20 bytes in flight per lane); EARLY: the first U steps' weight and scale loads are
-// issued before pdl_wait (weights are never a predecessor's output), overlapping
-// the previous kernel's tail. Each lane still adds its chunks in ascending order, so every U and
-// EARLY give int4_gemv's bits. Why: one x row streamed 2.9 TB/s on the H200 in run S4, where the
-// bf16 GEMV reaches 4.0 with 128 bytes in flight a lane. U = 2 asks for 7 blocks an SM: 72
-// registers, no spills, 28 warps x 160 bytes in flight against int4_gemv's 32 x 80 (64
-// registers); U = 1 asks for 8 (64 registers); nvcc -Xptxas -v, sm_90. Kept apart from int4_gemv
-// because this loop shape took its M > 1 instances from 128-168 registers to 231-255.
-template <typename T, int ROWS, int U, bool EARLY>
-__global__ void __launch_bounds__(128, U > 1 ? 7 : 8) int4_gemv_ring(
-    float* __restrict__ out, const T* __restrict__ x, long long x_stride,
-    const unsigned char* __restrict__ packed, const float* __restrict__ scale, int rows,
-    int hidden) {
-  pdl_trigger();
-  const int warp = threadIdx.x >> 5;
-  const int lane = threadIdx.x & 31;
-  const int row0 = (blockIdx.x * (blockDim.x >> 5) + warp) * ROWS;
-  if (row0 >= rows) return;
-  const int chunks = hidden >> 5;  // 16-byte chunks (32 weights) per row
-  const unsigned char* wrow[ROWS];
-  const float* wscale[ROWS];
-  int4_rows<ROWS>(wrow, wscale, packed, scale, row0, rows, hidden);
-  constexpr int M = 1;
-  float acc[M][ROWS];
-#pragma unroll
-  for (int m = 0; m < M; ++m)
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) acc[m][r] = 0.0f;
-
-  uint4 u[U][ROWS];
-  float s[U][ROWS];
-  // U steps of this lane's weight and scale loads from chunk c0 (past the row: never used)
-  auto load_steps = [&](int c0) {
-#pragma unroll
-    for (int v = 0; v < U; ++v) {
-      const int c = c0 + 32 * v;
-#pragma unroll
-      for (int r = 0; r < ROWS; ++r) {
-        if (c < chunks) {
-          u[v][r] = ld_weight16(wrow[r] + 16 * c);
-          s[v][r] = ld_weight_scale_nc(wscale[r] + (c >> 1));
-        }
-      }
-    }
-  };
-  if (EARLY) load_steps(lane);
-  pdl_wait();
-
-  for (int c0 = lane; c0 < chunks; c0 += 32 * U) {
-    if (!EARLY || c0 != lane) load_steps(c0);
-#pragma unroll
-    for (int v = 0; v < U; ++v) {
-      const int c = c0 + 32 * v;
-      if (c >= chunks) break;
-      int4_chunk<T, M, ROWS>(acc, u[v], s[v], x, x_stride, c);
-    }
-  }
-  int4_store<M, ROWS>(out, acc, lane, row0, rows);
-}
-
 // ================================================================================================
 // int4_mma: the same product on tensor cores for bf16 x, 1..64 rows (GPU tests and timings: run
 // V1 in docs/perf.md). out[m, r] as above, fp32 [M, R]; x bf16 [M, H] with dense 16-byte-aligned
@@ -307,7 +245,9 @@ struct Group {
 // L1S: the scales through L1 (__ldg). A warp's scale load touches 8 rows, one 32-byte sector
 // each for 4 bytes, where the sector holds the next 7 groups' scales too: without L1 every group
 // fetches those sectors from L2 again (as many sector requests as the weights make), with L1
-// the next 7 groups hit. The same values either way (opt-in `int4_mma_l1_scales`, for an A/B).
+// the next 7 groups hit. The same values either way. On by default (launch.py); run S41A (H100,
+// the 27B shortlist, 131,072 x 5,120) had int4_mma at 162 against 187 µs for 1-2 x rows and 179
+// against 199 for 8 with it; `NINFER_KERNELS_OFF=int4_mma_l1_scales` keeps the L2-only loads.
 template <bool L1S>
 __device__ __forceinline__ void load_group(Group& b, const unsigned char* w_g,
                                            const unsigned char* w_g8, const float* s_g,

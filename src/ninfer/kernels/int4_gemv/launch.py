@@ -17,7 +17,7 @@ import torch
 
 from ninfer.kernels import runtime as rt
 from ninfer.kernels.int4_gemv.reference import GROUP
-from ninfer.kernels.switches import switched_on
+from ninfer.kernels.switches import switched_off
 
 OP = "int4_gemv"
 ROWS = 4  # output rows per warp (16-byte loads in flight per lane per step)
@@ -35,17 +35,6 @@ MMA_MIN_ROWS = 2
 # weight groups loaded ahead per n-tile count (1..8): the deepest ring without spills under sm_90
 # ptxas (80..112 registers; nvcc -Xptxas -v, see docs/kernels.md)
 MMA_DEPTH = {1: 7, 2: 4, 3: 4, 4: 4, 5: 4, 6: 4, 7: 4, 8: 2}
-
-
-def cuda_core_options(num_rows: int) -> tuple[int, str] | None:
-    """(U, EARLY) of `int4_gemv_ring` for `num_rows` x rows, or None for `int4_gemv`. Opt-in for
-    one x row, for an A/B (the same bits either way): `NINFER_KERNELS_ON=int4_unroll2` (U = 2:
-    twice the bytes in flight a lane) and `int4_early` (the first U steps' loads overlap the
-    previous kernel's tail, as the bf16 GEMV's early loads do)."""
-    unroll, early = switched_on("int4_unroll2"), switched_on("int4_early")
-    if num_rows != 1 or not (unroll or early):
-        return None
-    return (2 if unroll else 1), ("true" if early else "false")
 
 
 def uses_mma(x: torch.Tensor, tensor_cores: bool = True) -> bool:
@@ -122,7 +111,7 @@ def int4_linear(
     out = torch.empty((num_rows, rows), dtype=torch.float32, device=device)
     if uses_mma(x, tensor_cores):
         n_tiles = -(-num_rows // 8)
-        l1_scales = "true" if switched_on("int4_mma_l1_scales") else "false"
+        l1_scales = "false" if switched_off("int4_mma_l1_scales") else "true"
         instance = f"int4_mma<{n_tiles}, {MMA_DEPTH[n_tiles]}, {l1_scales}>"
         kernel = rt.get_kernel(OP, instance, device)
         args = (
@@ -137,13 +126,7 @@ def int4_linear(
         )
         rt.launch(kernel, (-(-rows // 128),), (MMA_THREADS,), args, device)
         return out
-    ring = cuda_core_options(num_rows)
-    dtype = rt.cuda_type(x, "x")
-    instance = (
-        f"int4_gemv_ring<{dtype}, {ROWS}, {ring[0]}, {ring[1]}>"
-        if ring is not None
-        else f"int4_gemv<{dtype}, {num_rows}, {ROWS}>"
-    )
+    instance = f"int4_gemv<{rt.cuda_type(x, 'x')}, {num_rows}, {ROWS}>"
     kernel = rt.get_kernel(OP, instance, device)
     rows_per_block = (THREADS // 32) * ROWS
     args = (
