@@ -377,6 +377,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         "a decode step's, whose 40 layers stream 40 different GB).",
     )
     parser.add_argument(
+        "--moe-dirty-mb",
+        type=int,
+        default=0,
+        help="--moe-batches: before each grouped GEMV call, rewrite this many MiB of fp32 (as "
+        "the delta rule rewrites its states before a layer's MoE) and report the GEMV's time "
+        "as the pair's less the rewrite's alone: what dirty L2 lines cost the GEMV.",
+    )
+    parser.add_argument(
         "--attention-contexts",
         default="",
         help="Instead: the paged decode attention per KV dtype and split size at these contexts.",
@@ -455,6 +463,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     opts = parser.parse_args(argv)
     if opts.moe_weight_copies < 1:
         parser.error(f"--moe-weight-copies must be at least 1, got {opts.moe_weight_copies}")
+    if opts.moe_dirty_mb < 0:
+        parser.error(f"--moe-dirty-mb must be 0 or more, got {opts.moe_dirty_mb}")
     if not torch.cuda.is_available():
         parser.error("needs a CUDA device")
     if opts.attention_first_calls:
@@ -499,7 +509,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         print()
         print(
             moe_group_gemv_sweep(
-                batches, torch.device("cuda", opts.device), copies=opts.moe_weight_copies
+                batches,
+                torch.device("cuda", opts.device),
+                copies=opts.moe_weight_copies,
+                dirty_mb=opts.moe_dirty_mb,
             )
         )
         print()
@@ -719,7 +732,15 @@ def moe_path_sweep(batches: Sequence[int], device: torch.device) -> str:
     return "\n".join(lines)
 
 
-def moe_group_gemv_sweep(batches: Sequence[int], device: torch.device, copies: int = 1) -> str:
+def _after_rewrite(buffer: torch.Tensor, fn: Callable[[], object]) -> object:
+    """fn() after rewriting `buffer` in place (read and written: its lines left dirty in L2)."""
+    buffer.add_(1.0)
+    return fn()
+
+
+def moe_group_gemv_sweep(
+    batches: Sequence[int], device: torch.device, copies: int = 1, dirty_mb: int = 0
+) -> str:
     """µs per call (graphs) and touched-expert TB/s of the two grouped expert GEMVs of one
     35B-A3B MoE layer (gate-up: [256, 1024, 2048], 8 rows per input; down: [256, 2048, 512] of
     SwiGLU'd gate-up rows), CUDA-core kernel ("fma") against the tensor-core one per load depth
@@ -728,9 +749,18 @@ def moe_group_gemv_sweep(batches: Sequence[int], device: torch.device, copies: i
     `copies` > 1: each call reads the next of that many copies of the weights. One layer's 1.5 GB
     is far past the L2 either way; the copies ask whether weights a step has not touched for a
     while (its other 39 layers') stream slower than one layer's read again and again (run S41A:
-    the gate-up 355 µs a layer inside an H100 step against 308 here)."""
+    the gate-up 355 µs a layer inside an H100 step against 308 here).
+
+    `dirty_mb` > 0: each call follows an in-place rewrite of that many MiB of fp32 (read and
+    written, as the 35B-A3B's delta rule rewrites 134 MB of states at 64 rows just before a
+    layer's MoE), and a cell is the pair's time less the rewrite's alone: whether the dirty lines
+    the rewrite leaves in L2, written back while the GEMV streams, are the in-step difference."""
     if copies < 1:
         raise ValueError(f"copies must be at least 1, got {copies}")
+    if dirty_mb < 0:
+        raise ValueError(f"dirty_mb must be 0 or more, got {dirty_mb}")
+    dirty = torch.zeros(dirty_mb * 2**18, device=device)  # MiB of fp32
+    rewrite_us = _graph_us(lambda: dirty.add_(1.0), replays=5) if dirty_mb else 0.0
     experts, hidden, inter, top_k = 256, 2048, 512, 8
     bf16 = torch.bfloat16
     gate_up = torch.randn(experts, 2 * inter, hidden, device=device, dtype=bf16) * 0.02
@@ -766,7 +796,9 @@ def moe_group_gemv_sweep(batches: Sequence[int], device: torch.device, copies: i
                 )
                 one = functools.partial(one, **extra)
                 call = _rotating(lambda w, f=one: f(weight=w), weights)
-                us = _graph_us(call, replays=5)
+                if dirty_mb:
+                    call = functools.partial(_after_rewrite, dirty, call)
+                us = _graph_us(call, replays=5) - rewrite_us
                 row.append(f"{us:.1f} ({moved / us / 1e6:.2f})")
             got = expert_cuda.expert_group_gemv(inp, weight, flat, groups=groups, **kw)
             errors.append(_rel(got, expert_ref.expert_group_gemv(inp, weight, flat, **kw)))

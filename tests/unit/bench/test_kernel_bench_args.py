@@ -1,7 +1,7 @@
 """`python -m ninfer.bench.kernel_bench --attention-heads / --attention-kv-dtypes /
---attention-splits / --moe-weight-copies`: the head shape of the attention sweep (the 35B-A3B's
-16 over 2 beside the 27B's default 24 over 4), its KV dtypes and its split sizes, and the MoE
-sweep's weight copies."""
+--attention-splits / --moe-weight-copies / --moe-dirty-mb`: the head shape of the attention
+sweep (the 35B-A3B's 16 over 2 beside the 27B's default 24 over 4), its KV dtypes and its split
+sizes, and the MoE sweep's weight copies and dirty MiB."""
 
 from __future__ import annotations
 
@@ -62,3 +62,10 @@ def test_moe_weight_copies_below_one_is_a_usage_error(
         main(["--moe-batches", "64", "--moe-weight-copies", copies])
     assert exc.value.code == 2
     assert f"--moe-weight-copies must be at least 1, got {copies}" in capsys.readouterr().err
+
+
+def test_negative_moe_dirty_mb_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--moe-batches", "64", "--moe-dirty-mb", "-1"])
+    assert exc.value.code == 2
+    assert "--moe-dirty-mb must be 0 or more, got -1" in capsys.readouterr().err
