@@ -261,6 +261,20 @@ def test_mma_launch_at_35b_shapes(monkeypatch) -> None:
         down_call(depth=3)
 
 
+def test_depth_two_switch_reaches_both_launches(monkeypatch) -> None:
+    """`NINFER_KERNELS_ON=group_mma_d2` (an in-model A/B) runs depth 2 for the gate-up and the
+    down; an explicit depth still wins (kernel_bench)."""
+    launches = Launches(monkeypatch)
+    monkeypatch.setenv("NINFER_KERNELS_ON", "group_mma_d2")
+    gate_up_call()
+    down_call()
+    down_call(depth=4)
+    up, down, deep = launches.calls
+    assert up["instance"] == "expert_group_mma<2, 1, false>"
+    assert down["instance"] == "expert_group_mma<2, 2, true>"
+    assert deep["instance"] == "expert_group_mma<4, 2, true>"
+
+
 @pytest.mark.parametrize(
     "kw,mma",
     [

@@ -292,6 +292,15 @@ GROUP_MMA_PAD = 32  # egmma::kPad: staged rows 64 bytes apart mod 128 (no shared
 # --moe-batches times both.
 GROUP_MMA_DEPTH = 4
 GROUP_MMA_DEPTHS = (2, 4)  # the instances the launcher may request
+# `NINFER_KERNELS_ON=group_mma_d2`: depth 2 in the model too, for an in-step A/B. Alone the two
+# depths are within 2 % (run S41A, H100: gate-up 312.8 / 308.1 µs at 64 rows), yet inside the
+# step the gate-up runs 355 µs: if its loads wait longer there, the deeper ring should gain more
+GROUP_MMA_D2_SWITCH = "group_mma_d2"
+
+
+def planned_depth() -> int:
+    """The load depth dispatch runs: GROUP_MMA_DEPTH unless `group_mma_d2` is switched on."""
+    return 2 if switched_on(GROUP_MMA_D2_SWITCH) else GROUP_MMA_DEPTH
 
 
 def group_mma_smem(k: int, tiles: int) -> int:
@@ -368,7 +377,7 @@ def expert_group_gemv(
 ) -> torch.Tensor:
     """See `reference.expert_group_gemv`. The tensor-core kernel where `tensor_cores` and
     `uses_group_mma` say so (dispatch: `expert_group_mma` in NINFER_KERNELS_OFF turns it off), else
-    the CUDA-core one; `depth` overrides GROUP_MMA_DEPTH (kernel_bench compares)."""
+    the CUDA-core one; `depth` overrides `planned_depth()` (kernel_bench compares)."""
     device = rt.check_cuda(x, weight, expert_ids)
     if not supports_group(x, weight, swiglu_input=swiglu_input):
         raise rt.KernelInputError(
@@ -391,7 +400,7 @@ def expert_group_gemv(
     ends = ends.to(torch.int32).contiguous()
     if order.numel() != num_assignments or ends.numel() != num_experts:
         raise rt.KernelInputError("groups do not match the expert ids and the experts")
-    depth = GROUP_MMA_DEPTH if depth is None else depth
+    depth = planned_depth() if depth is None else depth
     if depth not in GROUP_MMA_DEPTHS:
         raise rt.KernelInputError(f"depth {depth} is not one of {GROUP_MMA_DEPTHS}")
     swiglu = "true" if swiglu_input else "false"
