@@ -252,6 +252,22 @@ __device__ __forceinline__ void pdl_begin() {
   pdl_wait();
 }
 
+// cp.async of 16 bytes into shared memory, bypassing L1 (zero-filled when !ok; src stays a
+// valid address either way): the tensor-core GEMVs' and the grouped expert mma's weight rings.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) {
+  const unsigned int d = static_cast<unsigned int>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(d), "l"(src),
+               "r"(ok ? 16 : 0)
+               : "memory");
+}
+
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 // A hint to bring one line of constant data (weights) into L2 while a kernel waits on its
 // predecessor (L2 is the point of coherence, so a prefetch can never expose stale data).
 __device__ __forceinline__ void prefetch_l2(const void* p) {

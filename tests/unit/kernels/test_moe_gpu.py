@@ -461,6 +461,18 @@ def skewed_ids(gen: torch.Generator, tokens: int) -> tuple[torch.Tensor, dict[in
     return ids, counts
 
 
+def group_operands(
+    big_moe: MoeWeights, gen: torch.Generator, tokens: int, swiglu: bool
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(x, experts, inputs per assignment) of one 35B grouped GEMV: the gate-up of `tokens`
+    hidden rows (top-8 each), or the down projection of SwiGLU'd gate-up rows (one each)."""
+    if swiglu:
+        x = torch.randn(tokens * TOP_K, 2 * INTER, device="cuda", generator=gen)
+        return x.to(torch.bfloat16), big_moe.experts_down, 1
+    x = torch.randn(tokens, HIDDEN, device="cuda", generator=gen)
+    return x.to(torch.bfloat16), big_moe.experts_gate_up, TOP_K
+
+
 @pytest.mark.parametrize("tokens", [17, 64, 96])
 @pytest.mark.parametrize("swiglu", [False, True], ids=["gate-up", "down-swiglu"])
 def test_expert_group_mma_at_35b_shapes(
@@ -472,14 +484,7 @@ def test_expert_group_mma_at_35b_shapes(
     (`group_mma_wide` on), give equal bits (same step order)."""
     ids, _ = skewed_ids(gen, tokens)
     flat = ids.reshape(-1)
-    if swiglu:  # the down projection of SwiGLU'd gate-up rows, one input per assignment
-        w = big_moe.experts_down
-        x = torch.randn(tokens * TOP_K, 2 * INTER, device="cuda", generator=gen).to(torch.bfloat16)
-        per_input = 1
-    else:
-        w = big_moe.experts_gate_up
-        x = torch.randn(tokens, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16)
-        per_input = TOP_K
+    x, w, per_input = group_operands(big_moe, gen, tokens, swiglu)
     assert expert_cuda.uses_group_mma(x, w)
     kw = {"rows_per_input": per_input, "swiglu_input": swiglu}
     groups = expert_ref.expert_groups(flat, EXPERTS)
@@ -521,6 +526,48 @@ def test_expert_group_mma_switch_and_odd_shapes(gen, monkeypatch) -> None:
         assert torch.equal(dispatch.expert_group_gemv(x, w, ids, rows_per_input=2), mma)
         monkeypatch.setenv("NINFER_KERNELS_OFF", "expert_group_mma")
         assert torch.equal(dispatch.expert_group_gemv(x, w, ids, rows_per_input=2), fma)
+
+
+@pytest.mark.parametrize("tokens", [17, 64])
+@pytest.mark.parametrize("swiglu", [False, True], ids=["gate-up", "down-swiglu"])
+def test_expert_group_mma_cp_ring_gives_the_register_rings_bits(
+    tokens: int, swiglu: bool, big_moe, gen, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`group_mma_cp` (the weight ring in shared memory, filled by cp.async) runs the same mma in
+    the same order as the register ring: equal bits at the 35B shapes with hot experts (several
+    passes a block), in eager launches and replayed in a graph with new inputs."""
+    ids, _ = skewed_ids(gen, tokens)
+    flat = ids.reshape(-1)
+    x, w, per_input = group_operands(big_moe, gen, tokens, swiglu)
+    kw = {"rows_per_input": per_input, "swiglu_input": swiglu}
+    groups = expert_ref.expert_groups(flat, EXPERTS)
+    monkeypatch.delenv("NINFER_KERNELS_ON", raising=False)
+    want = expert_cuda.expert_group_gemv(x, w, flat, groups=groups, **kw)
+    monkeypatch.setenv("NINFER_KERNELS_ON", "group_mma_cp")
+    assert torch.equal(expert_cuda.expert_group_gemv(x, w, flat, groups=groups, **kw), want)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = expert_cuda.expert_group_gemv(x, w, flat, groups=groups, **kw)
+    x.copy_(torch.randn(x.shape, device="cuda", generator=gen).to(torch.bfloat16))
+    graph.replay()
+    torch.cuda.synchronize()
+    monkeypatch.delenv("NINFER_KERNELS_ON")
+    assert torch.equal(out, expert_cuda.expert_group_gemv(x, w, flat, groups=groups, **kw))
+
+
+def test_expert_group_mma_cp_ring_odd_shapes(gen, monkeypatch) -> None:
+    """The cp.async ring with N off the 16-row tiles, K off the 32-wide steps and shorter than
+    the ring (K = 8, 72: fewer steps than stages) and an expert over two passes: the register
+    ring's bits."""
+    for experts, n, k, tokens in ((5, 40, 72, 9), (3, 24, 8, 6), (4, 200, 1000, 11)):
+        x = torch.randn(tokens, k, device="cuda", generator=gen).to(torch.bfloat16)
+        w = (torch.randn(experts, n, k, device="cuda", generator=gen) / k**0.5).to(torch.bfloat16)
+        ids = torch.randint(0, experts, (tokens * 2,), device="cuda", generator=gen)
+        ids[:17] = 1
+        monkeypatch.delenv("NINFER_KERNELS_ON", raising=False)
+        want = expert_cuda.expert_group_gemv(x, w, ids, rows_per_input=2)
+        monkeypatch.setenv("NINFER_KERNELS_ON", "group_mma_cp")
+        assert torch.equal(expert_cuda.expert_group_gemv(x, w, ids, rows_per_input=2), want)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -68,8 +68,7 @@ __device__ __forceinline__ void cp16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src)
                : "memory");
 }
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+__device__ __forceinline__ void cp_wait_all() { cp_wait<0>(); }  // cp_commit / cp_wait: common.cu
 
 // An fp32 another block wrote in this launch: from L2 (ld.global.cg), never a stale L1 line.
 __device__ __forceinline__ float ld_l2(const float* p) {

@@ -66,22 +66,6 @@ __device__ __forceinline__ void reduce_store(T* __restrict__ out, float* red, co
   if constexpr (S > 1) cluster_sync();  // no block leaves while its partials are being read
 }
 
-// cp.async of 16 bytes into shared memory, bypassing L1 (zero-filled when !ok; src stays a
-// valid address either way).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) {
-  const unsigned int d = static_cast<unsigned int>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(d), "l"(src),
-               "r"(ok ? 16 : 0)
-               : "memory");
-}
-
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-
-template <int N>
-__device__ __forceinline__ void cp_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
 // Copy k block kb of lane (g, t)'s rows (w_g, w_g8: row starts; bytes past row_bytes, or a row
 // past N, are zero-filled) into its ring slot: uint4 [4][kThreads], thread tid's 64 bytes at
 // [j][tid] (a warp's 16-byte accesses are consecutive: no bank conflicts). row_bytes % 16 == 0,
