@@ -262,18 +262,18 @@ def test_mma_launch_at_35b_shapes(monkeypatch) -> None:
 
 
 def test_cp_ring_switch_launches_the_shared_memory_ring(monkeypatch) -> None:
-    """`NINFER_KERNELS_ON=group_mma_cp`: both grouped GEMVs run `expert_group_mma_cp` with the
+    """`NINFER_KERNELS_ON=group_mma_cp`: both grouped GEMVs run the kernel's CP form with the
     ring's bytes on top of the staged inputs, and ask for that much shared memory."""
     launches = Launches(monkeypatch)
     monkeypatch.setenv("NINFER_KERNELS_ON", "group_mma_cp")
     gate_up_call()
     down_call()
     up, down = launches.calls
-    stages = expert_launch.GROUP_MMA_CP_STAGES
-    ring = stages * 2 * 256 * 16
-    assert up["instance"] == f"expert_group_mma_cp<{stages}, 1, false>"
+    depth = expert_launch.GROUP_MMA_CP_DEPTH
+    ring = (depth + 1) * 2 * 256 * 16
+    assert up["instance"] == f"expert_group_mma<{depth}, 1, false, true>"
     assert up["grid"] == (8, 3) and up["smem"] == 8 * 2080 * 2 + ring
-    assert down["instance"] == f"expert_group_mma_cp<{stages}, 2, true>"
+    assert down["instance"] == f"expert_group_mma<{depth}, 2, true, true>"
     assert down["grid"] == (16, 3) and down["smem"] == 16 * 544 * 2 + ring
     assert [n for _, n in launches.opted_in] == [up["smem"], down["smem"]]
     # two blocks an SM still fit the 228 KiB of an sm_90 SM

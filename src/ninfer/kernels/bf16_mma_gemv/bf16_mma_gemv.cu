@@ -68,7 +68,6 @@ __device__ __forceinline__ void cp16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src)
                : "memory");
 }
-__device__ __forceinline__ void cp_wait_all() { cp_wait<0>(); }  // cp_commit / cp_wait: common.cu
 
 // An fp32 another block wrote in this launch: from L2 (ld.global.cg), never a stale L1 line.
 __device__ __forceinline__ float ld_l2(const float* p) {
@@ -164,7 +163,7 @@ __global__ void __launch_bounds__(256, MT == 1 ? 2 : 1) bf16_mma_gemv(
   stage_chunk(xs, x, x_stride, m, kb, ke);
   cp_commit();
   for (int c = 0; c < chunks; ++c) {
-    cp_wait_all();
+    cp_wait<0>();  // cp_commit / cp_wait: common.cu
     __syncthreads();  // chunk c is staged; every warp is done with chunk c - 1's buffer
     if (c + 1 < chunks) {
       stage_chunk(xs + ((c + 1) & 1) * kBuffer, x, x_stride, m, kb + (c + 1) * kChunk, ke);

@@ -468,9 +468,20 @@ __device__ __forceinline__ void store_pass(bf16* __restrict__ out, const float (
 // D: 32-wide k steps in flight per lane (2 D loads of 16 bytes); NT: n-tiles (8 inputs each) per
 // pass; SWIGLU as above. Dynamic shared memory: 8 NT (k + kPad) bf16. Launch bounds: D = 2 fits
 // 80 registers (3 blocks per SM); deeper rings spill there, so they get 128 (2 blocks per SM).
-// nvcc sm_90: D = 4 108 (NT = 1) / 116 (NT = 2) registers, D = 2 76-78, no spills.
-template <int D, int NT, bool SWIGLU>
-__global__ void __launch_bounds__(256, D <= 2 ? 3 : 2) expert_group_mma(
+// nvcc sm_90: D = 4 108 (NT = 1) / 116 (NT = 2) registers, D = 2 75-78, no spills.
+//
+// CP (opt-in `NINFER_KERNELS_ON=group_mma_cp`, for an A/B): the ring of D + 1 steps in shared
+// memory, filled by cp.async, instead of registers. Each lane copies its two rows' 16-byte pieces
+// of step s into its own slot (ring[slot][0 / 1][thread]) and reads back only what it copied, so
+// the ring needs cp.async.wait_group, not barriers, and D steps stay in flight a lane without
+// holding registers: D = 7 keeps 7 KiB a warp in flight, 112 KiB an SM at two blocks, against the
+// register ring's 4 KiB a warp (D = 4). Why: inside the 35B-A3B's 64-row step the gate-up runs
+// 355 µs a layer against 308 alone (run S41A, H100); if its loads wait longer there, more bytes
+// in flight is what bounds it. The same mma in the same order, so the same bits. Dynamic shared
+// memory: the ring ((D + 1) * 2 * 256 * 16 bytes) before the staged inputs. nvcc sm_90, D = 7:
+// 128 registers (NT = 1) and 86 (NT = 2, SwiGLU), no spills.
+template <int D, int NT, bool SWIGLU, bool CP = false>
+__global__ void __launch_bounds__(256, !CP && D <= 2 ? 3 : 2) expert_group_mma(
     bf16* __restrict__ out, const bf16* __restrict__ x, long long x_stride,
     const bf16* __restrict__ w, const long long* __restrict__ order, const int* __restrict__ ends,
     int x_div, int n, int k) {
@@ -479,7 +490,8 @@ __global__ void __launch_bounds__(256, D <= 2 ? 3 : 2) expert_group_mma(
   static_assert(NT == 1 || NT == 2, "one or two n-tiles of 8 inputs");
   constexpr int R = D + 1;  // ring slots: step s + D is loaded while step s is multiplied
   extern __shared__ __align__(16) unsigned char group_smem[];
-  bf16* xs = reinterpret_cast<bf16*>(group_smem);  // [8 NT][k + kPad]
+  uint4* ring = reinterpret_cast<uint4*>(group_smem);  // CP: [R][2][256]
+  bf16* xs = reinterpret_cast<bf16*>(group_smem + (CP ? R * 2 * 256 * 16 : 0));  // [8 NT][k + kPad]
   constexpr int MAXM = 8 * NT;
   const int e = blockIdx.y;
   const int start = e == 0 ? 0 : ends[e - 1];
@@ -496,93 +508,26 @@ __global__ void __launch_bounds__(256, D <= 2 ? 3 : 2) expert_group_mma(
   const int steps = (k + 31) / 32;
   const unsigned char* w_lo = lane_row(w, e, n, k, row0 + g, t);
   const unsigned char* w_hi = lane_row(w, e, n, k, row0 + g + 8, t);
-  for (int base = start; base < end; base += MAXM) {
-    const int count = min(MAXM, end - base);
-    uint4 a[R][2];
-    if (has_rows) {
-#pragma unroll
-      for (int p = 0; p < D; ++p)
-        if (p < steps) load_step(a[p], w_lo, w_hi, p, left);
-    }
-    __syncthreads();  // the previous pass's inputs are no longer read
-    stage_inputs<SWIGLU>(xs, stride, x, x_stride, order + base, count, x_div, k);
-    __syncthreads();
-    if (!has_rows) continue;  // still takes part in the next pass's barriers
-    float acc[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[nt][i] = 0.0f;
-    const bf16* x_lo = xs + min(g, count - 1) * stride + 8 * t;
-    const bf16* x_hi = xs + min(8 + g, count - 1) * stride + 8 * t;
-    const bool two = NT == 2 && count > 8;
-    for (int s0 = 0; s0 < steps; s0 += R) {
-#pragma unroll
-      for (int u = 0; u < R; ++u) {
-        const int s = s0 + u;
-        if (s >= steps) break;  // warp-uniform
-        if (s + D < steps) load_step(a[(u + D) % R], w_lo, w_hi, s + D, left);
-        mma_inputs<NT>(acc, a[u], x_lo, x_hi, two, s, left);
-      }
-    }
-    store_pass<NT>(out, acc, order + base, count, n, row0, g, t);
-  }
-}
-
-// expert_group_mma_cp: expert_group_mma with its weight ring in shared memory, filled by cp.async
-// (opt-in `NINFER_KERNELS_ON=group_mma_cp`, for an A/B). Each lane copies its two rows' 16-byte
-// pieces of step s into its own slot (ring[slot][0 / 1][thread]) and reads back only what it
-// copied, so the ring needs cp.async.wait_group, not barriers; STAGES - 1 steps stay in flight a
-// lane without holding registers: STAGES = 8 keeps 7 KiB a warp in flight, 112 KiB an SM at two
-// blocks, against the register ring's 4 KiB a warp (D = 4). Why: inside the 35B-A3B's 64-row step
-// the gate-up runs 355 µs a layer against 308 alone (run S41A, H100); if its loads wait longer
-// there, more bytes in flight is what bounds it. The same mma in the same order as
-// expert_group_mma, so the same bits. Dynamic shared memory: the ring (STAGES * 2 * 256 * 16
-// bytes) then the staged inputs (8 NT (k + kPad) bf16).
-template <int STAGES, int NT, bool SWIGLU>
-__global__ void __launch_bounds__(256, 2) expert_group_mma_cp(
-    bf16* __restrict__ out, const bf16* __restrict__ x, long long x_stride,
-    const bf16* __restrict__ w, const long long* __restrict__ order, const int* __restrict__ ends,
-    int x_div, int n, int k) {
-  pdl_begin();
-  using namespace egmma;
-  static_assert(NT == 1 || NT == 2, "one or two n-tiles of 8 inputs");
-  static_assert(STAGES >= 2, "a ring of at least two steps");
-  extern __shared__ __align__(16) unsigned char group_smem[];
-  uint4* ring = reinterpret_cast<uint4*>(group_smem);  // [STAGES][2][256]
-  bf16* xs = reinterpret_cast<bf16*>(ring + STAGES * 2 * 256);  // [8 NT][k + kPad]
-  constexpr int MAXM = 8 * NT;
-  const int e = blockIdx.y;
-  const int start = e == 0 ? 0 : ends[e - 1];
-  const int end = ends[e];
-  if (start >= end) return;  // the whole block leaves together
-  const int tid = threadIdx.x;
-  const int warp = tid >> 5;
-  const int lane = tid & 31;
-  const int g = lane >> 2;
-  const int t = lane & 3;
-  const int row0 = (blockIdx.x * kWarps + warp) * 16;
-  const bool has_rows = row0 < n;
-  const int stride = k + kPad;
-  const int left = k - 8 * t;
-  const int steps = (k + 31) / 32;
-  const unsigned char* w_lo = lane_row(w, e, n, k, row0 + g, t);
-  const unsigned char* w_hi = lane_row(w, e, n, k, row0 + g + 8, t);
-  // step s of the lane's two rows into ring slot s % STAGES (zeros past k, as load_step's)
+  // CP: step s of the lane's two rows into ring slot s % R (zeros past k, as load_step's)
   auto issue = [&](int s) {
     if (s >= steps) return;  // nothing to copy; the caller still commits (an empty group)
-    uint4* slot = ring + (s % STAGES) * 2 * 256 + tid;
+    uint4* slot = ring + (s % R) * 2 * 256 + threadIdx.x;
     const bool ok = 32 * s < left;
     cp_async16(slot, w_lo + (ok ? 64 * s : 0), ok);
     cp_async16(slot + 256, w_hi + (ok ? 64 * s : 0), ok);
   };
   for (int base = start; base < end; base += MAXM) {
     const int count = min(MAXM, end - base);
+    uint4 a[R][2];  // the register ring (not with CP)
     if (has_rows) {
 #pragma unroll
-      for (int p = 0; p < STAGES - 1; ++p) {
-        issue(p);
-        cp_commit();  // one group a step, empty past the steps: the wait count stays uniform
+      for (int p = 0; p < D; ++p) {
+        if constexpr (CP) {
+          issue(p);
+          cp_commit();  // one group a step, empty past the steps: the wait count stays uniform
+        } else if (p < steps) {
+          load_step(a[p], w_lo, w_hi, p, left);
+        }
       }
     }
     __syncthreads();  // the previous pass's inputs are no longer read
@@ -597,15 +542,27 @@ __global__ void __launch_bounds__(256, 2) expert_group_mma_cp(
     const bf16* x_lo = xs + min(g, count - 1) * stride + 8 * t;
     const bf16* x_hi = xs + min(8 + g, count - 1) * stride + 8 * t;
     const bool two = NT == 2 && count > 8;
-    for (int s = 0; s < steps; ++s) {
-      issue(s + STAGES - 1);  // into the slot read at step s - 1 (by this thread: done)
-      cp_commit();
-      cp_wait<STAGES - 1>();  // this thread's copies of step s have landed
-      const uint4* slot = ring + (s % STAGES) * 2 * 256 + tid;
-      const uint4 a[2] = {slot[0], slot[256]};
-      mma_inputs<NT>(acc, a, x_lo, x_hi, two, s, left);
+    if constexpr (CP) {
+      for (int s = 0; s < steps; ++s) {
+        issue(s + D);  // into the slot read at step s - 1 (by this thread: done)
+        cp_commit();
+        cp_wait<D>();  // this thread's copies of step s have landed
+        const uint4* slot = ring + (s % R) * 2 * 256 + threadIdx.x;
+        const uint4 piece[2] = {slot[0], slot[256]};
+        mma_inputs<NT>(acc, piece, x_lo, x_hi, two, s, left);
+      }
+      cp_wait<0>();  // nothing of this pass still lands in the ring the next pass fills
+    } else {
+      for (int s0 = 0; s0 < steps; s0 += R) {
+#pragma unroll
+        for (int u = 0; u < R; ++u) {
+          const int s = s0 + u;
+          if (s >= steps) break;  // warp-uniform
+          if (s + D < steps) load_step(a[(u + D) % R], w_lo, w_hi, s + D, left);
+          mma_inputs<NT>(acc, a[u], x_lo, x_hi, two, s, left);
+        }
+      }
     }
-    cp_wait<0>();  // nothing of this pass still lands in the ring the next pass fills
     store_pass<NT>(out, acc, order + base, count, n, row0, g, t);
   }
 }

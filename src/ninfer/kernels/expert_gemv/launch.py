@@ -303,17 +303,17 @@ def planned_depth() -> int:
     return 2 if switched_on(GROUP_MMA_D2_SWITCH) else GROUP_MMA_DEPTH
 
 
-# `NINFER_KERNELS_ON=group_mma_cp`: the mma kernel with its weight ring in shared memory filled by
-# cp.async (`expert_group_mma_cp`), GROUP_MMA_CP_STAGES steps a lane, STAGES - 1 in flight without
-# registers: an A/B against the register ring for the gap between the gate-up alone and inside the
-# 35B-A3B's 64-row step (run S41A). The same bits.
+# `NINFER_KERNELS_ON=group_mma_cp`: the mma kernel's CP form (its ring of D + 1 steps in shared
+# memory, filled by cp.async), GROUP_MMA_CP_DEPTH steps in flight a lane without registers: an A/B
+# against the register ring for the gap between the gate-up alone and inside the 35B-A3B's 64-row
+# step (run S41A). The same bits.
 GROUP_MMA_CP_SWITCH = "group_mma_cp"
-GROUP_MMA_CP_STAGES = 8
+GROUP_MMA_CP_DEPTH = 7
 
 
-def group_mma_cp_ring(stages: int = GROUP_MMA_CP_STAGES) -> int:
-    """Bytes of expert_group_mma_cp's weight ring: 16 bytes of each of a lane's two rows a step."""
-    return stages * 2 * THREADS * 16
+def group_mma_cp_ring(depth: int = GROUP_MMA_CP_DEPTH) -> int:
+    """Bytes of the CP form's weight ring: D + 1 steps of 16 bytes of each of a lane's two rows."""
+    return (depth + 1) * 2 * THREADS * 16
 
 
 def group_mma_smem(k: int, tiles: int) -> int:
@@ -423,7 +423,7 @@ def expert_group_gemv(
         grid = (-(-n // GROUP_MMA_ROWS), num_experts)
         smem = group_mma_smem(k, tiles)
         if switched_on(GROUP_MMA_CP_SWITCH):
-            instance = f"expert_group_mma_cp<{GROUP_MMA_CP_STAGES}, {tiles}, {swiglu}>"
+            instance = f"expert_group_mma<{GROUP_MMA_CP_DEPTH}, {tiles}, {swiglu}, true>"
             smem += group_mma_cp_ring()
         rt.allow_shared(OP, instance, rt.device_index(device), smem)
     else:
