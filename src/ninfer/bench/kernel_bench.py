@@ -743,8 +743,9 @@ def moe_group_gemv_sweep(
 ) -> str:
     """µs per call (graphs) and touched-expert TB/s of the two grouped expert GEMVs of one
     35B-A3B MoE layer (gate-up: [256, 1024, 2048], 8 rows per input; down: [256, 2048, 512] of
-    SwiGLU'd gate-up rows), CUDA-core kernel ("fma") against the tensor-core one per load depth
-    ("mma dD"), and the tensor-core results' error against the twin (both GEMVs, relative).
+    SwiGLU'd gate-up rows), CUDA-core kernel ("fma") against the tensor-core one as dispatch runs
+    it ("mma cp": the weight ring in shared memory) and its register ring per load depth ("mma
+    dD"), and the tensor-core results' error against the twin (both GEMVs, relative).
 
     `copies` > 1: each call reads the next of that many copies of the weights. One layer's 1.5 GB
     is far past the L2 either way; the copies ask whether weights a step has not touched for a
@@ -767,7 +768,8 @@ def moe_group_gemv_sweep(
     down = torch.randn(experts, hidden, inter, device=device, dtype=bf16) * 0.04
     gate_ups = [gate_up] + [torch.randn_like(gate_up) * 0.02 for _ in range(copies - 1)]
     downs = [down] + [torch.randn_like(down) * 0.04 for _ in range(copies - 1)]
-    variants = [("fma", {"tensor_cores": False})] + [
+    routed = "mma cp" if expert_cuda.uses_cp_ring() else "mma routed"
+    variants = [("fma", {"tensor_cores": False}), (routed, {})] + [
         (f"mma d{d}", {"depth": d}) for d in expert_cuda.GROUP_MMA_DEPTHS
     ]
     cells = [f"{which} {name}" for which in ("gate-up", "down") for name, _ in variants]

@@ -206,6 +206,7 @@ class Launches:
         self.calls: list[dict[str, Any]] = []
         self.opted_in: list[tuple[str, int]] = []
         monkeypatch.delenv("NINFER_KERNELS_ON", raising=False)
+        monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
         monkeypatch.setattr(rt, "check_cuda", lambda *t: torch.device("cpu"))
         monkeypatch.setattr(rt, "device_index", lambda device: 0)
         monkeypatch.setattr(
@@ -235,63 +236,55 @@ def down_call(**kw: Any) -> None:
     expert_launch.expert_group_gemv(x, experts, ids, rows_per_input=1, swiglu_input=True, **kw)
 
 
+RING = (expert_launch.GROUP_MMA_CP_DEPTH + 1) * 2 * 256 * 16  # the CP form's weight ring
+
+
 def test_mma_launch_at_35b_shapes(monkeypatch) -> None:
     """Gate-up: passes of 8 inputs (16 would need 65 KiB), 8 row tiles of 128; down: passes of
-    16 (17 KiB), 16 row tiles; both at depth GROUP_MMA_DEPTH unless asked otherwise; with
-    `group_mma_wide` switched on the gate-up takes passes of 16 (65 KiB, opted in)."""
+    16 (17 KiB), 16 row tiles; both in the CP form (the weight ring's bytes on top of the staged
+    inputs) unless a register-ring depth is asked for; with `group_mma_wide` switched on the
+    gate-up takes passes of 16 (65 KiB + the ring, opted in)."""
     launches = Launches(monkeypatch)
     gate_up_call()
     down_call()
     down_call(depth=2)
     monkeypatch.setenv("NINFER_KERNELS_ON", "group_mma_wide")
     gate_up_call()
-    depth = expert_launch.GROUP_MMA_DEPTH
+    cp = expert_launch.GROUP_MMA_CP_DEPTH
     up, down, shallow, wide = launches.calls
-    assert up["instance"] == f"expert_group_mma<{depth}, 1, false>"
-    assert up["grid"] == (8, 3) and up["block"] == (256,) and up["smem"] == 8 * 2080 * 2
-    assert down["instance"] == f"expert_group_mma<{depth}, 2, true>"
-    assert down["grid"] == (16, 3) and down["smem"] == 16 * 544 * 2
+    assert up["instance"] == f"expert_group_mma<{cp}, 1, false, true>"
+    assert up["grid"] == (8, 3) and up["block"] == (256,) and up["smem"] == 8 * 2080 * 2 + RING
+    assert down["instance"] == f"expert_group_mma<{cp}, 2, true, true>"
+    assert down["grid"] == (16, 3) and down["smem"] == 16 * 544 * 2 + RING
     assert shallow["instance"] == "expert_group_mma<2, 2, true>"
-    assert wide["instance"] == f"expert_group_mma<{depth}, 2, false>"
-    assert wide["smem"] == 16 * 2080 * 2
+    assert shallow["smem"] == 16 * 544 * 2  # the register ring stages inputs only
+    assert wide["instance"] == f"expert_group_mma<{cp}, 2, false, true>"
+    assert wide["smem"] == 16 * 2080 * 2 + RING
     # every mma launch asks for its shared memory (allow_shared does nothing up to 48 KiB)
     assert [i for i, _ in launches.opted_in] == [c["instance"] for c in launches.calls]
     assert [n for _, n in launches.opted_in] == [c["smem"] for c in launches.calls]
+    # two blocks an SM still fit the 228 KiB of an sm_90 SM
+    assert 2 * up["smem"] <= 228 * 1024
     with pytest.raises(rt.KernelInputError, match="depth"):
         down_call(depth=3)
 
 
-def test_cp_ring_switch_launches_the_shared_memory_ring(monkeypatch) -> None:
-    """`NINFER_KERNELS_ON=group_mma_cp`: both grouped GEMVs run the kernel's CP form with the
-    ring's bytes on top of the staged inputs, and ask for that much shared memory."""
+def test_cp_ring_switched_off_runs_the_register_ring(monkeypatch) -> None:
+    """`NINFER_KERNELS_OFF=group_mma_cp`: both grouped GEMVs run the register ring at
+    GROUP_MMA_DEPTH with the staged inputs' shared memory only; an explicit depth still wins."""
     launches = Launches(monkeypatch)
-    monkeypatch.setenv("NINFER_KERNELS_ON", "group_mma_cp")
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "group_mma_cp")
+    assert not expert_launch.uses_cp_ring()
     gate_up_call()
     down_call()
-    up, down = launches.calls
-    depth = expert_launch.GROUP_MMA_CP_DEPTH
-    ring = (depth + 1) * 2 * 256 * 16
-    assert up["instance"] == f"expert_group_mma<{depth}, 1, false, true>"
-    assert up["grid"] == (8, 3) and up["smem"] == 8 * 2080 * 2 + ring
-    assert down["instance"] == f"expert_group_mma<{depth}, 2, true, true>"
-    assert down["grid"] == (16, 3) and down["smem"] == 16 * 544 * 2 + ring
-    assert [n for _, n in launches.opted_in] == [up["smem"], down["smem"]]
-    # two blocks an SM still fit the 228 KiB of an sm_90 SM
-    assert 2 * up["smem"] <= 228 * 1024
-
-
-def test_depth_two_switch_reaches_both_launches(monkeypatch) -> None:
-    """`NINFER_KERNELS_ON=group_mma_d2` (an in-model A/B) runs depth 2 for the gate-up and the
-    down; an explicit depth still wins (kernel_bench)."""
-    launches = Launches(monkeypatch)
-    monkeypatch.setenv("NINFER_KERNELS_ON", "group_mma_d2")
-    gate_up_call()
-    down_call()
-    down_call(depth=4)
-    up, down, deep = launches.calls
-    assert up["instance"] == "expert_group_mma<2, 1, false>"
-    assert down["instance"] == "expert_group_mma<2, 2, true>"
-    assert deep["instance"] == "expert_group_mma<4, 2, true>"
+    down_call(depth=2)
+    up, down, shallow = launches.calls
+    depth = expert_launch.GROUP_MMA_DEPTH
+    assert up["instance"] == f"expert_group_mma<{depth}, 1, false>"
+    assert up["smem"] == 8 * 2080 * 2
+    assert down["instance"] == f"expert_group_mma<{depth}, 2, true>"
+    assert down["smem"] == 16 * 544 * 2
+    assert shallow["instance"] == "expert_group_mma<2, 2, true>"
 
 
 @pytest.mark.parametrize(

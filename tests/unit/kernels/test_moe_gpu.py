@@ -533,17 +533,18 @@ def test_expert_group_mma_switch_and_odd_shapes(gen, monkeypatch) -> None:
 def test_expert_group_mma_cp_ring_gives_the_register_rings_bits(
     tokens: int, swiglu: bool, big_moe, gen, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`group_mma_cp` (the weight ring in shared memory, filled by cp.async) runs the same mma in
-    the same order as the register ring: equal bits at the 35B shapes with hot experts (several
-    passes a block), in eager launches and replayed in a graph with new inputs."""
+    """The CP form (dispatch's default: the weight ring in shared memory, filled by cp.async) runs
+    the same mma in the same order as the register ring (`NINFER_KERNELS_OFF=group_mma_cp`): equal
+    bits at the 35B shapes with hot experts (several passes a block), in eager launches and
+    replayed in a graph with new inputs."""
     ids, _ = skewed_ids(gen, tokens)
     flat = ids.reshape(-1)
     x, w, per_input = group_operands(big_moe, gen, tokens, swiglu)
     kw = {"rows_per_input": per_input, "swiglu_input": swiglu}
     groups = expert_ref.expert_groups(flat, EXPERTS)
-    monkeypatch.delenv("NINFER_KERNELS_ON", raising=False)
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "group_mma_cp")
     want = expert_cuda.expert_group_gemv(x, w, flat, groups=groups, **kw)
-    monkeypatch.setenv("NINFER_KERNELS_ON", "group_mma_cp")
+    monkeypatch.delenv("NINFER_KERNELS_OFF")
     assert torch.equal(expert_cuda.expert_group_gemv(x, w, flat, groups=groups, **kw), want)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -551,12 +552,12 @@ def test_expert_group_mma_cp_ring_gives_the_register_rings_bits(
     x.copy_(torch.randn(x.shape, device="cuda", generator=gen).to(torch.bfloat16))
     graph.replay()
     torch.cuda.synchronize()
-    monkeypatch.delenv("NINFER_KERNELS_ON")
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "group_mma_cp")
     assert torch.equal(out, expert_cuda.expert_group_gemv(x, w, flat, groups=groups, **kw))
 
 
 def test_expert_group_mma_cp_ring_odd_shapes(gen, monkeypatch) -> None:
-    """The cp.async ring with N off the 16-row tiles, K off the 32-wide steps and shorter than
+    """The CP form with N off the 16-row tiles, K off the 32-wide steps and shorter than
     the ring (K = 8, 72: fewer steps than stages) and an expert over two passes: the register
     ring's bits."""
     for experts, n, k, tokens in ((5, 40, 72, 9), (3, 24, 8, 6), (4, 200, 1000, 11)):
@@ -564,9 +565,9 @@ def test_expert_group_mma_cp_ring_odd_shapes(gen, monkeypatch) -> None:
         w = (torch.randn(experts, n, k, device="cuda", generator=gen) / k**0.5).to(torch.bfloat16)
         ids = torch.randint(0, experts, (tokens * 2,), device="cuda", generator=gen)
         ids[:17] = 1
-        monkeypatch.delenv("NINFER_KERNELS_ON", raising=False)
+        monkeypatch.setenv("NINFER_KERNELS_OFF", "group_mma_cp")
         want = expert_cuda.expert_group_gemv(x, w, ids, rows_per_input=2)
-        monkeypatch.setenv("NINFER_KERNELS_ON", "group_mma_cp")
+        monkeypatch.delenv("NINFER_KERNELS_OFF")
         assert torch.equal(expert_cuda.expert_group_gemv(x, w, ids, rows_per_input=2), want)
 
 

@@ -470,16 +470,16 @@ __device__ __forceinline__ void store_pass(bf16* __restrict__ out, const float (
 // 80 registers (3 blocks per SM); deeper rings spill there, so they get 128 (2 blocks per SM).
 // nvcc sm_90: D = 4 108 (NT = 1) / 116 (NT = 2) registers, D = 2 75-78, no spills.
 //
-// CP (opt-in `NINFER_KERNELS_ON=group_mma_cp`, for an A/B): the ring of D + 1 steps in shared
-// memory, filled by cp.async, instead of registers. Each lane copies its two rows' 16-byte pieces
-// of step s into its own slot (ring[slot][0 / 1][thread]) and reads back only what it copied, so
-// the ring needs cp.async.wait_group, not barriers, and D steps stay in flight a lane without
-// holding registers: D = 7 keeps 7 KiB a warp in flight, 112 KiB an SM at two blocks, against the
-// register ring's 4 KiB a warp (D = 4). Why: inside the 35B-A3B's 64-row step the gate-up runs
-// 355 µs a layer against 308 alone (run S41A, H100); if its loads wait longer there, more bytes
-// in flight is what bounds it. The same mma in the same order, so the same bits. Dynamic shared
-// memory: the ring ((D + 1) * 2 * 256 * 16 bytes) before the staged inputs. nvcc sm_90, D = 7:
-// 128 registers (NT = 1) and 86 (NT = 2, SwiGLU), no spills.
+// CP (dispatch's default; `NINFER_KERNELS_OFF=group_mma_cp` runs the register ring): the ring of
+// D + 1 steps in shared memory, filled by cp.async, instead of registers. Each lane copies its two
+// rows' 16-byte pieces of step s into its own slot (ring[slot][0 / 1][thread]) and reads back only
+// what it copied, so the ring needs cp.async.wait_group, not barriers, and D steps stay in flight
+// a lane without holding registers: D = 7 keeps 7 KiB a warp in flight, 112 KiB an SM at two
+// blocks, against the register ring's 4 KiB a warp (D = 4). Alone the two are even; inside the
+// 35B-A3B's 64-row step the loads wait longer and the CP form makes the step 0.917x (run S42A,
+// H100). The same mma in the same order, so the same bits. Dynamic shared memory: the ring
+// ((D + 1) * 2 * 256 * 16 bytes) before the staged inputs. nvcc sm_90, D = 7: 128 registers
+// (NT = 1) and 86 (NT = 2, SwiGLU), no spills.
 template <int D, int NT, bool SWIGLU, bool CP = false>
 __global__ void __launch_bounds__(256, !CP && D <= 2 ? 3 : 2) expert_group_mma(
     bf16* __restrict__ out, const bf16* __restrict__ x, long long x_stride,

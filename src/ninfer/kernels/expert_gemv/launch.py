@@ -287,28 +287,25 @@ def supports_group(x: torch.Tensor, weight: torch.Tensor, *, swiglu_input: bool 
 # each pass takes up to 8 inputs per n-tile, staged bf16 rows of K + GROUP_MMA_PAD.
 GROUP_MMA_ROWS = 16 * WARPS
 GROUP_MMA_PAD = 32  # egmma::kPad: staged rows 64 bytes apart mod 128 (no shared bank conflicts)
-# 32-wide k steps in flight per lane (the kernel's D; 2 D 16-byte loads). 4: <= 128 registers, 2
-# blocks per SM; 2: <= 80 registers, 3 blocks per SM (nvcc sm_90, no spills); kernel_bench
-# --moe-batches times both.
+# The register ring's depth: 32-wide k steps in flight per lane (the kernel's D; 2 D 16-byte
+# loads). 4: <= 128 registers, 2 blocks per SM; 2: <= 80 registers, 3 blocks per SM (nvcc sm_90,
+# no spills). The CP form below replaced it in dispatch; kernel_bench --moe-batches times both
+# depths beside it.
 GROUP_MMA_DEPTH = 4
-GROUP_MMA_DEPTHS = (2, 4)  # the instances the launcher may request
-# `NINFER_KERNELS_ON=group_mma_d2`: depth 2 in the model too, for an in-step A/B. Alone the two
-# depths are within 2 % (run S41A, H100: gate-up 312.8 / 308.1 µs at 64 rows), yet inside the
-# step the gate-up runs 355 µs: if its loads wait longer there, the deeper ring should gain more
-GROUP_MMA_D2_SWITCH = "group_mma_d2"
-
-
-def planned_depth() -> int:
-    """The load depth dispatch runs: GROUP_MMA_DEPTH unless `group_mma_d2` is switched on."""
-    return 2 if switched_on(GROUP_MMA_D2_SWITCH) else GROUP_MMA_DEPTH
-
-
-# `NINFER_KERNELS_ON=group_mma_cp`: the mma kernel's CP form (its ring of D + 1 steps in shared
-# memory, filled by cp.async), GROUP_MMA_CP_DEPTH steps in flight a lane without registers: an A/B
-# against the register ring for the gap between the gate-up alone and inside the 35B-A3B's 64-row
-# step (run S41A). The same bits.
+GROUP_MMA_DEPTHS = (2, 4)  # the register-ring instances the launcher may request
+# The mma kernel's CP form (its ring of D + 1 steps in shared memory, filled by cp.async):
+# GROUP_MMA_CP_DEPTH steps in flight a lane without registers. Dispatch's default since run S42A
+# (H100, 35B-A3B at 64 rows, 2k): the step 0.917x the register ring's (26.72 against 29.16 ms),
+# where alone the two are even (gate-up ~307 µs): inside the step the loads wait longer than in a
+# sweep, and only more bytes in flight hide that (the register ring at depth 2 took 1.125x). The
+# same bits. `NINFER_KERNELS_OFF=group_mma_cp` runs the register ring at GROUP_MMA_DEPTH.
 GROUP_MMA_CP_SWITCH = "group_mma_cp"
 GROUP_MMA_CP_DEPTH = 7
+
+
+def uses_cp_ring() -> bool:
+    """Whether dispatch's grouped mma runs the CP form (unless `group_mma_cp` is switched off)."""
+    return not switched_off(GROUP_MMA_CP_SWITCH)
 
 
 def group_mma_cp_ring(depth: int = GROUP_MMA_CP_DEPTH) -> int:
@@ -390,7 +387,8 @@ def expert_group_gemv(
 ) -> torch.Tensor:
     """See `reference.expert_group_gemv`. The tensor-core kernel where `tensor_cores` and
     `uses_group_mma` say so (dispatch: `expert_group_mma` in NINFER_KERNELS_OFF turns it off), else
-    the CUDA-core one; `depth` overrides `planned_depth()` (kernel_bench compares)."""
+    the CUDA-core one. The tensor-core kernel's CP form unless `uses_cp_ring()` says otherwise;
+    `depth` asks for the register ring at that depth instead (kernel_bench compares)."""
     device = rt.check_cuda(x, weight, expert_ids)
     if not supports_group(x, weight, swiglu_input=swiglu_input):
         raise rt.KernelInputError(
@@ -413,18 +411,18 @@ def expert_group_gemv(
     ends = ends.to(torch.int32).contiguous()
     if order.numel() != num_assignments or ends.numel() != num_experts:
         raise rt.KernelInputError("groups do not match the expert ids and the experts")
-    depth = planned_depth() if depth is None else depth
-    if depth not in GROUP_MMA_DEPTHS:
+    if depth is not None and depth not in GROUP_MMA_DEPTHS:
         raise rt.KernelInputError(f"depth {depth} is not one of {GROUP_MMA_DEPTHS}")
     swiglu = "true" if swiglu_input else "false"
     if tensor_cores and uses_group_mma(x, weight):
         tiles = group_mma_tiles(k)
-        instance = f"expert_group_mma<{depth}, {tiles}, {swiglu}>"
         grid = (-(-n // GROUP_MMA_ROWS), num_experts)
         smem = group_mma_smem(k, tiles)
-        if switched_on(GROUP_MMA_CP_SWITCH):
+        if depth is None and uses_cp_ring():
             instance = f"expert_group_mma<{GROUP_MMA_CP_DEPTH}, {tiles}, {swiglu}, true>"
             smem += group_mma_cp_ring()
+        else:
+            instance = f"expert_group_mma<{depth or GROUP_MMA_DEPTH}, {tiles}, {swiglu}>"
         rt.allow_shared(OP, instance, rt.device_index(device), smem)
     else:
         rows = rows_per_warp(k)
