@@ -221,18 +221,6 @@ def test_every_routed_ring_depth_keeps_three_blocks_per_sm(monkeypatch) -> None:
     assert launch_tc.ring_stages(1) == 0
 
 
-def test_deep_ring_switch_takes_four_stages_at_two_blocks_per_sm(monkeypatch) -> None:
-    """`NINFER_KERNELS_ON=fp8_ring_deep` (an A/B): 4 stages at every row count, which still fits
-    two blocks an SM at 8 rows; `fp8_ring` off keeps the register form."""
-    monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
-    monkeypatch.setenv("NINFER_KERNELS_ON", "fp8_ring_deep")
-    assert [launch_tc.ring_stages(r) for r in range(1, 9)] == [4] * 8
-    per_block = launch_tc.ring_shared_bytes(launch_tc.MAX_ROWS, 4) + 1024
-    assert 2 * per_block <= launch_tc.SHARED_PER_SM < 3 * per_block
-    monkeypatch.setenv("NINFER_KERNELS_OFF", "fp8_ring")
-    assert launch_tc.ring_stages(4) == 0
-
-
 def test_swiglu_input_declines_without_touching_cuda(monkeypatch) -> None:
     """The SwiGLU input form is opt-in (`NINFER_KERNELS_ON=fp8_swiglu`) and, like the plain
     form, says no to CPU tensors before any device query."""

@@ -43,12 +43,6 @@ COMB_BYTES = 16 * 8 * 4  # kChunk x 8 combined scales
 # Run X1 (H200, docs/perf.md): the 27B fp8 step at batch 8 12.52 ms against 13.19 with the
 # register form, batch 1 9.95 against 10.05.
 RING_STAGES = {1: 4, 2: 4, 3: 3, 4: 3, 5: 2, 6: 2, 7: 2, 8: 2}
-# Opt-in `NINFER_KERNELS_ON=fp8_ring_deep`: the deepest ring (4 stages) at every row count, two
-# blocks an SM from 3 rows on. Alone the shallower rings at 3 blocks win (X1, S36B), but the
-# grouped expert mma gained 8 % in the 35B-A3B step from a deeper ring that was even alone (run
-# S42A: loads wait longer in a step than in a sweep); this asks the same of the fp8 verify (4
-# rows) and batch 8.
-RING_DEEP_SWITCH = "fp8_ring_deep"
 
 
 class Fp8TcError(rt.KernelInputError):
@@ -150,8 +144,6 @@ def ring_stages(num_rows: int) -> int:
     (`NINFER_KERNELS_OFF=fp8_ring` too)."""
     if switched_off("fp8_ring"):
         return 0
-    if switched_on(RING_DEEP_SWITCH):
-        return max(STAGES)
     return RING_STAGES[num_rows]
 
 
