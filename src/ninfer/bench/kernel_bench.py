@@ -761,7 +761,8 @@ def moe_group_gemv_sweep(
     if dirty_mb < 0:
         raise ValueError(f"dirty_mb must be 0 or more, got {dirty_mb}")
     dirty = torch.zeros(dirty_mb * 2**18, device=device)  # MiB of fp32
-    rewrite_us = _graph_us(lambda: dirty.add_(1.0), replays=5) if dirty_mb else 0.0
+    rewrite = functools.partial(_after_rewrite, dirty, lambda: None)  # the rewrite alone
+    rewrite_us = _graph_us(rewrite, replays=5) if dirty_mb else 0.0
     experts, hidden, inter, top_k = 256, 2048, 512, 8
     bf16 = torch.bfloat16
     gate_up = torch.randn(experts, 2 * inter, hidden, device=device, dtype=bf16) * 0.02
@@ -794,9 +795,13 @@ def moe_group_gemv_sweep(
             moved = touched * weight.shape[1] * weight.shape[2] * 2
             for _, extra in variants:
                 one = functools.partial(
-                    expert_cuda.expert_group_gemv, inp, expert_ids=flat, groups=groups, **kw
+                    expert_cuda.expert_group_gemv,
+                    inp,
+                    expert_ids=flat,
+                    groups=groups,
+                    **kw,
+                    **extra,
                 )
-                one = functools.partial(one, **extra)
                 call = _rotating(lambda w, f=one: f(weight=w), weights)
                 if dirty_mb:
                     call = functools.partial(_after_rewrite, dirty, call)
