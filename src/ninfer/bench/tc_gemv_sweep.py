@@ -117,11 +117,18 @@ def bf16_tc_sweep(
     shapes: Sequence[tuple[int, int]], row_counts: Sequence[int], device: torch.device
 ) -> str:
     """Markdown table: µs per call of the CUDA-core bf16 GEMV, the tensor-core ring kernel at each
-    depth (planned split count) and at each split count (default depth), `F.linear` (cuBLAS),
-    the best kernel's weight GB/s, cuBLAS over the best ring plan, and the worst relative error
-    of the ring kernel against an fp64 product."""
+    depth (planned split count) and at each split count (default depth), its stream-K form,
+    `F.linear` (cuBLAS), the best kernel's weight GB/s, cuBLAS over the best tensor-core plan,
+    and the worst relative error of the tensor-core plans against an fp64 product."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    plans: list[dict] = [{"stages": s, "stream_k": False} for s in bf16_tc_cuda.STAGES]
+    plans += [{"splits": z} for z in tc_cuda.SPLITS]  # the default ring at each k split count
+    # the stream-K form: its planned grid at the default and a 3-stage ring, and 2 blocks an SM
+    plans += [{"stream_k": True}, {"stream_k": True, "stages": 3}]
+    plans += [{"stream_k": True, "ctas": 2 * sms}]
     names = [f"tc ring {s} µs" for s in bf16_tc_cuda.STAGES]
-    names += [f"S={z} µs" for z in tc_cuda.SPLITS]  # the deepest ring at each k split count
+    names += [f"S={z} µs" for z in tc_cuda.SPLITS]
+    names += ["stream-K µs", "stream-K ring 3 µs", "stream-K 2/SM µs"]
     lines = [
         "bf16 decode GEMVs (bf16 x, W [N, K]), graphs, cold L2",
         "| N x K | rows | gemv µs | " + " | ".join(names) + " | F.linear µs | best GB/s | "
@@ -136,17 +143,14 @@ def bf16_tc_sweep(
             x = torch.randn(m, k, device=device).to(torch.bfloat16)
             exact = x.double() @ weights[0].double().T
             err = max(
-                ((bf16_tc_cuda.bf16_linear(x, weights[0], stages=s).double() - exact).norm()
+                ((bf16_tc_cuda.bf16_linear(x, weights[0], **p).double() - exact).norm()
                  / exact.norm()).item()
-                for s in bf16_tc_cuda.STAGES
+                for p in plans
             )  # fmt: skip
             gemv = float("nan")
             if m <= gemv_cuda.MAX_ROWS and gemv_cuda.supports(x, weights[0]):
                 gemv = graph_us(rotating(lambda w, x=x: gemv_cuda.bf16_linear(x, w), weights),
                                 5, calls)  # fmt: skip
-            plans = [{"stages": s} for s in bf16_tc_cuda.STAGES] + [
-                {"splits": z} for z in tc_cuda.SPLITS
-            ]
             ring = [
                 graph_us(rotating(lambda w, x=x, p=p: bf16_tc_cuda.bf16_linear(x, w, **p), weights),
                          5, calls)

@@ -101,3 +101,92 @@ def test_ring_depth_switches_pick_a_compiled_depth(monkeypatch) -> None:
         assert launch.planned_stages() == stages and stages in launch.STAGES
     monkeypatch.setenv("NINFER_KERNELS_ON", "tc_square")  # an unrelated name keeps the default
     assert launch.planned_stages() == launch.DEFAULT_STAGES
+
+
+def _stream_k_replay(w: np.ndarray, x: np.ndarray, ctas: int) -> tuple[np.ndarray, int]:
+    """The stream-K kernel's partition replayed with numpy: block b's run of (row block, k block)
+    tiles as the .cu computes it (b * T // P), its part of each row block it touches summed over
+    its tiles, parts of a row block added in owner order by sk_owner's arithmetic. Returns the
+    product and the most parts any row block had."""
+    from ninfer.kernels.bf16_tc_gemv import launch
+
+    rows, kb_width = launch.ROWS_PER_BLOCK, launch.K_PER_BLOCK
+    n, k = w.shape
+    row_blocks, k_blocks = -(-n // rows), -(-k // kb_width)
+    tiles = row_blocks * k_blocks
+    parts: dict[int, list[tuple[int, np.ndarray]]] = {}
+    seen = np.zeros(tiles, dtype=int)
+    for b in range(ctas):
+        begin, end = b * tiles // ctas, (b + 1) * tiles // ctas
+        acc = np.zeros((rows, x.shape[0]))
+        for tile in range(begin, end):
+            seen[tile] += 1
+            assert launch.stream_k_owner(tile, tiles, ctas) == b
+            rb, kb = divmod(tile, k_blocks)
+            ks = slice(kb * kb_width, min(k, (kb + 1) * kb_width))
+            block = np.zeros((rows, ks.stop - ks.start))
+            block[: min(rows, n - rb * rows)] = w[rb * rows : (rb + 1) * rows, ks]
+            acc += block @ x[:, ks].T
+            if kb == k_blocks - 1 or tile == end - 1:  # the kernel's flush points
+                parts.setdefault(rb, []).append((b, acc))
+                acc = np.zeros((rows, x.shape[0]))
+    assert (seen == 1).all()  # every tile in exactly one run
+    out = np.zeros((n, x.shape[0]))
+    most = 0
+    for rb, held in parts.items():
+        first = launch.stream_k_owner(rb * k_blocks, tiles, ctas)
+        last = launch.stream_k_owner((rb + 1) * k_blocks - 1, tiles, ctas)
+        assert [b for b, _ in held] == list(range(first, last + 1))  # part index = b - first
+        most = max(most, len(held))
+        total = sum(a for _, a in held)
+        out[rb * rows : (rb + 1) * rows] = total[: min(rows, n - rb * rows)]
+    return out.T, most
+
+
+def test_stream_k_runs_cover_every_tile_once_and_sum_to_the_product() -> None:
+    """N = 5,120-like shapes on a 132-SM grid of 3 blocks an SM, shapes off the 128-row and
+    64-k grids, and grids larger than the tile count (the launcher clamps them: here one tile a
+    block); the parts per row block never exceed what the launcher sizes the buffer for."""
+    from ninfer.kernels.bf16_tc_gemv import launch
+
+    rng = np.random.default_rng()
+    for n, k, ctas in (
+        (640, 2048, 396),
+        (1000, 264, 7),
+        (130, 4104, 13),
+        (300, 64, 3),
+        (256, 1024, 5),
+        (5120 // 8, 6144 // 4, 396),
+        (48, 64, 1),
+    ):
+        w = rng.standard_normal((n, k))
+        x = rng.standard_normal((3, k))
+        tiles = -(-n // launch.ROWS_PER_BLOCK) * -(-k // launch.K_PER_BLOCK)
+        ctas = min(ctas, tiles)
+        got, most = _stream_k_replay(w, x, ctas)
+        np.testing.assert_allclose(got, x @ w.T, rtol=1e-10, atol=1e-9)
+        row_blocks, k_blocks = -(-n // launch.ROWS_PER_BLOCK), -(-k // launch.K_PER_BLOCK)
+        assert most == launch.stream_k_parts(row_blocks, k_blocks, ctas)
+
+
+def test_stream_k_parts_at_the_27b_shapes() -> None:
+    """The 27B's down and out_proj on 396 blocks (an H200 / H100 at 3 an SM): ~27 and ~10 tiles
+    a block, so a row block is shared by about 11 blocks, never more than 12."""
+    from ninfer.kernels.bf16_tc_gemv import launch
+
+    assert launch.stream_k_parts(40, 272, 396) in (11, 12)
+    assert launch.stream_k_parts(40, 96, 396) in (11, 12)
+    assert launch.stream_k_parts(40, 96, 40) == 1  # a block a row block: stored as they stand
+    assert launch.stream_k_owner(0, 3840, 396) == 0
+    assert launch.stream_k_owner(3839, 3840, 396) == 395
+
+
+def test_stream_k_is_opt_in(monkeypatch) -> None:
+    from ninfer.kernels.bf16_tc_gemv import launch
+
+    monkeypatch.delenv("NINFER_KERNELS_ON", raising=False)
+    assert not launch.stream_k_planned()
+    monkeypatch.setenv("NINFER_KERNELS_ON", "tc_square,bf16_stream_k")
+    assert launch.stream_k_planned()
+    monkeypatch.setenv("NINFER_KERNELS_ON", "bf16_tc_gemv")  # every shape on the kernel, not SK
+    assert not launch.stream_k_planned()

@@ -85,3 +85,131 @@ __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(tcg::kThreads, 3)
   __syncthreads();  // the ring is free: the reduction tile may overwrite it
   reduce_store<bf16, M, S>(out, red, acc, rb, split, n, warp, g, t);
 }
+
+// bf16_tc_gemv_sk: the same product on a stream-K grid, for the one-wave shapes (N = 5,120: 40
+// row blocks for 132 SMs, so 8 splits give 320 blocks, 2 or 3 an SM, and the SMs with 2 idle
+// while the others drain; every block also fills its ring from empty and reduces once).
+//
+// Here the grid is BLOCKS_PER_SM blocks an SM and the (row block, k block) tiles, row block major,
+// are cut into gridDim.x equal runs: block b takes tiles [b T / P, (b + 1) T / P), one cp.async
+// ring across them (it crosses row-block boundaries without draining), so every SM streams the
+// same bytes start to finish. Where a run ends a row block or the block's range, the block's
+// sums of that row block are its part: a row block held by one block is stored as it stands;
+// otherwise each part goes to `partial` [row block][part][8 cols][128 rows] (fp32) and the last
+// block to count in (`counters`, atomicInc wrapping back to 0) adds the parts in part order and
+// rounds once: deterministic, and the counters are zero again after the launch. Lane mapping,
+// ring slots and mma order per tile are bf16_tc_gemv's.
+__device__ __forceinline__ void sk_issue(uint4* slot, long long tile, int k_blocks, int n, int k,
+                                         const bf16* __restrict__ w, int tid, int warp, int g,
+                                         int t) {
+  const int rb = static_cast<int>(tile / k_blocks);
+  const int kb = static_cast<int>(tile - static_cast<long long>(rb) * k_blocks);
+  const int row_g = rb * 128 + warp * 16 + g;
+  const bool ok_g = row_g < n;
+  const bool ok_g8 = row_g + 8 < n;
+  const unsigned char* w_g =
+      reinterpret_cast<const unsigned char*>(w + static_cast<long long>(ok_g ? row_g : 0) * k);
+  const unsigned char* w_g8 =
+      reinterpret_cast<const unsigned char*>(w + static_cast<long long>(ok_g8 ? row_g + 8 : 0) * k);
+  tcg::issue_tile(slot, tid, w_g, w_g8, ok_g, ok_g8, kb, t, 2 * k);
+}
+
+// The block of a stream-K grid of `ctas` blocks over `tiles` tiles that holds tile `tile`.
+__device__ __forceinline__ long long sk_owner(long long tile, long long tiles, long long ctas) {
+  return ((tile + 1) * ctas - 1) / tiles;
+}
+
+template <int M, int STAGES>
+__global__ void __launch_bounds__(tcg::kThreads, 3)
+    bf16_tc_gemv_sk(bf16* __restrict__ out, float* __restrict__ partial,
+                    unsigned int* __restrict__ counters, const bf16* __restrict__ x,
+                    long long x_stride, const bf16* __restrict__ w, int n, int k, int k_blocks,
+                    int max_parts) {
+  pdl_trigger();
+  using namespace tcg;
+  static_assert(STAGES >= 2 && M >= 1 && M <= 8, "ring size, x rows");
+  extern __shared__ __align__(16) unsigned char smem[];
+  uint4* ring = reinterpret_cast<uint4*>(smem);
+  __shared__ bool last_block;
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const long long ctas = gridDim.x;
+  const long long tiles = static_cast<long long>((n + 127) / 128) * k_blocks;
+  const long long begin = blockIdx.x * tiles / ctas;
+  const int num = static_cast<int>((blockIdx.x + 1) * tiles / ctas - begin);
+  const bf16* x_row = x + static_cast<long long>(g < M ? g : M - 1) * x_stride;
+
+#pragma unroll
+  for (int p = 0; p < STAGES - 1; ++p) {
+    if (p < num) sk_issue(ring + p * 4 * kThreads, begin + p, k_blocks, n, k, w, tid, warp, g, t);
+    cp_commit();  // empty groups keep the wait count uniform
+  }
+  pdl_wait();  // x is the previous kernel's output
+
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int i = 0; i < num; ++i) {
+    const int ahead = i + STAGES - 1;  // into the slot read at i - 1 (by this thread, done)
+    if (ahead < num)
+      sk_issue(ring + (ahead % STAGES) * 4 * kThreads, begin + ahead, k_blocks, n, k, w, tid,
+               warp, g, t);
+    cp_commit();
+    const long long tile = begin + i;
+    const int rb = static_cast<int>(tile / k_blocks);
+    const int kb = static_cast<int>(tile - static_cast<long long>(rb) * k_blocks);
+    const int k0 = kb * 64 + 8 * t;
+    const uint4 xa = k0 < k ? __ldg(reinterpret_cast<const uint4*>(x_row + k0)) : zero;
+    const uint4 xb = k0 + 32 < k ? __ldg(reinterpret_cast<const uint4*>(x_row + k0 + 32)) : zero;
+    cp_wait<STAGES - 1>();  // this thread's copies of tile i have landed
+    const uint4* slot = ring + (i % STAGES) * 4 * kThreads + tid;
+    const uint4 wg0 = slot[0], wg1 = slot[kThreads], wh0 = slot[2 * kThreads],
+                wh1 = slot[3 * kThreads];  // row g pieces 0, 1; row g + 8 pieces 0, 1
+    mma_16816<false>(acc, wg0.x, wh0.x, wg0.y, wh0.y, xa.x, xa.y);
+    mma_16816<false>(acc, wg0.z, wh0.z, wg0.w, wh0.w, xa.z, xa.w);
+    mma_16816<false>(acc, wg1.x, wh1.x, wg1.y, wh1.y, xb.x, xb.y);
+    mma_16816<false>(acc, wg1.z, wh1.z, wg1.w, wh1.w, xb.z, xb.w);
+    if (kb != k_blocks - 1 && i != num - 1) continue;  // block-uniform
+
+    // this block's part of row block rb is complete
+    const long long first_tile = static_cast<long long>(rb) * k_blocks;
+    const int first = static_cast<int>(sk_owner(first_tile, tiles, ctas));
+    const int parts = static_cast<int>(sk_owner(first_tile + k_blocks - 1, tiles, ctas)) - first + 1;
+    const int r0 = warp * 16 + g;
+    const int row = rb * 128 + r0;
+    const float v[4] = {acc[0], acc[1], acc[2], acc[3]};  // (2t, r0), (2t + 1, r0), +8 rows
+    acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
+    if (parts == 1) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = 2 * t + (e & 1);
+        const int r = row + 8 * (e >> 1);
+        if (col < M && r < n) out[static_cast<long long>(col) * n + r] = from_float<bf16>(v[e]);
+      }
+      continue;
+    }
+    float* mine = partial + (static_cast<long long>(rb) * max_parts + (blockIdx.x - first)) * 1024;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = 2 * t + (e & 1);
+      if (col < M) mine[col * 128 + r0 + 8 * (e >> 1)] = v[e];
+    }
+    __threadfence();  // this part is visible device-wide before it is counted
+    __syncthreads();
+    if (tid == 0) last_block = atomicInc(counters + rb, parts - 1) == parts - 1;  // wraps to 0
+    __syncthreads();
+    if (!last_block) continue;
+    __threadfence();
+    const float* all = partial + static_cast<long long>(rb) * max_parts * 1024;
+    for (int c = tid; c < M * 128; c += kThreads) {
+      const int r = rb * 128 + (c & 127);
+      if (r >= n) continue;
+      float total = 0.0f;
+      for (int q = 0; q < parts; ++q) total += __ldcg(all + q * 1024 + c);
+      out[static_cast<long long>(c >> 7) * n + r] = from_float<bf16>(total);
+    }
+  }
+  cp_wait<0>();
+}

@@ -10,9 +10,12 @@ projections where it measured faster than cuBLAS.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ninfer.kernels import runtime as rt
+from ninfer.kernels.bf16_mma_gemv.launch import tile_counters
 from ninfer.kernels.fp8_gemv.launch_tc import MAX_ROWS, SPLITS, choose_splits, tc_operands_ok
 from ninfer.kernels.switches import switched_off, switched_on
 
@@ -35,6 +38,12 @@ LONG_ROW_RATIO = 3  # tc_preferred: K / N from which the kernel beats cuBLAS
 # rounds each way), even on an H100 (S35G); the 35B-A3B's 4,096 -> 2,048 (16 row blocks: one
 # block per SM at 8 splits) lost 1.2 % at 8 rows (S35E, H100)
 SQUARE_MIN_ROWS = 4096
+# The stream-K form (`bf16_tc_gemv_sk`): BLOCKS_PER_SM blocks an SM (the launch bounds' 3, which
+# a 4-stage ring's 64 KiB leaves room for), each streaming an equal run of the (row block, k
+# block) tiles through one ring; parts of a row block held by several blocks are added by the
+# last of them. Opt-in (`NINFER_KERNELS_ON=bf16_stream_k`) until an in-model A/B says more.
+BLOCKS_PER_SM = 3
+PART_FLOATS = 8 * ROWS_PER_BLOCK  # one block's part of a row block: 8 x-row columns x 128 rows
 
 
 class Bf16TcError(rt.KernelInputError):
@@ -88,17 +97,45 @@ def planned_stages() -> int:
     return DEFAULT_STAGES
 
 
+def stream_k_planned() -> bool:
+    """Whether dispatch runs the stream-K form: opt-in, `NINFER_KERNELS_ON=bf16_stream_k`."""
+    return switched_on("bf16_stream_k")
+
+
+def stream_k_owner(tile: int, tiles: int, ctas: int) -> int:
+    """The block of a stream-K grid of `ctas` blocks that holds `tile` of `tiles`: block b takes
+    tiles [b * tiles // ctas, (b + 1) * tiles // ctas) (the .cu's sk_owner)."""
+    return ((tile + 1) * ctas - 1) // tiles
+
+
+@functools.cache
+def stream_k_parts(row_blocks: int, k_blocks: int, ctas: int) -> int:
+    """The most blocks that share one row block: the partial buffer's parts per row block."""
+    tiles = row_blocks * k_blocks
+    return max(
+        stream_k_owner((rb + 1) * k_blocks - 1, tiles, ctas)
+        - stream_k_owner(rb * k_blocks, tiles, ctas)
+        + 1
+        for rb in range(row_blocks)
+    )
+
+
 def bf16_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
     *,
     splits: int | None = None,
     stages: int | None = None,
+    stream_k: bool | None = None,
+    ctas: int | None = None,
 ) -> torch.Tensor:
     """x @ weight.T (see `bf16_gemv.reference.bf16_linear`); `splits` (1, 2, 4 or 8) and `stages`
-    (2, 3 or 4) override the plan: tests and kernel_bench."""
+    (2, 3 or 4) override the plan, `stream_k` the form (default: `stream_k_planned`), `ctas` the
+    stream-K grid (default BLOCKS_PER_SM an SM): tests and kernel_bench."""
     if stages is None:
         stages = planned_stages()
+    if stream_k is None:
+        stream_k = splits is None and stream_k_planned()
     device = rt.check_cuda(x, weight)
     if not supports(x, weight):
         raise Bf16TcError(
@@ -112,6 +149,8 @@ def bf16_linear(
     num_rows = x.shape[0]
     row_blocks = -(-n // ROWS_PER_BLOCK)
     k_blocks = -(-k // K_PER_BLOCK)
+    if stream_k:
+        return _stream_k_linear(x, weight, stages, ctas, row_blocks, k_blocks, device)
     if splits is None:
         splits = choose_splits(row_blocks, k_blocks, rt.num_sms(device))
     elif splits not in SPLITS:
@@ -131,4 +170,48 @@ def bf16_linear(
         rt.i32(k_blocks),
     )
     rt.launch(kernel, (row_blocks * splits,), (THREADS,), args, device, shared_mem=shared)
+    return out
+
+
+def _stream_k_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    stages: int,
+    ctas: int | None,
+    row_blocks: int,
+    k_blocks: int,
+    device: torch.device,
+) -> torch.Tensor:
+    """`bf16_linear` through `bf16_tc_gemv_sk` on `ctas` blocks (at most one per tile)."""
+    n, k = weight.shape
+    num_rows = x.shape[0]
+    tiles = row_blocks * k_blocks
+    if ctas is None:
+        ctas = BLOCKS_PER_SM * rt.num_sms(device)
+    if ctas < 1:
+        raise Bf16TcError(f"a stream-K grid needs at least one block, got {ctas}")
+    ctas = min(ctas, tiles)
+    parts = stream_k_parts(row_blocks, k_blocks, ctas)
+    out = torch.empty((num_rows, n), dtype=x.dtype, device=device)
+    partial = None
+    if parts > 1:
+        partial = torch.empty(row_blocks * parts * PART_FLOATS, dtype=torch.float32, device=device)
+    counters = tile_counters(device, row_blocks)
+    instance = f"bf16_tc_gemv_sk<{num_rows}, {stages}>"
+    shared = stages * K_PER_BLOCK * 2 * ROWS_PER_BLOCK
+    rt.allow_shared(OP, instance, rt.device_index(device), shared, HEADERS)
+    kernel = rt.get_kernel(OP, instance, device, HEADERS)
+    args = (
+        rt.ptr(out),
+        rt.ptr(partial),
+        rt.ptr(counters),
+        rt.ptr(x),
+        rt.i64(x.stride(0)),
+        rt.ptr(weight),
+        rt.i32(n),
+        rt.i32(k),
+        rt.i32(k_blocks),
+        rt.i32(parts),
+    )
+    rt.launch(kernel, (ctas,), (THREADS,), args, device, shared_mem=shared)
     return out
