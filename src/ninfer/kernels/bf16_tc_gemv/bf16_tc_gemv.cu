@@ -99,11 +99,9 @@ __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(tcg::kThreads, 3)
 // block to count in (`counters`, atomicInc wrapping back to 0) adds the parts in part order and
 // rounds once: deterministic, and the counters are zero again after the launch. Lane mapping,
 // ring slots and mma order per tile are bf16_tc_gemv's.
-__device__ __forceinline__ void sk_issue(uint4* slot, long long tile, int k_blocks, int n, int k,
+__device__ __forceinline__ void sk_issue(uint4* slot, int rb, int kb, int n, int k,
                                          const bf16* __restrict__ w, int tid, int warp, int g,
                                          int t) {
-  const int rb = static_cast<int>(tile / k_blocks);
-  const int kb = static_cast<int>(tile - static_cast<long long>(rb) * k_blocks);
   const int row_g = rb * 128 + warp * 16 + g;
   const bool ok_g = row_g < n;
   const bool ok_g8 = row_g + 8 < n;
@@ -115,8 +113,42 @@ __device__ __forceinline__ void sk_issue(uint4* slot, long long tile, int k_bloc
 }
 
 // The block of a stream-K grid of `ctas` blocks over `tiles` tiles that holds tile `tile`.
-__device__ __forceinline__ long long sk_owner(long long tile, long long tiles, long long ctas) {
-  return ((tile + 1) * ctas - 1) / tiles;
+__device__ __forceinline__ int sk_owner(long long tile, long long tiles, long long ctas) {
+  return static_cast<int>(((tile + 1) * ctas - 1) / tiles);
+}
+
+// Row block `rb`'s parts [part][8 cols][128 rows] added in part order, rounded once, stored.
+// Each thread's cells (col * 128 + row) are kThreads apart; four parts' loads of all of them are
+// in flight together (the adds stay in part order: the same bits whoever runs it).
+template <int M>
+__device__ __forceinline__ void sk_fixup(bf16* __restrict__ out, const float* __restrict__ all,
+                                         int parts, int rb, int n, int tid) {
+  constexpr int kCells = (M * 128 + tcg::kThreads - 1) / tcg::kThreads;
+  float total[kCells];
+#pragma unroll
+  for (int j = 0; j < kCells; ++j) total[j] = 0.0f;
+  for (int q0 = 0; q0 < parts; q0 += 4) {
+    float v[kCells][4];
+#pragma unroll
+    for (int j = 0; j < kCells; ++j) {
+      const int c = tid + j * tcg::kThreads;
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        v[j][u] = c < M * 128 && q0 + u < parts ? __ldcg(all + (q0 + u) * 1024 + c) : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < kCells; ++j) {
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        if (q0 + u < parts) total[j] += v[j][u];
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kCells; ++j) {
+    const int c = tid + j * tcg::kThreads;
+    const int r = rb * 128 + (c & 127);
+    if (c < M * 128 && r < n) out[static_cast<long long>(c >> 7) * n + r] = from_float<bf16>(total[j]);
+  }
 }
 
 template <int M, int STAGES>
@@ -130,7 +162,6 @@ __global__ void __launch_bounds__(tcg::kThreads, 3)
   static_assert(STAGES >= 2 && M >= 1 && M <= 8, "ring size, x rows");
   extern __shared__ __align__(16) unsigned char smem[];
   uint4* ring = reinterpret_cast<uint4*>(smem);
-  __shared__ bool last_block;
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
   const int lane = tid & 31;
@@ -141,10 +172,17 @@ __global__ void __launch_bounds__(tcg::kThreads, 3)
   const long long begin = blockIdx.x * tiles / ctas;
   const int num = static_cast<int>((blockIdx.x + 1) * tiles / ctas - begin);
   const bf16* x_row = x + static_cast<long long>(g < M ? g : M - 1) * x_stride;
+  // (row block, k block) of the tile being computed and of the next one to issue
+  int rb = static_cast<int>(begin / k_blocks);
+  int kb = static_cast<int>(begin - static_cast<long long>(rb) * k_blocks);
+  int rb_ahead = rb, kb_ahead = kb;
 
 #pragma unroll
   for (int p = 0; p < STAGES - 1; ++p) {
-    if (p < num) sk_issue(ring + p * 4 * kThreads, begin + p, k_blocks, n, k, w, tid, warp, g, t);
+    if (p < num) {
+      sk_issue(ring + p * 4 * kThreads, rb_ahead, kb_ahead, n, k, w, tid, warp, g, t);
+      if (++kb_ahead == k_blocks) kb_ahead = 0, ++rb_ahead;
+    }
     cp_commit();  // empty groups keep the wait count uniform
   }
   pdl_wait();  // x is the previous kernel's output
@@ -153,13 +191,12 @@ __global__ void __launch_bounds__(tcg::kThreads, 3)
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   for (int i = 0; i < num; ++i) {
     const int ahead = i + STAGES - 1;  // into the slot read at i - 1 (by this thread, done)
-    if (ahead < num)
-      sk_issue(ring + (ahead % STAGES) * 4 * kThreads, begin + ahead, k_blocks, n, k, w, tid,
-               warp, g, t);
+    if (ahead < num) {
+      sk_issue(ring + (ahead % STAGES) * 4 * kThreads, rb_ahead, kb_ahead, n, k, w, tid, warp,
+               g, t);
+      if (++kb_ahead == k_blocks) kb_ahead = 0, ++rb_ahead;
+    }
     cp_commit();
-    const long long tile = begin + i;
-    const int rb = static_cast<int>(tile / k_blocks);
-    const int kb = static_cast<int>(tile - static_cast<long long>(rb) * k_blocks);
     const int k0 = kb * 64 + 8 * t;
     const uint4 xa = k0 < k ? __ldg(reinterpret_cast<const uint4*>(x_row + k0)) : zero;
     const uint4 xb = k0 + 32 < k ? __ldg(reinterpret_cast<const uint4*>(x_row + k0 + 32)) : zero;
@@ -171,14 +208,18 @@ __global__ void __launch_bounds__(tcg::kThreads, 3)
     mma_16816<false>(acc, wg0.z, wh0.z, wg0.w, wh0.w, xa.z, xa.w);
     mma_16816<false>(acc, wg1.x, wh1.x, wg1.y, wh1.y, xb.x, xb.y);
     mma_16816<false>(acc, wg1.z, wh1.z, wg1.w, wh1.w, xb.z, xb.w);
-    if (kb != k_blocks - 1 && i != num - 1) continue;  // block-uniform
+    const bool row_end = kb == k_blocks - 1;
+    const int done_rb = rb;
+    if (row_end) kb = 0, ++rb;
+    else ++kb;
+    if (!row_end && i != num - 1) continue;  // block-uniform
 
-    // this block's part of row block rb is complete
-    const long long first_tile = static_cast<long long>(rb) * k_blocks;
-    const int first = static_cast<int>(sk_owner(first_tile, tiles, ctas));
-    const int parts = static_cast<int>(sk_owner(first_tile + k_blocks - 1, tiles, ctas)) - first + 1;
+    // this block's part of row block done_rb is complete
+    const long long first_tile = static_cast<long long>(done_rb) * k_blocks;
+    const int first = sk_owner(first_tile, tiles, ctas);
+    const int parts = sk_owner(first_tile + k_blocks - 1, tiles, ctas) - first + 1;
     const int r0 = warp * 16 + g;
-    const int row = rb * 128 + r0;
+    const int row = done_rb * 128 + r0;
     const float v[4] = {acc[0], acc[1], acc[2], acc[3]};  // (2t, r0), (2t + 1, r0), +8 rows
     acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
     if (parts == 1) {
@@ -190,26 +231,21 @@ __global__ void __launch_bounds__(tcg::kThreads, 3)
       }
       continue;
     }
-    float* mine = partial + (static_cast<long long>(rb) * max_parts + (blockIdx.x - first)) * 1024;
+    float* mine =
+        partial + (static_cast<long long>(done_rb) * max_parts + (blockIdx.x - first)) * 1024;
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int col = 2 * t + (e & 1);
       if (col < M) mine[col * 128 + r0 + 8 * (e >> 1)] = v[e];
     }
     __threadfence();  // this part is visible device-wide before it is counted
-    __syncthreads();
-    if (tid == 0) last_block = atomicInc(counters + rb, parts - 1) == parts - 1;  // wraps to 0
-    __syncthreads();
-    if (!last_block) continue;
+    // thread 0 counts the block in (atomicInc wraps the counter back to 0 at the last part)
+    const bool last = __syncthreads_or(
+        tid == 0 && atomicInc(counters + done_rb, parts - 1) == static_cast<unsigned>(parts - 1));
+    if (!last) continue;
     __threadfence();
-    const float* all = partial + static_cast<long long>(rb) * max_parts * 1024;
-    for (int c = tid; c < M * 128; c += kThreads) {
-      const int r = rb * 128 + (c & 127);
-      if (r >= n) continue;
-      float total = 0.0f;
-      for (int q = 0; q < parts; ++q) total += __ldcg(all + q * 1024 + c);
-      out[static_cast<long long>(c >> 7) * n + r] = from_float<bf16>(total);
-    }
+    sk_fixup<M>(out, partial + static_cast<long long>(done_rb) * max_parts * 1024, parts, done_rb,
+                n, tid);
   }
   cp_wait<0>();
 }
