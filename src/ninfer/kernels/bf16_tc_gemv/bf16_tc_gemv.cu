@@ -239,7 +239,8 @@ __global__ void __launch_bounds__(tcg::kThreads, 3)
       if (col < M) mine[col * 128 + r0 + 8 * (e >> 1)] = v[e];
     }
     __threadfence();  // this part is visible device-wide before it is counted
-    // thread 0 counts the block in (atomicInc wraps the counter back to 0 at the last part)
+    __syncthreads();  // every thread's part is written before thread 0 counts the block in
+    // (atomicInc wraps the counter back to 0 at the last part)
     const bool last = __syncthreads_or(
         tid == 0 && atomicInc(counters + done_rb, parts - 1) == static_cast<unsigned>(parts - 1));
     if (!last) continue;
