@@ -217,6 +217,19 @@ def test_every_routed_ring_depth_keeps_three_blocks_per_sm(monkeypatch) -> None:
         assert stages in launch_tc.STAGES
         per_block = launch_tc.ring_shared_bytes(rows, stages) + 1024  # + the reserved KiB
         assert launch_tc.BLOCKS_PER_SM * per_block <= launch_tc.SHARED_PER_SM, (rows, stages)
+    monkeypatch.setenv("NINFER_KERNELS_ON", "fp8_chunk8")  # half the staged x, deeper rings
+    assert launch_tc.ring_chunk() == 8
+    for rows in range(1, launch_tc.MAX_ROWS + 1):
+        stages = launch_tc.ring_stages(rows)
+        assert stages >= launch_tc.RING_STAGES[rows] and stages in launch_tc.STAGES
+        per_block = launch_tc.ring_shared_bytes(rows, stages, 8) + 1024
+        assert launch_tc.BLOCKS_PER_SM * per_block <= launch_tc.SHARED_PER_SM, (rows, stages)
+        if stages < max(launch_tc.STAGES):  # the deepest that fits
+            deeper = launch_tc.ring_shared_bytes(rows, stages + 1, 8) + 1024
+            assert launch_tc.BLOCKS_PER_SM * deeper > launch_tc.SHARED_PER_SM, rows
+    assert launch_tc.ring_stages(4) == 4  # the MTP verify's rows: a stage deeper than RING_STAGES
+    monkeypatch.delenv("NINFER_KERNELS_ON")
+    assert launch_tc.ring_shared_bytes(3, 3) == launch_tc.ring_shared_bytes(3, 3, launch_tc.CHUNK)
     monkeypatch.setenv("NINFER_KERNELS_OFF", "fp8_ring")
     assert launch_tc.ring_stages(1) == 0
 

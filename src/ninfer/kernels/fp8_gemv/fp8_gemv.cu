@@ -190,7 +190,7 @@ __device__ __forceinline__ void load_x4_swiglu(const bf16* p, int k, bool in_ran
 // (row, k block): lane holds 4 values, the warp reduces their largest magnitude. A warp issues
 // the loads of kStagePairs pairs before reducing any (one L2 round trip per batch, not per pair;
 // 2 for fp32 x, whose values take twice the registers, to stay within 80 without spills).
-template <typename T, int M, int INPUT = kInputPlain>
+template <typename T, int M, int INPUT = kInputPlain, int ROW = kRowHalves>
 __device__ __forceinline__ void stage_x(unsigned short* xs, float* comb, const T* x,
                                         long long x_stride, int k, int kb0, int num_kb,
                                         const float* row_scales, int warp, int lane) {
@@ -234,7 +234,7 @@ __device__ __forceinline__ void stage_x(unsigned short* xs, float* comb, const T
       uint2 packed;
       packed.x = f16_bits(v[u][0] * up) | (f16_bits(v[u][2] * up) << 16);
       packed.y = f16_bits(v[u][1] * up) | (f16_bits(v[u][3] * up) << 16);
-      *reinterpret_cast<uint2*>(xs + m * kRowHalves + j * 128 + 4 * lane) = packed;
+      *reinterpret_cast<uint2*>(xs + m * ROW + j * 128 + 4 * lane) = packed;
       if (lane == 0) {
         const float down = __uint_as_float(static_cast<unsigned int>(127 - s) << 23);
         comb[j * 8 + m] = wscale[u] * 256.0f * down;
@@ -347,18 +347,22 @@ __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(fp8tc::kThreads, 3)
 // reduction and bits as fp8_tc_gemv (the same mma in the same order). Dynamic shared memory:
 // STAGES * 16 KiB of ring (the reduction tile reuses it), M staged x rows, the chunk's scales.
 // INPUT: kInputPlain, or kInputSwiglu (bf16 [gate | up] rows of width 2K, x_stride apart).
-template <typename T, int M, int S, int STAGES, int INPUT>
+// CHUNK: k blocks of x staged at a time (kChunk, or 8: half the staged rows, which leaves room
+// for a deeper ring at three blocks an SM from 3 x rows; the same values staged, the same bits).
+template <typename T, int M, int S, int STAGES, int INPUT, int CHUNK>
 __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(fp8tc::kThreads, 3)
     fp8_tc_gemv_ring(T* __restrict__ out, const T* __restrict__ x, long long x_stride,
                      const unsigned char* __restrict__ w, const float* __restrict__ scale, int n,
                      int k, int k_blocks) {
   pdl_trigger();
   using namespace fp8tc;
+  constexpr int ROW = CHUNK * 128 + 8;  // f16 per staged x row (kRowHalves at CHUNK = kChunk)
+  static_assert(CHUNK >= 1 && CHUNK <= kChunk, "staged chunk");
   static_assert(STAGES >= 2 && STAGES * 4 * kThreads * 16 >= 8 * kRedStride * 4, "ring size");
   extern __shared__ __align__(16) unsigned char smem[];
   uint4* ring = reinterpret_cast<uint4*>(smem);
   unsigned short* xs = reinterpret_cast<unsigned short*>(ring + STAGES * 4 * kThreads);
-  float* comb = reinterpret_cast<float*>(xs + M * kRowHalves);
+  float* comb = reinterpret_cast<float*>(xs + M * ROW);
   float* red = reinterpret_cast<float*>(smem);  // after the main loop only
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
@@ -376,7 +380,7 @@ __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(fp8tc::kThreads, 3)
   const unsigned char* w_g = w + static_cast<long long>(ok_g ? row_g : 0) * k;
   const unsigned char* w_g8 = w + static_cast<long long>(ok_g8 ? row_g + 8 : 0) * k;
   const float* row_scales = scale + static_cast<long long>(rb) * k_blocks;
-  const unsigned short* x_lane = xs + (g < M ? g : M - 1) * kRowHalves + 16 * t;
+  const unsigned short* x_lane = xs + (g < M ? g : M - 1) * ROW + 16 * t;
 
 #pragma unroll
   for (int p = 0; p < STAGES - 1; ++p) {
@@ -393,10 +397,10 @@ __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(fp8tc::kThreads, 3)
       issue_tile(ring + (ahead % STAGES) * 4 * kThreads, tid, w_g, w_g8, ok_g, ok_g8,
                  kb_begin + ahead, t, k);
     cp_commit();
-    const int kbl = i % kChunk;
+    const int kbl = i % CHUNK;
     if (kbl == 0) {  // block-uniform: a new chunk of x
       __syncthreads();  // every warp is done with the previous chunk
-      stage_x<T, M, INPUT>(xs, comb, x, x_stride, k, kb_begin + i, min(kChunk, num_kb - i),
+      stage_x<T, M, INPUT, ROW>(xs, comb, x, x_stride, k, kb_begin + i, min(CHUNK, num_kb - i),
                            row_scales, warp, lane);
       __syncthreads();
     }

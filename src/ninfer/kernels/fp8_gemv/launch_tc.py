@@ -37,12 +37,16 @@ SPLITS = (1, 2, 4, 8)  # k splits per row block = cluster sizes compiled (portab
 MIN_SPLIT_K_BLOCKS = 6  # choose_splits: k blocks per split below which more splits stop paying
 STAGES = (2, 3, 4)  # ring depths compiled (k blocks of 16 KiB each per block)
 SHARED_PER_SM = 228 * 1024  # shared memory per SM on sm_90; each resident block reserves 1 KiB
-X_ROW_BYTES = 2 * (16 * 128 + 8)  # the .cu's kRowHalves f16 per staged x row
-COMB_BYTES = 16 * 8 * 4  # kChunk x 8 combined scales
+CHUNK = 16  # the .cu's kChunk: k blocks of x staged at a time
+CHUNKS = (16, 8)  # staged chunks compiled for the ring form (CHUNK and its half)
 # The ring's depth by x rows (0: the register form), the deepest that keeps 3 blocks per SM.
 # Run X1 (H200, docs/perf.md): the 27B fp8 step at batch 8 12.52 ms against 13.19 with the
 # register form, batch 1 9.95 against 10.05.
 RING_STAGES = {1: 4, 2: 4, 3: 3, 4: 3, 5: 2, 6: 2, 7: 2, 8: 2}
+# With x staged 8 k blocks at a time (half the staged rows) the same 3 blocks per SM hold a ring
+# one stage deeper from 3 rows: opt-in `NINFER_KERNELS_ON=fp8_chunk8` (the MTP verify's 4 rows
+# run 4 stages). Each chunk costs the block two barriers and an x round trip, twice as often.
+RING_STAGES_CHUNK8 = {1: 4, 2: 4, 3: 4, 4: 4, 5: 4, 6: 3, 7: 3, 8: 3}
 
 
 class Fp8TcError(rt.KernelInputError):
@@ -134,9 +138,15 @@ def choose_splits(num_row_blocks: int, num_k_blocks: int, num_sms: int) -> int:
     return max(one_wave, short)
 
 
-def ring_shared_bytes(num_rows: int, stages: int) -> int:
-    """Dynamic shared memory of the ring form: the ring, the staged x rows and their scales."""
-    return stages * 16 * 1024 + num_rows * X_ROW_BYTES + COMB_BYTES
+def ring_shared_bytes(num_rows: int, stages: int, chunk: int = CHUNK) -> int:
+    """Dynamic shared memory of the ring form: the ring, the staged x rows (`chunk` k blocks of
+    f16 and 16 bytes of padding each) and their chunk's scales."""
+    return stages * 16 * 1024 + num_rows * 2 * (chunk * 128 + 8) + chunk * 8 * 4
+
+
+def ring_chunk() -> int:
+    """The k blocks of x the ring form stages at a time: CHUNK, or 8 with `fp8_chunk8` opted in."""
+    return 8 if switched_on("fp8_chunk8") else CHUNK
 
 
 def ring_stages(num_rows: int) -> int:
@@ -144,7 +154,7 @@ def ring_stages(num_rows: int) -> int:
     (`NINFER_KERNELS_OFF=fp8_ring` too)."""
     if switched_off("fp8_ring"):
         return 0
-    return RING_STAGES[num_rows]
+    return (RING_STAGES_CHUNK8 if ring_chunk() == 8 else RING_STAGES)[num_rows]
 
 
 def fp8_linear(
@@ -154,9 +164,11 @@ def fp8_linear(
     splits: int | None = None,
     stages: int | None = None,
     swiglu_input: bool = False,
+    chunk: int | None = None,
 ) -> torch.Tensor:
-    """See `reference.fp8_linear`; `splits` overrides the k split count (1, 2, 4 or 8) and
-    `stages` the form (0: registers, else a ring depth in STAGES): tests and kernel_bench.
+    """See `reference.fp8_linear`; `splits` overrides the k split count (1, 2, 4 or 8),
+    `stages` the form (0: registers, else a ring depth in STAGES) and `chunk` the ring form's
+    staged k blocks (CHUNKS; default `ring_chunk`): tests and kernel_bench.
     `swiglu_input`: x is [gate | up] rows of width 2K and the product is swiglu(x) @ W.T
     (`silu_mul` then this, bit for bit; the ring form only)."""
     device = rt.check_cuda(x, weight.weight, weight.scale_inv)
@@ -188,6 +200,10 @@ def fp8_linear(
         raise Fp8TcError(f"ring stages must be 0 (registers) or one of {STAGES}, got {stages}")
     if swiglu_input and stages == 0:
         raise Fp8TcError("the SwiGLU input form runs in the ring form only (stages > 0)")
+    if chunk is None:
+        chunk = ring_chunk()
+    elif chunk not in CHUNKS:
+        raise Fp8TcError(f"staged x chunks must be one of {CHUNKS}, got {chunk}")
     out = torch.empty((num_rows, n), dtype=x.dtype, device=device)
     t = rt.cuda_type(x, "x")
     shared = 0
@@ -195,8 +211,8 @@ def fp8_linear(
         instance = f"fp8_tc_gemv<{t}, {num_rows}, {splits}>"
     else:
         form = 1 if swiglu_input else 0  # the .cu's kInputSwiglu / kInputPlain
-        instance = f"fp8_tc_gemv_ring<{t}, {num_rows}, {splits}, {stages}, {form}>"
-        shared = ring_shared_bytes(num_rows, stages)
+        instance = f"fp8_tc_gemv_ring<{t}, {num_rows}, {splits}, {stages}, {form}, {chunk}>"
+        shared = ring_shared_bytes(num_rows, stages, chunk)
         rt.allow_shared(OP, instance, rt.device_index(device), shared, HEADERS)
     kernel = rt.get_kernel(OP, instance, device, HEADERS)
     args = (
