@@ -46,7 +46,7 @@ def fp8_gemv_sweep(
     forms = (0, *tc_cuda.STAGES)
     names = ["registers µs", *(f"ring {s} µs" for s in tc_cuda.STAGES)]
     names += [f"S={z} µs" for z in tc_cuda.SPLITS]  # the routed form at each k split count
-    names += ["chunk 8 µs"]  # x staged 8 k blocks at a time, its deeper ring (`fp8_chunk8`)
+    names += ["chunk 8 µs"]  # x staged 8 k blocks at a time, the ring that fits then
     names += ["split-K CUDA cores µs"]  # fp8_split_gemv (1..MAX_ROWS rows; other sums)
     lines = [
         "fp8 tensor-core GEMV forms (bf16 x, e4m3 W [N, K] with 128x128 scales), graphs, cold L2;",
@@ -73,13 +73,13 @@ def fp8_gemv_sweep(
                 x.double()
                 @ fp8_ref.dequantize(weights[0].weight, weights[0].scale_inv, torch.float64).T
             )
-            chunk8 = {"chunk": 8, "stages": tc_cuda.RING_STAGES_CHUNK8[m]}
+            chunk8 = {"chunk": 8, "stages": tc_cuda.RING_STAGES[m]}
             outs = [tc_cuda.fp8_linear(x, weights[0], stages=s, chunk=16) for s in forms]
             outs.append(tc_cuda.fp8_linear(x, weights[0], **chunk8))
             same = all(torch.equal(outs[0], o) for o in outs[1:])
             err = max(((o.double() - exact).norm() / exact.norm()).item() for o in outs)
             plans = [{"stages": s, "chunk": 16} for s in forms]
-            plans += [{"splits": z, "chunk": 16} for z in tc_cuda.SPLITS] + [chunk8]
+            plans += [{"splits": z} for z in tc_cuda.SPLITS] + [chunk8]  # S=z: routed chunk
             times = [
                 graph_us(rotating(lambda w, x=x, p=p: tc_cuda.fp8_linear(x, w, **p), weights),
                          5, calls)

@@ -80,9 +80,9 @@ def test_ring_form_gives_the_register_forms_bits(stages: int, rows: int, n: int,
 @pytest.mark.parametrize("rows", [1, 4, 5, 8])
 @pytest.mark.parametrize("n,k", [(5120, 17408), (16480, 5120), (130, 4112), (300, 272)])
 def test_half_staged_chunks_give_the_same_bits(rows: int, n: int, k: int, gen, monkeypatch):
-    """x staged 8 k blocks at a time (`fp8_chunk8`: the same values, twice as many chunks, a
-    deeper ring from 3 rows) equals the 16-block chunks bit for bit, plain and SwiGLU input, at
-    the routed depth and every other, and dispatch runs it when opted in."""
+    """x staged 8 k blocks at a time (the same values, twice as many chunks, a deeper ring from
+    3 rows: routed there) equals the 16-block chunks bit for bit, plain and SwiGLU input, at
+    every ring depth; `fp8_chunk8` off routes 16-block chunks."""
     weight = fp8_weight(n, k)
     x = fp8_hard_rows(rows, k, gen, torch.bfloat16)
     for stages in tc_cuda.STAGES:
@@ -91,12 +91,14 @@ def test_half_staged_chunks_give_the_same_bits(rows: int, n: int, k: int, gen, m
     gate_up = (torch.randn(rows, 2 * k, device="cuda", generator=gen) * 3).to(torch.bfloat16)
     want = tc_cuda.fp8_linear(gate_up, weight, swiglu_input=True, chunk=16)
     assert torch.equal(tc_cuda.fp8_linear(gate_up, weight, swiglu_input=True, chunk=8), want)
+    monkeypatch.delenv("NINFER_KERNELS_ON", raising=False)
     monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
-    monkeypatch.setenv("NINFER_KERNELS_ON", "fp8_chunk8")
-    assert tc_cuda.ring_chunk() == 8
-    assert tc_cuda.ring_stages(rows) == tc_cuda.RING_STAGES_CHUNK8[rows]
+    assert tc_cuda.ring_chunk(rows) == (8 if rows >= tc_cuda.CHUNK8_MIN_ROWS else 16)
     routed = tc_cuda.fp8_linear(x, weight)
     assert torch.equal(routed, tc_cuda.fp8_linear(x, weight, stages=0))  # the register form's
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "fp8_chunk8")
+    assert tc_cuda.ring_chunk(rows) == 16
+    assert torch.equal(tc_cuda.fp8_linear(x, weight), routed)
     with pytest.raises(tc_cuda.Fp8TcError, match="staged x chunks"):
         tc_cuda.fp8_linear(x, weight, chunk=4)
 

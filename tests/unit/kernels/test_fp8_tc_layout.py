@@ -210,25 +210,27 @@ def test_supports_declines_without_touching_cuda() -> None:
 
 def test_every_routed_ring_depth_keeps_three_blocks_per_sm(monkeypatch) -> None:
     """The ring's shared memory (ring + staged x + scales) must leave room for the 3 blocks per
-    SM the split plan counts on; a deeper ring than fits would halve the resident grid."""
+    SM the split plan counts on; a deeper ring than fits would halve the resident grid. The
+    routed depth is the deepest that fits with the routed staging (8 k blocks from 3 rows), and
+    `fp8_chunk8` off stages 16 at every row count with the older depths (X1's: 2 from 5 rows,
+    where a third would fit)."""
     monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
-    for rows in range(1, launch_tc.MAX_ROWS + 1):
-        stages = launch_tc.ring_stages(rows)
-        assert stages in launch_tc.STAGES
-        per_block = launch_tc.ring_shared_bytes(rows, stages) + 1024  # + the reserved KiB
-        assert launch_tc.BLOCKS_PER_SM * per_block <= launch_tc.SHARED_PER_SM, (rows, stages)
-    monkeypatch.setenv("NINFER_KERNELS_ON", "fp8_chunk8")  # half the staged x, deeper rings
-    assert launch_tc.ring_chunk() == 8
-    for rows in range(1, launch_tc.MAX_ROWS + 1):
-        stages = launch_tc.ring_stages(rows)
-        assert stages >= launch_tc.RING_STAGES[rows] and stages in launch_tc.STAGES
-        per_block = launch_tc.ring_shared_bytes(rows, stages, 8) + 1024
-        assert launch_tc.BLOCKS_PER_SM * per_block <= launch_tc.SHARED_PER_SM, (rows, stages)
-        if stages < max(launch_tc.STAGES):  # the deepest that fits
-            deeper = launch_tc.ring_shared_bytes(rows, stages + 1, 8) + 1024
-            assert launch_tc.BLOCKS_PER_SM * deeper > launch_tc.SHARED_PER_SM, rows
-    assert launch_tc.ring_stages(4) == 4  # the MTP verify's rows: a stage deeper than RING_STAGES
-    monkeypatch.delenv("NINFER_KERNELS_ON")
+    for off, table in (
+        ("", launch_tc.RING_STAGES),
+        ("fp8_chunk8", launch_tc.RING_STAGES_FULL_CHUNK),
+    ):
+        monkeypatch.setenv("NINFER_KERNELS_OFF", off)
+        for rows in range(1, launch_tc.MAX_ROWS + 1):
+            stages, chunk = launch_tc.ring_stages(rows), launch_tc.ring_chunk(rows)
+            assert stages == table[rows] and stages in launch_tc.STAGES
+            assert chunk == (8 if rows >= launch_tc.CHUNK8_MIN_ROWS and not off else 16)
+            per_block = launch_tc.ring_shared_bytes(rows, stages, chunk) + 1024  # + reserved KiB
+            assert launch_tc.BLOCKS_PER_SM * per_block <= launch_tc.SHARED_PER_SM, (rows, stages)
+            if not off and stages < max(launch_tc.STAGES):  # the deepest that fits
+                deeper = launch_tc.ring_shared_bytes(rows, stages + 1, chunk) + 1024
+                assert launch_tc.BLOCKS_PER_SM * deeper > launch_tc.SHARED_PER_SM, rows
+    monkeypatch.delenv("NINFER_KERNELS_OFF")
+    assert launch_tc.ring_stages(4) == 4  # the MTP verify's rows: a stage deeper than 16-chunks
     assert launch_tc.ring_shared_bytes(3, 3) == launch_tc.ring_shared_bytes(3, 3, launch_tc.CHUNK)
     monkeypatch.setenv("NINFER_KERNELS_OFF", "fp8_ring")
     assert launch_tc.ring_stages(1) == 0

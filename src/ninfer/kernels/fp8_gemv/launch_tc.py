@@ -39,14 +39,17 @@ STAGES = (2, 3, 4)  # ring depths compiled (k blocks of 16 KiB each per block)
 SHARED_PER_SM = 228 * 1024  # shared memory per SM on sm_90; each resident block reserves 1 KiB
 CHUNK = 16  # the .cu's kChunk: k blocks of x staged at a time
 CHUNKS = (16, 8)  # staged chunks compiled for the ring form (CHUNK and its half)
-# The ring's depth by x rows (0: the register form), the deepest that keeps 3 blocks per SM.
-# Run X1 (H200, docs/perf.md): the 27B fp8 step at batch 8 12.52 ms against 13.19 with the
-# register form, batch 1 9.95 against 10.05.
-RING_STAGES = {1: 4, 2: 4, 3: 3, 4: 3, 5: 2, 6: 2, 7: 2, 8: 2}
-# With x staged 8 k blocks at a time (half the staged rows) the same 3 blocks per SM hold a ring
-# one stage deeper from 3 rows: opt-in `NINFER_KERNELS_ON=fp8_chunk8` (the MTP verify's 4 rows
-# run 4 stages). Each chunk costs the block two barriers and an x round trip, twice as often.
-RING_STAGES_CHUNK8 = {1: 4, 2: 4, 3: 4, 4: 4, 5: 4, 6: 3, 7: 3, 8: 3}
+# From CHUNK8_MIN_ROWS x rows the ring form stages x 8 k blocks at a time: half the staged rows
+# leave room for a ring a stage deeper at the same 3 blocks per SM (the MTP verify's 4 rows run
+# 4 stages, 8 rows 3), at two barriers and an x round trip twice as often. Run S43C (H100): the
+# 27B fp8 step at 8 rows 0.979x, 4 rows 1.002x, the MTP round 0.99x; same bits.
+# `NINFER_KERNELS_OFF=fp8_chunk8` stages 16 at every row count (RING_STAGES_FULL_CHUNK).
+CHUNK8_MIN_ROWS = 3
+# The ring's depth by x rows (0: the register form), the deepest that keeps 3 blocks per SM with
+# the routed chunk. Run X1 (H200, docs/perf.md): the 27B fp8 step at batch 8 12.52 ms against
+# 13.19 with the register form, batch 1 9.95 against 10.05 (16-block chunks then).
+RING_STAGES = {1: 4, 2: 4, 3: 4, 4: 4, 5: 4, 6: 3, 7: 3, 8: 3}
+RING_STAGES_FULL_CHUNK = {1: 4, 2: 4, 3: 3, 4: 3, 5: 2, 6: 2, 7: 2, 8: 2}
 
 
 class Fp8TcError(rt.KernelInputError):
@@ -144,17 +147,22 @@ def ring_shared_bytes(num_rows: int, stages: int, chunk: int = CHUNK) -> int:
     return stages * 16 * 1024 + num_rows * 2 * (chunk * 128 + 8) + chunk * 8 * 4
 
 
-def ring_chunk() -> int:
-    """The k blocks of x the ring form stages at a time: CHUNK, or 8 with `fp8_chunk8` opted in."""
-    return 8 if switched_on("fp8_chunk8") else CHUNK
+def ring_chunk(num_rows: int) -> int:
+    """The k blocks of x the ring form stages at a time for `num_rows` x rows: 8 from
+    CHUNK8_MIN_ROWS rows (unless `fp8_chunk8` is switched off), else CHUNK."""
+    if num_rows >= CHUNK8_MIN_ROWS and not switched_off("fp8_chunk8"):
+        return 8
+    return CHUNK
 
 
 def ring_stages(num_rows: int) -> int:
-    """The ring depth dispatch runs for `num_rows` x rows; 0 runs the register form
-    (`NINFER_KERNELS_OFF=fp8_ring` too)."""
+    """The ring depth dispatch runs for `num_rows` x rows (with `ring_chunk`'s staging); 0 runs
+    the register form (`NINFER_KERNELS_OFF=fp8_ring` too)."""
     if switched_off("fp8_ring"):
         return 0
-    return (RING_STAGES_CHUNK8 if ring_chunk() == 8 else RING_STAGES)[num_rows]
+    if ring_chunk(num_rows) == CHUNK:
+        return RING_STAGES_FULL_CHUNK[num_rows]
+    return RING_STAGES[num_rows]
 
 
 def fp8_linear(
@@ -201,7 +209,7 @@ def fp8_linear(
     if swiglu_input and stages == 0:
         raise Fp8TcError("the SwiGLU input form runs in the ring form only (stages > 0)")
     if chunk is None:
-        chunk = ring_chunk()
+        chunk = ring_chunk(num_rows)
     elif chunk not in CHUNKS:
         raise Fp8TcError(f"staged x chunks must be one of {CHUNKS}, got {chunk}")
     out = torch.empty((num_rows, n), dtype=x.dtype, device=device)
