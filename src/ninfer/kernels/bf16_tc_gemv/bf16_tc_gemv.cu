@@ -22,6 +22,24 @@
 // K and rows past N are zero-filled by the copies, x past K is zero.
 // tests/unit/kernels/test_bf16_tc_gemv_layout.py replays the lane mapping on the CPU.
 
+// One k block of the lane's two rows: x's pieces at k0 and k0 + 32 (its row g, through the
+// read-only cache; zero past K) loaded while the ring's copies land, then the lane's 64 bytes of
+// its ring slot (row g pieces 0, 1; row g + 8 pieces 0, 1) fed to four mma as the header says.
+template <int STAGES>
+__device__ __forceinline__ void tile_mma(float (&acc)[4], const uint4* slot, const bf16* x_row,
+                                         int k0, int k) {
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+  const uint4 xa = k0 < k ? __ldg(reinterpret_cast<const uint4*>(x_row + k0)) : zero;
+  const uint4 xb = k0 + 32 < k ? __ldg(reinterpret_cast<const uint4*>(x_row + k0 + 32)) : zero;
+  cp_wait<STAGES - 1>();  // this thread's copies of this k block have landed
+  const uint4 wg0 = slot[0], wg1 = slot[tcg::kThreads], wh0 = slot[2 * tcg::kThreads],
+              wh1 = slot[3 * tcg::kThreads];
+  mma_16816<false>(acc, wg0.x, wh0.x, wg0.y, wh0.y, xa.x, xa.y);
+  mma_16816<false>(acc, wg0.z, wh0.z, wg0.w, wh0.w, xa.z, xa.w);
+  mma_16816<false>(acc, wg1.x, wh1.x, wg1.y, wh1.y, xb.x, xb.y);
+  mma_16816<false>(acc, wg1.z, wh1.z, wg1.w, wh1.w, xb.z, xb.w);
+}
+
 template <int M, int S, int STAGES>
 __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(tcg::kThreads, 3)
     bf16_tc_gemv(bf16* __restrict__ out, const bf16* __restrict__ x, long long x_stride,
@@ -61,7 +79,6 @@ __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(tcg::kThreads, 3)
   }
   pdl_wait();  // x is the previous kernel's output
 
-  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   for (int i = 0; i < num_kb; ++i) {
     const int ahead = i + STAGES - 1;  // into the slot read at i - 1 (by this thread, done)
@@ -69,17 +86,8 @@ __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(tcg::kThreads, 3)
       issue_tile(ring + (ahead % STAGES) * 4 * kThreads, tid, w_g, w_g8, ok_g, ok_g8,
                  kb_begin + ahead, t, row_bytes);
     cp_commit();
-    const int k0 = (kb_begin + i) * 64 + 8 * t;
-    const uint4 xa = k0 < k ? __ldg(reinterpret_cast<const uint4*>(x_row + k0)) : zero;
-    const uint4 xb = k0 + 32 < k ? __ldg(reinterpret_cast<const uint4*>(x_row + k0 + 32)) : zero;
-    cp_wait<STAGES - 1>();  // this thread's copies of k block i have landed
-    const uint4* slot = ring + (i % STAGES) * 4 * kThreads + tid;
-    const uint4 wg0 = slot[0], wg1 = slot[kThreads], wh0 = slot[2 * kThreads],
-                wh1 = slot[3 * kThreads];  // row g pieces 0, 1; row g + 8 pieces 0, 1
-    mma_16816<false>(acc, wg0.x, wh0.x, wg0.y, wh0.y, xa.x, xa.y);
-    mma_16816<false>(acc, wg0.z, wh0.z, wg0.w, wh0.w, xa.z, xa.w);
-    mma_16816<false>(acc, wg1.x, wh1.x, wg1.y, wh1.y, xb.x, xb.y);
-    mma_16816<false>(acc, wg1.z, wh1.z, wg1.w, wh1.w, xb.z, xb.w);
+    tile_mma<STAGES>(acc, ring + (i % STAGES) * 4 * kThreads + tid, x_row,
+                     (kb_begin + i) * 64 + 8 * t, k);
   }
   cp_wait<0>();
   __syncthreads();  // the ring is free: the reduction tile may overwrite it
@@ -187,7 +195,6 @@ __global__ void __launch_bounds__(tcg::kThreads, 3)
   }
   pdl_wait();  // x is the previous kernel's output
 
-  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   for (int i = 0; i < num; ++i) {
     const int ahead = i + STAGES - 1;  // into the slot read at i - 1 (by this thread, done)
@@ -197,17 +204,7 @@ __global__ void __launch_bounds__(tcg::kThreads, 3)
       if (++kb_ahead == k_blocks) kb_ahead = 0, ++rb_ahead;
     }
     cp_commit();
-    const int k0 = kb * 64 + 8 * t;
-    const uint4 xa = k0 < k ? __ldg(reinterpret_cast<const uint4*>(x_row + k0)) : zero;
-    const uint4 xb = k0 + 32 < k ? __ldg(reinterpret_cast<const uint4*>(x_row + k0 + 32)) : zero;
-    cp_wait<STAGES - 1>();  // this thread's copies of tile i have landed
-    const uint4* slot = ring + (i % STAGES) * 4 * kThreads + tid;
-    const uint4 wg0 = slot[0], wg1 = slot[kThreads], wh0 = slot[2 * kThreads],
-                wh1 = slot[3 * kThreads];  // row g pieces 0, 1; row g + 8 pieces 0, 1
-    mma_16816<false>(acc, wg0.x, wh0.x, wg0.y, wh0.y, xa.x, xa.y);
-    mma_16816<false>(acc, wg0.z, wh0.z, wg0.w, wh0.w, xa.z, xa.w);
-    mma_16816<false>(acc, wg1.x, wh1.x, wg1.y, wh1.y, xb.x, xb.y);
-    mma_16816<false>(acc, wg1.z, wh1.z, wg1.w, wh1.w, xb.z, xb.w);
+    tile_mma<STAGES>(acc, ring + (i % STAGES) * 4 * kThreads + tid, x_row, kb * 64 + 8 * t, k);
     const bool row_end = kb == k_blocks - 1;
     const int done_rb = rb;
     if (row_end) kb = 0, ++rb;

@@ -156,21 +156,19 @@ def bf16_linear(
     elif splits not in SPLITS:
         raise Bf16TcError(f"k splits must be one of {SPLITS}, got {splits}")
     out = torch.empty((num_rows, n), dtype=x.dtype, device=device)
+    args = (rt.ptr(out), rt.ptr(x), rt.i64(x.stride(0)), rt.ptr(weight))
+    args += (rt.i32(n), rt.i32(k), rt.i32(k_blocks))
     instance = f"bf16_tc_gemv<{num_rows}, {splits}, {stages}>"
+    _launch(instance, row_blocks * splits, args, stages, device)
+    return out
+
+
+def _launch(instance: str, blocks: int, args: tuple, stages: int, device: torch.device) -> None:
+    """Launch `instance` on `blocks` blocks with its `stages`-deep ring's shared memory."""
     shared = stages * K_PER_BLOCK * 2 * ROWS_PER_BLOCK
     rt.allow_shared(OP, instance, rt.device_index(device), shared, HEADERS)
     kernel = rt.get_kernel(OP, instance, device, HEADERS)
-    args = (
-        rt.ptr(out),
-        rt.ptr(x),
-        rt.i64(x.stride(0)),
-        rt.ptr(weight),
-        rt.i32(n),
-        rt.i32(k),
-        rt.i32(k_blocks),
-    )
-    rt.launch(kernel, (row_blocks * splits,), (THREADS,), args, device, shared_mem=shared)
-    return out
+    rt.launch(kernel, (blocks,), (THREADS,), args, device, shared_mem=shared)
 
 
 def _stream_k_linear(
@@ -197,21 +195,7 @@ def _stream_k_linear(
     if parts > 1:
         partial = torch.empty(row_blocks * parts * PART_FLOATS, dtype=torch.float32, device=device)
     counters = tile_counters(device, row_blocks)
-    instance = f"bf16_tc_gemv_sk<{num_rows}, {stages}>"
-    shared = stages * K_PER_BLOCK * 2 * ROWS_PER_BLOCK
-    rt.allow_shared(OP, instance, rt.device_index(device), shared, HEADERS)
-    kernel = rt.get_kernel(OP, instance, device, HEADERS)
-    args = (
-        rt.ptr(out),
-        rt.ptr(partial),
-        rt.ptr(counters),
-        rt.ptr(x),
-        rt.i64(x.stride(0)),
-        rt.ptr(weight),
-        rt.i32(n),
-        rt.i32(k),
-        rt.i32(k_blocks),
-        rt.i32(parts),
-    )
-    rt.launch(kernel, (ctas,), (THREADS,), args, device, shared_mem=shared)
+    args = (rt.ptr(out), rt.ptr(partial), rt.ptr(counters), rt.ptr(x), rt.i64(x.stride(0)))
+    args += (rt.ptr(weight), rt.i32(n), rt.i32(k), rt.i32(k_blocks), rt.i32(parts))
+    _launch(f"bf16_tc_gemv_sk<{num_rows}, {stages}>", ctas, args, stages, device)
     return out
