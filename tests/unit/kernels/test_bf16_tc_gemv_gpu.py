@@ -79,11 +79,12 @@ def test_stream_k_form_gives_the_product(rows: int, n: int, k: int, gen) -> None
     assert not counters.any()
 
 
-@pytest.mark.parametrize("stages", tc.STAGES)
-@pytest.mark.parametrize("ctas", [1, 2, 7, 41, 133, 10_000])
+@pytest.mark.parametrize("stages", tc.SK_STAGES)
+@pytest.mark.parametrize("ctas", [None, 1, 2, 7, 41, 133, 10_000])
 def test_stream_k_every_grid_and_depth(stages: int, ctas: int, gen) -> None:
-    """One block for everything, runs shorter and longer than a row block, more blocks than
-    tiles (clamped to one tile each), each ring depth."""
+    """The planned grid, one block for everything, runs shorter and longer than a row block,
+    more blocks than tiles (clamped to one tile each), each ring depth (up to 12 stages: 192
+    KiB, one block an SM)."""
     x, w = bf16_operands(5, 1000, 2056, gen)
     got = tc.bf16_linear(x, w, stream_k=True, ctas=ctas, stages=stages)
     _assert_rows_close(got, x.double() @ w.double().T, f"fp64, {ctas} blocks, {stages} stages")
@@ -107,6 +108,8 @@ def test_stream_k_in_a_graph_and_through_dispatch(gen, monkeypatch) -> None:
     assert torch.equal(dispatch.linear(x, w), tc.bf16_linear(x, w, stream_k=True))
     with pytest.raises(tc.Bf16TcError, match="at least one block"):
         tc.bf16_linear(x, w, stream_k=True, ctas=0)
+    with pytest.raises(tc.Bf16TcError, match="stages"):
+        tc.bf16_linear(x, w, stages=12)  # the cluster form's rings stop at 4
 
 
 def test_strided_rows_and_a_graph_replay(gen) -> None:

@@ -181,6 +181,16 @@ def test_stream_k_parts_at_the_27b_shapes() -> None:
     assert launch.stream_k_owner(3839, 3840, 396) == 395
 
 
+def test_stream_k_grid_fits_its_ring() -> None:
+    """3 blocks an SM at 4 stages (64 KiB), 2 at 6, 1 at 12 (192 KiB): as many as fit."""
+    from ninfer.kernels.bf16_tc_gemv import launch
+
+    assert [launch.stream_k_blocks_per_sm(s) for s in (2, 3, 4, 6, 12)] == [3, 3, 3, 2, 1]
+    for stages in launch.SK_STAGES:
+        fit = launch.stream_k_blocks_per_sm(stages)
+        assert fit * (stages * 16 * 1024 + 1024) <= launch.SHARED_PER_SM
+
+
 def test_stream_k_is_opt_in(monkeypatch) -> None:
     from ninfer.kernels.bf16_tc_gemv import launch
 
@@ -188,5 +198,10 @@ def test_stream_k_is_opt_in(monkeypatch) -> None:
     assert not launch.stream_k_planned()
     monkeypatch.setenv("NINFER_KERNELS_ON", "tc_square,bf16_stream_k")
     assert launch.stream_k_planned()
+    assert launch.stream_k_stages() == launch.DEFAULT_STAGES
+    monkeypatch.setenv("NINFER_KERNELS_ON", "bf16_stream_k12")  # on, with a 12-stage ring
+    assert launch.stream_k_planned() and launch.stream_k_stages() == 12
+    monkeypatch.setenv("NINFER_KERNELS_ON", "bf16_stream_k6")
+    assert launch.stream_k_planned() and launch.stream_k_stages() == 6
     monkeypatch.setenv("NINFER_KERNELS_ON", "bf16_tc_gemv")  # every shape on the kernel, not SK
     assert not launch.stream_k_planned()

@@ -16,7 +16,13 @@ import torch
 
 from ninfer.kernels import runtime as rt
 from ninfer.kernels.bf16_mma_gemv.launch import tile_counters
-from ninfer.kernels.fp8_gemv.launch_tc import MAX_ROWS, SPLITS, choose_splits, tc_operands_ok
+from ninfer.kernels.fp8_gemv.launch_tc import (
+    MAX_ROWS,
+    SHARED_PER_SM,
+    SPLITS,
+    choose_splits,
+    tc_operands_ok,
+)
 from ninfer.kernels.switches import switched_off, switched_on
 
 OP = "bf16_tc_gemv"
@@ -43,6 +49,10 @@ SQUARE_MIN_ROWS = 4096
 # block) tiles through one ring; parts of a row block held by several blocks are added by the
 # last of them. Opt-in (`NINFER_KERNELS_ON=bf16_stream_k`) until an in-model A/B says more.
 BLOCKS_PER_SM = 3
+# Deeper rings the stream-K form also takes, at fewer blocks an SM (its grid is set per call):
+# 6 stages (96 KiB) at 2 an SM, 12 (192 KiB) at 1, as cuBLAS's nvjet GEMVs for these shapes run
+# one CTA an SM with a 12-16-stage pipeline (kernel_bench's stream-K columns time them)
+SK_STAGES = (*STAGES, 6, 12)
 PART_FLOATS = 8 * ROWS_PER_BLOCK  # one block's part of a row block: 8 x-row columns x 128 rows
 
 
@@ -98,8 +108,25 @@ def planned_stages() -> int:
 
 
 def stream_k_planned() -> bool:
-    """Whether dispatch runs the stream-K form: opt-in, `NINFER_KERNELS_ON=bf16_stream_k`."""
+    """Whether dispatch runs the stream-K form: opt-in, `NINFER_KERNELS_ON=bf16_stream_k` (or
+    `bf16_stream_k6` / `bf16_stream_k12`: with that ring depth, `stream_k_stages`)."""
     return switched_on("bf16_stream_k")
+
+
+def stream_k_stages() -> int:
+    """The stream-K form's planned ring depth: 12 or 6 when `bf16_stream_k12` / `bf16_stream_k6`
+    names it, else `planned_stages`."""
+    for stages in (12, 6):
+        if switched_on(f"bf16_stream_k{stages}"):
+            return stages
+    return planned_stages()
+
+
+def stream_k_blocks_per_sm(stages: int) -> int:
+    """Blocks of the stream-K form that reside on one SM with a `stages`-deep ring (each also
+    reserves 1 KiB), at most BLOCKS_PER_SM (the launch bounds' register budget)."""
+    per_block = stages * K_PER_BLOCK * 2 * ROWS_PER_BLOCK + 1024
+    return max(1, min(BLOCKS_PER_SM, SHARED_PER_SM // per_block))
 
 
 def stream_k_owner(tile: int, tiles: int, ctas: int) -> int:
@@ -130,12 +157,13 @@ def bf16_linear(
     ctas: int | None = None,
 ) -> torch.Tensor:
     """x @ weight.T (see `bf16_gemv.reference.bf16_linear`); `splits` (1, 2, 4 or 8) and `stages`
-    (2, 3 or 4) override the plan, `stream_k` the form (default: `stream_k_planned`), `ctas` the
-    stream-K grid (default BLOCKS_PER_SM an SM): tests and kernel_bench."""
-    if stages is None:
-        stages = planned_stages()
+    (STAGES; SK_STAGES for the stream-K form) override the plan, `stream_k` the form (default:
+    `stream_k_planned`), `ctas` the stream-K grid (default: as many an SM as the ring's shared
+    memory lets reside, at most BLOCKS_PER_SM): tests and kernel_bench."""
     if stream_k is None:
         stream_k = splits is None and stream_k_planned()
+    if stages is None:
+        stages = stream_k_stages() if stream_k else planned_stages()
     device = rt.check_cuda(x, weight)
     if not supports(x, weight):
         raise Bf16TcError(
@@ -143,8 +171,9 @@ def bf16_linear(
             f"contiguous bf16 weight with K % 8 == 0 and an sm_90+ GPU; got x {tuple(x.shape)} "
             f"{x.dtype}, weight {tuple(weight.shape)} {weight.dtype}"
         )
-    if stages not in STAGES:
-        raise Bf16TcError(f"ring stages must be one of {STAGES}, got {stages}")
+    allowed = SK_STAGES if stream_k else STAGES
+    if stages not in allowed:
+        raise Bf16TcError(f"ring stages must be one of {allowed}, got {stages}")
     n, k = weight.shape
     num_rows = x.shape[0]
     row_blocks = -(-n // ROWS_PER_BLOCK)
@@ -185,7 +214,7 @@ def _stream_k_linear(
     num_rows = x.shape[0]
     tiles = row_blocks * k_blocks
     if ctas is None:
-        ctas = BLOCKS_PER_SM * rt.num_sms(device)
+        ctas = stream_k_blocks_per_sm(stages) * rt.num_sms(device)
     if ctas < 1:
         raise Bf16TcError(f"a stream-K grid needs at least one block, got {ctas}")
     ctas = min(ctas, tiles)
