@@ -98,15 +98,17 @@ __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(tcg::kThreads, 3)
 // row blocks for 132 SMs, so 8 splits give 320 blocks, 2 or 3 an SM, and the SMs with 2 idle
 // while the others drain; every block also fills its ring from empty and reduces once).
 //
-// Here the grid is BLOCKS_PER_SM blocks an SM and the (row block, k block) tiles, row block major,
-// are cut into gridDim.x equal runs: block b takes tiles [b T / P, (b + 1) T / P), one cp.async
+// Here the grid is as many blocks an SM as the ring lets reside (3 at 4 stages, 2 at 6, 1 at 12:
+// launch.stream_k_blocks_per_sm) and the (row block, k block) tiles, row block major, are cut
+// into gridDim.x equal runs: block b takes tiles [b T / P, (b + 1) T / P), one cp.async
 // ring across them (it crosses row-block boundaries without draining), so every SM streams the
 // same bytes start to finish. Where a run ends a row block or the block's range, the block's
 // sums of that row block are its part: a row block held by one block is stored as it stands;
 // otherwise each part goes to `partial` [row block][part][8 cols][128 rows] (fp32) and the last
 // block to count in (`counters`, atomicInc wrapping back to 0) adds the parts in part order and
 // rounds once: deterministic, and the counters are zero again after the launch. Lane mapping,
-// ring slots and mma order per tile are bf16_tc_gemv's.
+// ring slots and mma order per tile are bf16_tc_gemv's. Opt-in: on an H100 every plan of it
+// loses to the cluster form (docs/perf.md runs S43B, S43D); the H200 question is still open.
 __device__ __forceinline__ void sk_issue(uint4* slot, int rb, int kb, int n, int k,
                                          const bf16* __restrict__ w, int tid, int warp, int g,
                                          int t) {
