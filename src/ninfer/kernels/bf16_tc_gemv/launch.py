@@ -122,11 +122,15 @@ def stream_k_stages() -> int:
     return planned_stages()
 
 
+def ring_bytes(stages: int) -> int:
+    """Dynamic shared memory of either form: a ring of `stages` k blocks of every row."""
+    return stages * K_PER_BLOCK * 2 * ROWS_PER_BLOCK
+
+
 def stream_k_blocks_per_sm(stages: int) -> int:
     """Blocks of the stream-K form that reside on one SM with a `stages`-deep ring (each also
     reserves 1 KiB), at most BLOCKS_PER_SM (the launch bounds' register budget)."""
-    per_block = stages * K_PER_BLOCK * 2 * ROWS_PER_BLOCK + 1024
-    return max(1, min(BLOCKS_PER_SM, SHARED_PER_SM // per_block))
+    return max(1, min(BLOCKS_PER_SM, SHARED_PER_SM // (ring_bytes(stages) + 1024)))
 
 
 def stream_k_owner(tile: int, tiles: int, ctas: int) -> int:
@@ -194,7 +198,7 @@ def bf16_linear(
 
 def _launch(instance: str, blocks: int, args: tuple, stages: int, device: torch.device) -> None:
     """Launch `instance` on `blocks` blocks with its `stages`-deep ring's shared memory."""
-    shared = stages * K_PER_BLOCK * 2 * ROWS_PER_BLOCK
+    shared = ring_bytes(stages)
     rt.allow_shared(OP, instance, rt.device_index(device), shared, HEADERS)
     kernel = rt.get_kernel(OP, instance, device, HEADERS)
     rt.launch(kernel, (blocks,), (THREADS,), args, device, shared_mem=shared)
