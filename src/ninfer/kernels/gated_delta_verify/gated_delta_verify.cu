@@ -4,9 +4,8 @@
 // were and the fold replays the kept columns into them once the round lands.
 //
 // gdn_verify_front: the decode front (gdn_decode_front.cu) for W columns per sequence in one
-// launch: a thread loads its channel's W inputs at once, walks its conv window over the columns
-//   in registers (the state is read, never written) and each column's q, k, v, g, beta land in
-//   row b * W + j.
+// launch: a thread walks its channel's conv window over the columns in registers (the state is
+//   read, never written) and each column's q, k, v, g, beta land in row b * W + j.
 // gated_delta_verify: the narrow decode step (gated_delta_decode.cu) for W columns: the block
 //   loads its 32 state columns once and applies the W steps in registers, one output row per
 //   column, and writes no state. Each step is the decode kernel's arithmetic, op for op, so its
@@ -17,7 +16,6 @@
 //   inputs of [its history, the kept columns].
 
 #define GDV_MAX_TAPS 8
-#define GDV_MAX_WIDTH 8  // columns per sequence (a verify of k <= 7 drafts)
 
 template <typename TX, typename TS, typename TW>
 __global__ void gdn_verify_front(
@@ -66,20 +64,11 @@ __global__ void gdn_verify_front(
     const TS* st = conv_state + (slots[seq] * num_channels + c) * static_cast<long long>(hist);
     for (int j = 0; j < hist; ++j) window[j] = st[j];
   }
-  // every column's input loaded before the first block reduction (the loads would otherwise
-  // wait behind the previous column's barriers: W load latencies in a row)
-  TX xs[GDV_MAX_WIDTH];
-#pragma unroll
-  for (int col = 0; col < GDV_MAX_WIDTH; ++col) {
-    if (active && col < width) xs[col] = qkv[(seq * width + col) * qkv_stride + c];
-  }
-#pragma unroll
-  for (int col = 0; col < GDV_MAX_WIDTH; ++col) {
-    if (col >= width) break;  // block-uniform
+  for (int col = 0; col < width; ++col) {
     const long long row = seq * width + col;
     float y = 0.0f;
     if (active) {
-      const TS x_new = from_float<TS>(to_float(xs[col]));
+      const TS x_new = from_float<TS>(to_float(qkv[row * qkv_stride + c]));
       y = to_float(window[0]) * to_float(wc[0]);
       for (int j = 1; j < hist; ++j) y += to_float(window[j]) * to_float(wc[j]);
       y += to_float(x_new) * to_float(wc[hist]);
@@ -102,11 +91,11 @@ __global__ void gdn_verify_front(
 }
 
 // One step of the narrow decode kernel on registers: sreg (this thread's rows of its column)
-// decays, takes the delta-rule update toward vj (the column's value, 0 where inactive) and, with
-// q, returns the block's output for the column in thread row 0. `partial` is reused: callers sync between steps (the last __syncthreads here).
-template <typename TQ, int ROWS, bool OUTPUT>
+// decays, takes the delta-rule update and, with q, returns the block's output for the column in
+// thread row 0. `partial` is reused: callers sync between steps (the last __syncthreads here).
+template <typename TQ, typename TV, int ROWS, bool OUTPUT>
 __device__ __forceinline__ float gdv_step(float (&sreg)[ROWS], float (&partial)[4][32],
-                                          const TQ* qh, const TQ* kh, float vj, bool active,
+                                          const TQ* qh, const TQ* kh, const TV* vcol, bool active,
                                           float decay, float bt) {
   const int tx = threadIdx.x;
   const int ty = threadIdx.y;
@@ -122,6 +111,7 @@ __device__ __forceinline__ float gdv_step(float (&sreg)[ROWS], float (&partial)[
   partial[ty][tx] = pred;
   __syncthreads();
   pred = partial[0][tx] + partial[1][tx] + partial[2][tx] + partial[3][tx];
+  const float vj = active ? to_float(*vcol) : 0.0f;
   const float delta = bt * (vj - pred);
   float o = 0.0f;
 #pragma unroll
@@ -151,18 +141,10 @@ __global__ void __launch_bounds__(128) gated_delta_verify(
   pdl_begin();
   constexpr int ROWS = DK / 4;
   __shared__ float partial[4][32];
-  // every column's inputs, loaded in one round before the steps (a step's loads would otherwise
-  // wait behind the previous step's barriers: W load latencies in a row)
-  __shared__ TQ qs[GDV_MAX_WIDTH][DK];
-  __shared__ TQ ks[GDV_MAX_WIDTH][DK];
-  __shared__ float vs[GDV_MAX_WIDTH][32];
-  __shared__ float gs[GDV_MAX_WIDTH];
-  __shared__ float bs[GDV_MAX_WIDTH];
   const int seq = blockIdx.z;
   const int h = blockIdx.y;
   const int tx = threadIdx.x;
   const int ty = threadIdx.y;
-  const int tid = ty * 32 + tx;
   const int col = blockIdx.x * 32 + tx;
   const bool active = col < dv;
   const int kh = h / (num_v_heads / num_k_heads);
@@ -173,28 +155,13 @@ __global__ void __launch_bounds__(128) gated_delta_verify(
     const int i = ty * ROWS + r;
     sreg[r] = active ? s[static_cast<long long>(i) * dv + col] : 0.0f;
   }
-  const long long row0 = static_cast<long long>(seq) * width;
-  for (int e = tid; e < width * DK; e += 128) {
-    const long long row = row0 + e / DK;
-    const int i = e % DK;
-    qs[e / DK][i] = q[row * q_stride + static_cast<long long>(kh) * DK + i];
-    ks[e / DK][i] = k[row * k_stride + static_cast<long long>(kh) * DK + i];
-  }
-  for (int e = tid; e < width * 32; e += 128) {
-    const int c = blockIdx.x * 32 + e % 32;
-    const long long row = row0 + e / 32;
-    vs[e / 32][e % 32] = c < dv ? to_float(v[row * v_stride + static_cast<long long>(h) * dv + c])
-                                : 0.0f;
-  }
-  if (tid < width) {
-    gs[tid] = g[(row0 + tid) * num_v_heads + h];
-    bs[tid] = beta[(row0 + tid) * num_v_heads + h];
-  }
-  __syncthreads();
   for (int j = 0; j < width; ++j) {
-    const long long row = row0 + j;
-    const float total = gdv_step<TQ, ROWS, true>(sreg, partial, qs[j], ks[j], vs[j][tx], active,
-                                                 __expf(gs[j]), bs[j]);
+    const long long row = static_cast<long long>(seq) * width + j;
+    const float total = gdv_step<TQ, TV, ROWS, true>(
+        sreg, partial, q + row * q_stride + static_cast<long long>(kh) * DK,
+        k + row * k_stride + static_cast<long long>(kh) * DK,
+        v + row * v_stride + static_cast<long long>(h) * dv + (active ? col : 0), active,
+        __expf(g[row * num_v_heads + h]), beta[row * num_v_heads + h]);
     if (ty == 0 && active) out[(row * num_v_heads + h) * dv + col] = scale * total;
   }
 }
@@ -235,10 +202,10 @@ __global__ void __launch_bounds__(128) gated_delta_fold(
   }
   for (long long c = 0; c < n && c < width; ++c) {
     const long long row = rows[i] * width + c;
-    const TV* vcol = rv + (row * num_v_heads + h) * static_cast<long long>(dv) + (active ? col : 0);
-    gdv_step<float, ROWS, false>(sreg, partial, nullptr, rk + (row * num_k_heads + kh) * DK,
-                                 active ? to_float(*vcol) : 0.0f, active,
-                                 __expf(rg[row * num_v_heads + h]), rb[row * num_v_heads + h]);
+    gdv_step<float, TV, ROWS, false>(
+        sreg, partial, nullptr, rk + (row * num_k_heads + kh) * DK,
+        rv + (row * num_v_heads + h) * static_cast<long long>(dv) + (active ? col : 0), active,
+        __expf(rg[row * num_v_heads + h]), rb[row * num_v_heads + h]);
   }
   if (active) {
 #pragma unroll

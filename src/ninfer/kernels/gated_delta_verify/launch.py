@@ -22,7 +22,6 @@ from ninfer.kernels.gdn_decode_front.reference import DecodeFront
 
 OP = "gated_delta_verify"
 MAX_TAPS = 8  # GDV_MAX_TAPS in the .cu
-MAX_WIDTH = 8  # GDV_MAX_WIDTH: columns per sequence the verify kernels stage at once
 
 
 def gdn_verify_front(
@@ -41,10 +40,8 @@ def gdn_verify_front(
 ) -> DecodeFront:
     """See `reference.gdn_verify_front` (checks and arguments shared with the decode front)."""
     num_rows, num_seqs = qkv.shape[0], state_slots.shape[0]
-    if width < 1 or width > MAX_WIDTH or num_rows != num_seqs * width:
-        raise rt.KernelInputError(
-            f"{num_rows} rows are not {num_seqs} sequences x {width} (1..{MAX_WIDTH} columns)"
-        )
+    if width < 1 or num_rows != num_seqs * width:
+        raise rt.KernelInputError(f"{num_rows} rows are not {num_seqs} sequences x {width}")
     kw = {"num_k_heads": num_k_heads, "head_k_dim": head_k_dim}
     ops = front.front_operands(
         qkv, a, b, conv_weight, a_log, dt_bias, conv_state, state_slots, max_taps=MAX_TAPS, **kw
@@ -74,10 +71,8 @@ def gated_delta_verify(
     """See `reference.gated_delta_verify`."""
     device = rt.check_cuda(q, k, v, g, beta, ssm_state, state_slots)
     num_rows, num_seqs = q.shape[0], state_slots.shape[0]
-    if width < 1 or width > MAX_WIDTH or num_rows != num_seqs * width:
-        raise rt.KernelInputError(
-            f"{num_rows} rows are not {num_seqs} sequences x {width} (1..{MAX_WIDTH} columns)"
-        )
+    if width < 1 or num_rows != num_seqs * width:
+        raise rt.KernelInputError(f"{num_rows} rows are not {num_seqs} sequences x {width}")
     operands = delta_operands(q, k, v, g, beta, ssm_state)
     q, v = operands[0], operands[2]
     _, num_v_heads, key_dim, value_dim = ssm_state.shape
