@@ -463,22 +463,13 @@ def paged_decode_attention(
     *,
     scale: float,
     gate: torch.Tensor | None = None,
-    queries_per_row: int = 1,
 ) -> torch.Tensor:
     """One query per sequence over its paged KV; see kernels/paged_decode_attention/reference.py.
-    With `queries_per_row` W > 1, q rows b W .. b W + W - 1 (a verify's tokens of one sequence,
-    each with its own length) read page-table row b. On CUDA the tensor-core partial serves bf16
-    models over bf16 / int8 / fp8 pages and takes a row's W queries in one block;
-    `paged_decode_mma` in NINFER_KERNELS_OFF keeps the CUDA-core one, `paged_query_rows` there
-    repeats the table rows instead (one block per query, as before), `paged_mma_tiles2` in
+    On CUDA the tensor-core partial serves bf16 models over bf16 / int8 / fp8 pages;
+    `paged_decode_mma` in NINFER_KERNELS_OFF keeps the CUDA-core one, `paged_mma_tiles2` in
     NINFER_KERNELS_ON runs its two-tiles-per-iteration form (bit-equal; for an A/B; the launcher
     reads the switches of its V prefetch and combine itself). A `gate` [T, Hq, D] is applied in
     the combine (`gate_in_combine` says where), elsewhere by `sigmoid_gate`: [T, Hq * D] then."""
-    if queries_per_row > 1 and (
-        switched_off("paged_query_rows") or not paged_decode_supported(q, k_pages, v_pages)
-    ):
-        page_table = page_table.repeat_interleave(queries_per_row, dim=0)
-        queries_per_row = 1
     if paged_decode_supported(q, k_pages, v_pages):
         in_combine = gate is not None and gate_in_combine(q, gate)
         out = _paged_cuda.paged_decode_attention(
@@ -486,7 +477,6 @@ def paged_decode_attention(
             tensor_cores=not switched_off("paged_decode_mma"),
             mma_tiles=2 if switches.switched_on("paged_mma_tiles2") else _paged_cuda.MMA_TILES,
             gate=gate if in_combine else None,
-            queries_per_row=queries_per_row,
         )  # fmt: skip
         if in_combine:
             return out.view(out.shape[0], -1)

@@ -188,11 +188,11 @@ def test_v_prefetch_stops_from_32_pairs(monkeypatch: pytest.MonkeyPatch) -> None
 @pytest.mark.parametrize(
     ("rows", "width", "kw", "partial", "combine"),
     [
-        (64, 64, {}, "paged_decode_mma<256, 8, 0, 1, false, 1>", "warp"),  # (256, 16): 16 splits
-        (64, 64, {"prefetch_v": True}, "paged_decode_mma<256, 8, 0, 1, true, 1>", "warp"),
-        (64, 64, {"warp_combine": False}, "paged_decode_mma<256, 8, 0, 1, false, 1>", "block"),
-        (1, 512, {}, "paged_decode_mma<256, 8, 0, 1, true, 1>", "block"),  # 32k: (512, 64)
-        (8, 64, {"mma_tiles": 2}, "paged_decode_mma<256, 8, 0, 2, true, 1>", "warp"),
+        (64, 64, {}, "paged_decode_mma<256, 8, 0, 1, false>", "warp"),  # (256, 16): 16 splits
+        (64, 64, {"prefetch_v": True}, "paged_decode_mma<256, 8, 0, 1, true>", "warp"),
+        (64, 64, {"warp_combine": False}, "paged_decode_mma<256, 8, 0, 1, false>", "block"),
+        (1, 512, {}, "paged_decode_mma<256, 8, 0, 1, true>", "block"),  # 32k: (512, 64)
+        (8, 64, {"mma_tiles": 2}, "paged_decode_mma<256, 8, 0, 2, true>", "warp"),
     ],
     ids=["35b-b64", "prefetch", "block-combine", "35b-b1-32k", "35b-b8-tiles2"],
 )
@@ -226,76 +226,6 @@ def test_paged_attention_launches_on_mocked_kernels(
         assert (k2, grid2) == ("paged_decode_combine<bf16>", (hq, rows, d // 32))
         assert len(args2) == parameter_count("paged_decode_attention", "paged_decode_combine")
     assert block2 == (256,)
-
-
-@pytest.mark.parametrize(
-    ("width", "hq", "partial", "blocks"),
-    [
-        (4, 24, "paged_decode_mma<256, 6, 0, 1, true, 4>", 3),  # 27B verify, k = 3: 24 rows
-        (5, 24, "paged_decode_mma<256, 6, 0, 1, true, 5>", 3),  # k = 4: 30 rows
-        (6, 24, "paged_decode_mma<256, 6, 0, 1, false, 1>", 18),  # k = 5: 36 rows: per query
-        (4, 16, "paged_decode_mma<256, 8, 0, 1, true, 4>", 3),  # 35B-A3B heads: 32 rows
-    ],
-    ids=["27b-w4", "27b-w5", "27b-w6-repeats", "35b-w4"],
-)
-def test_query_rows_launch_one_block_per_table_row(
-    monkeypatch: pytest.MonkeyPatch, width: int, hq: int, partial: str, blocks: int
-) -> None:
-    """W queries per table row (3 sequences, 1k tables): up to MMA_MAX_QUERY_ROWS rows one
-    block per (sequence, KV head, split), the plan of 3 sequences with W x G rows' scores in
-    shared memory; beyond, each query gets its own repeated table row. The combine runs per
-    query either way."""
-    from ninfer.kernels import runtime as rt
-
-    calls: list[tuple] = []
-    monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
-    monkeypatch.setattr(rt, "check_cuda", lambda *t: torch.device("cpu"))
-    monkeypatch.setattr(rt, "get_kernel", lambda op, instance, device, headers=(): instance)
-    monkeypatch.setattr(rt, "launch", lambda *a, **kw: calls.append((*a, kw)))
-    page, hk, d, cols = 64, hq // 6 if hq == 24 else 2, 256, 16
-    group = hq // hk
-    q = torch.zeros(3 * width, hq, d, dtype=torch.bfloat16)
-    pages = torch.zeros(3 * cols, page, hk, d, dtype=torch.bfloat16)
-    table = torch.arange(3 * cols, dtype=torch.int32).view(3, cols)
-    lens = torch.arange(3 * width) + 500
-    out = paged_launch.paged_decode_attention(
-        q, pages, pages, table, lens, scale=0.0625, queries_per_row=width
-    )
-    assert out.shape == q.shape
-    (k1, grid1, _, args1), kw1, grid2 = calls[0][:4], calls[0][-1], calls[1][1]
-    rows = group * width if blocks == 3 else group
-    plan = paged_launch.mma_plan(blocks, hk, rows, cols * page)
-    assert (k1, grid1) == (partial, (plan.num_splits, hk, blocks))
-    assert kw1["shared_mem"] == 4 * rows * plan.tokens_per_split
-    assert len(args1) == parameter_count("paged_decode_attention", "paged_decode_mma")
-    assert grid2 == (-(-3 * width * hq // 8), 1, 1)  # the warp combine, one warp per query head
-    with pytest.raises(rt.KernelInputError, match="not rows of 4"):
-        paged_launch.paged_decode_attention(
-            q[:5], pages, pages, table, lens, scale=0.0625, queries_per_row=4
-        )
-
-
-def test_query_rows_on_the_cpu_are_the_twin_over_repeated_table_rows() -> None:
-    """dispatch without the CUDA kernel: each query reads its sequence's table row."""
-    from ninfer.kernels import dispatch
-    from ninfer.kernels.paged_decode_attention import reference as paged_ref
-
-    gen = torch.Generator().manual_seed(3)
-    page, hq, hk, d, width = 16, 4, 2, 32, 3
-    k_pages = torch.randn(12, page, hk, d, generator=gen)
-    v_pages = torch.randn(12, page, hk, d, generator=gen)
-    table = torch.randperm(12, generator=gen).view(2, 6)
-    lens = torch.tensor([40, 41, 42, 7, 8, 9])
-    q = torch.randn(2 * width, hq, d, generator=gen)
-    got = dispatch.paged_decode_attention(
-        q, k_pages, v_pages, table, lens, scale=0.2, queries_per_row=width
-    )
-    for i in range(2 * width):
-        one = paged_ref.paged_decode_attention(
-            q[i : i + 1], k_pages, v_pages, table[i // width : i // width + 1], lens[i : i + 1],
-            scale=0.2,
-        )  # fmt: skip
-        torch.testing.assert_close(got[i : i + 1], one, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("warp_combine", [True, False], ids=["warp", "block"])

@@ -127,9 +127,6 @@ def _operand(pages: KvPages) -> tuple[int, tuple]:
 # plain, int8 and fp8 codes: exact as mma operands (bf16 / f16)
 MMA_FORMATS = tuple(FORMAT_CODES[f] for f in (kvf.PLAIN, kvf.INT8, kvf.FP8))
 MMA_MAX_GROUP = 8  # the heads are the mma's M rows (16, of which G live)
-# W queries of one table row (a speculative verify's W tokens of a sequence) share the mma
-# partial's blocks: their W x G rows fill up to two m-tiles (27B: W <= 5, 35B-A3B: W <= 4)
-MMA_MAX_QUERY_ROWS = 32
 
 
 def uses_tensor_cores(q: torch.Tensor, group: int, k_code: int, v_code: int) -> bool:
@@ -143,19 +140,6 @@ def uses_tensor_cores(q: torch.Tensor, group: int, k_code: int, v_code: int) -> 
         and k_code == v_code
         and k_code in MMA_FORMATS
         and head_dim % (64 if k_code == FORMAT_CODES[kvf.PLAIN] else 128) == 0
-    )
-
-
-def groups_queries(
-    q: torch.Tensor, group: int, queries_per_row: int, k_code: int, v_code: int
-) -> bool:
-    """Whether the W = `queries_per_row` queries of a table row run as one mma block's rows
-    (`paged_decode_mma` with W > 1): the tensor-core partial serves the operands and W x G
-    rows fit MMA_MAX_QUERY_ROWS. Otherwise the launcher repeats each table row W times."""
-    return (
-        queries_per_row > 1
-        and uses_tensor_cores(q, group, k_code, v_code)
-        and queries_per_row * group <= MMA_MAX_QUERY_ROWS
     )
 
 
@@ -243,12 +227,8 @@ def paged_decode_attention(
     prefetch_v: bool | None = None,
     warp_combine: bool = True,
     gate: torch.Tensor | None = None,
-    queries_per_row: int = 1,
 ) -> torch.Tensor:
-    """See `reference.paged_decode_attention`. With `queries_per_row` W > 1, q's rows
-    b W .. b W + W - 1 all read table row b (the table has len(q) / W rows; kv_lens one length
-    per q row): one mma block takes the W queries' rows (`groups_queries`), else the table rows
-    are repeated. `tokens_per_split` (a power of two >= 32 within
+    """See `reference.paged_decode_attention`. `tokens_per_split` (a power of two >= 32 within
     the block's score memory) overrides `plan_splits` for benchmark sweeps; `tensor_cores`
     False keeps the CUDA-core partial kernel where the mma one would serve; `mma_tiles` (1 or 2)
     sets the mma kernel's tiles per warp iteration, `prefetch_v` whether it prefetches V into
@@ -276,38 +256,26 @@ def paged_decode_attention(
         q = q.clone()  # the kernel loads q rows as 16-byte vectors
     # the graphs pass the table as a column slice of a wider buffer: read it with its row stride
     table = page_table if page_table.dtype == torch.int64 else page_table.to(torch.int64)
-    width = queries_per_row
-    if width < 1 or num_seqs % width:
-        raise rt.KernelInputError(f"{num_seqs} queries are not rows of {width} per table row")
-    if table.dim() != 2 or table.shape[0] * width != num_seqs:
-        raise rt.KernelInputError(
-            f"page table {tuple(table.shape)} is not [{num_seqs // width}, width]"
-        )
-    if kv_lens.dim() != 1 or kv_lens.shape[0] < num_seqs:
-        raise rt.KernelInputError(f"kv_lens {tuple(kv_lens.shape)} has no length per query")
+    if table.dim() != 2 or table.shape[0] != num_seqs:
+        raise rt.KernelInputError(f"page table {tuple(table.shape)} is not [{num_seqs}, width]")
     if table.stride(1) != 1:
         table = table.contiguous()
-    grouped = tensor_cores and groups_queries(q, group, width, k_code, v_code)
-    if width > 1 and not grouped:
-        table, width = table.repeat_interleave(width, dim=0), 1
     lens = kv_lens.to(torch.int64).contiguous()
     out = torch.empty_like(q)
     if num_seqs == 0:
         return out
     table_width = table.shape[1]
-    num_tables = table.shape[0]  # the blocks' sequences: W queries each
-    rows_per_block = group * width  # query rows a partial block scores
     mma = tensor_cores and uses_tensor_cores(q, group, k_code, v_code)
     capacity = table_width * page_size
     if mma:
-        plan = mma_plan(num_tables, num_kv_heads, rows_per_block, capacity)
+        plan = mma_plan(num_seqs, num_kv_heads, group, capacity)
     else:
         plan = plan_splits(num_seqs, num_kv_heads, group, capacity)
     if tokens_per_split is not None:
         if (
             tokens_per_split < MIN_SPLIT_TOKENS
             or tokens_per_split & (tokens_per_split - 1)
-            or tokens_per_split * rows_per_block > SCORE_FLOATS
+            or tokens_per_split * group > SCORE_FLOATS
         ):
             raise rt.KernelInputError(f"tokens_per_split {tokens_per_split} is not a usable split")
         plan = SplitPlan(tokens_per_split, -(-capacity // tokens_per_split))
@@ -322,10 +290,10 @@ def paged_decode_attention(
         if mma_tiles not in (1, 2):
             raise rt.KernelInputError(f"mma_tiles must be 1 or 2, got {mma_tiles}")
         if prefetch_v is None:
-            prefetch_v = prefetches_v(num_tables, num_kv_heads)
+            prefetch_v = prefetches_v(num_seqs, num_kv_heads)
         pfv = "true" if prefetch_v else "false"
-        instance = f"paged_decode_mma<{head_dim}, {group}, {k_code}, {mma_tiles}, {pfv}, {width}>"
-        smem = 4 * rows_per_block * plan.tokens_per_split
+        instance = f"paged_decode_mma<{head_dim}, {group}, {k_code}, {mma_tiles}, {pfv}>"
+        smem = 4 * group * plan.tokens_per_split
     else:
         instance = f"paged_decode_partial<{dtype}, {head_dim}, {group}, {k_code}, {v_code}>"
         smem = partial_smem_bytes(group, head_dim, plan.tokens_per_split)
@@ -346,7 +314,7 @@ def paged_decode_attention(
         rt.i32(plan.tokens_per_split),
         rt.f32(scale),
     )
-    grid = (plan.num_splits, num_kv_heads, num_tables)
+    grid = (plan.num_splits, num_kv_heads, num_seqs)
     rt.launch(partial, grid, (32 * WARPS,), args, device, shared_mem=smem)
     common = (
         rt.i32(plan.num_splits),

@@ -50,35 +50,30 @@ __device__ __forceinline__ float pda_block_max(float v) {
   return pda_warp_max(lane < num_warps ? partial[lane] : __int_as_float(0xff800000));
 }
 
-// Phase 2 of the partial kernels, one warp's row: softmax over a block's scores sg[0 .. n_end)
-// (shared memory), no running rescale (every score is known before any V is read). p = exp(s - m)
-// for t < n_valid and 0 from there up to n_end (what phase 3 reads); (m, l) go to ml[0], ml[1].
-// A row with no live token (n_valid <= 0) gets p = 0 throughout.
-__device__ __forceinline__ void pda_softmax_row(float* sg, int n_valid, int n_end,
-                                                float* __restrict__ ml, int lane) {
-  float m = __int_as_float(0xff800000);
-  for (int t = lane; t < n_valid; t += 32) m = fmaxf(m, sg[t]);
-  m = pda_warp_max(m);
-  float l = 0.0f;
-  for (int t = lane; t < n_end; t += 32) {
-    const float p = t < n_valid ? __expf(sg[t] - m) : 0.0f;
-    sg[t] = p;
-    l += p;
-  }
-  l = warp_sum(l);
-  if (lane == 0) {
-    ml[0] = m;
-    ml[1] = l;
-  }
-}
-
-// The softmax of scores [G][S], one warp per head; (m, l) of head g at ml[g * ml_stride].
+// Phase 2 of both partial kernels: softmax over a block's scores [G][S] (shared memory), one warp
+// per head, no running rescale (every score is known before any V is read). p = exp(s - m) for
+// t < n_valid and 0 from there up to n_end (what phase 3 reads); (m, l) of head g goes to
+// ml[g * ml_stride], ml[g * ml_stride + 1].
 template <int G>
 __device__ __forceinline__ void pda_softmax(float* sc, int S, int n_valid, int n_end,
                                             float* __restrict__ ml, long long ml_stride, int warp,
                                             int lane) {
   for (int g = warp; g < G; g += PDA_WARPS) {
-    pda_softmax_row(sc + g * S, n_valid, n_end, ml + g * ml_stride, lane);
+    float* sg = sc + g * S;
+    float m = __int_as_float(0xff800000);
+    for (int t = lane; t < n_valid; t += 32) m = fmaxf(m, sg[t]);
+    m = pda_warp_max(m);
+    float l = 0.0f;
+    for (int t = lane; t < n_end; t += 32) {
+      const float p = t < n_valid ? __expf(sg[t] - m) : 0.0f;
+      sg[t] = p;
+      l += p;
+    }
+    l = warp_sum(l);
+    if (lane == 0) {
+      ml[g * ml_stride] = m;
+      ml[g * ml_stride + 1] = l;
+    }
   }
 }
 
@@ -375,16 +370,6 @@ __global__ void __launch_bounds__(256) paged_decode_combine_warp(
 // Quantized codes are exact in f16 (e4m3 by the PTX cvt, int8 by an integer cvt), so the mma
 // runs on f16 codes with q rounded to f16; the per-(token, head) scales go onto the score (K)
 // and onto p (V) in fp32, not onto each value.
-//
-// W > 1 (queries per table row; a speculative verify's W tokens of one sequence): q rows
-// b W .. b W + W - 1 share table row b and carry their own lengths (kv_lens per q row, the
-// causal bound of each). A block takes the R = W G rows (query j, head g at row j G + g) of its
-// (sequence, KV head, split) in MT = ceil(R / 16) m-tiles, rows 8..15 of a tile live too, so
-// each K and V row is read once for the W queries instead of once per query, and the grid is
-// the decode grid of the B sequences. A row's scores past its own length are -inf (p = 0), and
-// its split past its length is never read by the combine (which counts live splits per q row).
-// Each output element is the same mma lane arithmetic over the same k order as with W = 1 and
-// its own table row, so at one split size the results are those of W single-query launches.
 
 // N consecutive codes (1 byte each) of an 8-bit row -> N / 2 f16x2 words, exact
 template <int FMT, int N>
@@ -439,65 +424,23 @@ __device__ __forceinline__ void pdm_load_words(const unsigned char* p, unsigned 
 // PFV: phase 1 prefetches each tile's V rows into L2 (a block's V is read in phase 3, after its
 // softmax). With many blocks in flight their prefetched V can outgrow the L2 before it is used
 // (64 rows x 2k tokens: ~500 blocks x 128 KiB of V); PFV = false leaves V to phase 3's loads.
-
-// The A-fragment words of q row `row` for phase 1: lane chunk c holds dims (c * 4 + tq) * 8 ..
-// + 8 (word 2 kk, 2 kk + 1 = k-step kk's pair); zeros where the row carries no query.
-template <int CH, bool F16>
-__device__ __forceinline__ void pdm_load_q(const bf16* __restrict__ q, long long row, bool live,
-                                           int tq, int D, unsigned (&qa)[CH * 4]) {
-#pragma unroll
-  for (int c = 0; c < CH; ++c) {
-    if (!live) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) qa[4 * c + i] = 0u;
-      continue;
-    }
-    const uint4 u = *reinterpret_cast<const uint4*>(q + row * D + (c * 4 + tq) * 8);
-    const unsigned w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      if constexpr (F16) {  // bf16 q -> f16, clamped to its finite range
-        const float lo = fminf(fmaxf(__uint_as_float(w[i] << 16), -65504.0f), 65504.0f);
-        const float hi = fminf(fmaxf(__uint_as_float(w[i] & 0xffff0000u), -65504.0f), 65504.0f);
-        qa[4 * c + i] = pack_pair<true>(lo, hi);
-      } else {
-        qa[4 * c + i] = w[i];
-      }
-    }
-  }
-}
-
-// Element j of a (at most 8-entry) register array, by compares: no local-memory indexing.
-template <int W>
-__device__ __forceinline__ int pdm_pick(const int (&a)[W], int j) {
-  int v = a[0];
-#pragma unroll
-  for (int i = 1; i < W; ++i) v = j == i ? a[i] : v;
-  return v;
-}
-
-template <int D, int G, int FMT, int TILES, bool PFV, int W>
-__global__ void __launch_bounds__(PDA_WARPS * 32, (TILES == 1 && G * W <= 8) ? 4 : 2)
-    paged_decode_mma(float* __restrict__ ws_acc, float* __restrict__ ws_ml,
-                     const bf16* __restrict__ q, const void* __restrict__ k_values,
-                     const float* __restrict__ k_scale, const unsigned char* __restrict__ k_blocks,
-                     const void* __restrict__ v_values, const float* __restrict__ v_scale,
-                     const unsigned char* __restrict__ v_blocks,
-                     const long long* __restrict__ page_table, long long table_stride,
-                     const long long* __restrict__ kv_lens, int num_kv_heads, int page_size,
-                     int table_width, int num_splits, int tokens_per_split, float scale) {
+template <int D, int G, int FMT, int TILES, bool PFV>
+__global__ void __launch_bounds__(PDA_WARPS * 32, TILES == 1 ? 4 : 2) paged_decode_mma(
+    float* __restrict__ ws_acc, float* __restrict__ ws_ml, const bf16* __restrict__ q,
+    const void* __restrict__ k_values, const float* __restrict__ k_scale,
+    const unsigned char* __restrict__ k_blocks, const void* __restrict__ v_values,
+    const float* __restrict__ v_scale, const unsigned char* __restrict__ v_blocks,
+    const long long* __restrict__ page_table, long long table_stride,
+    const long long* __restrict__ kv_lens, int num_kv_heads, int page_size, int table_width,
+    int num_splits, int tokens_per_split, float scale) {
   pdl_begin();
-  constexpr int R = G * W;           // query rows of a block
-  constexpr int MT = (R + 15) / 16;  // m-tiles
-  constexpr bool HI = R > 8;         // rows 8..15 of a tile carry queries
-  static_assert(D % 64 == 0 && G >= 1 && W >= 1 && R <= 32,
-                "D a multiple of 64, at most 32 query rows (W queries x G heads) per KV head");
+  static_assert(D % 64 == 0 && G >= 1 && G <= 8, "D a multiple of 64, at most 8 heads per KV head");
   constexpr bool F16 = FMT != KV_PLAIN;
   constexpr int EB = F16 ? 1 : 2;  // stored bytes per element
   constexpr int CH = D / 32;       // phase 1: a lane's chunks of 8 dims (2 k-steps each)
   constexpr int NT = D / 32;       // phase 3: n-tiles per warp = a lane's dims per token
   extern __shared__ float4 pda_smem4[];
-  float* sc = reinterpret_cast<float*>(pda_smem4);  // [R][S] scores, then p
+  float* sc = reinterpret_cast<float*>(pda_smem4);  // [G][S] scores, then p
 
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
@@ -505,41 +448,44 @@ __global__ void __launch_bounds__(PDA_WARPS * 32, (TILES == 1 && G * W <= 8) ? 4
   const int tq = lane & 3;
   const int split = blockIdx.x;
   const int kh = blockIdx.y;
-  const long long b = blockIdx.z;  // table row; its queries are q rows b W .. b W + W - 1
+  const long long b = blockIdx.z;
   const int S = tokens_per_split;
   const long long capacity = static_cast<long long>(table_width) * page_size;
+  const int len = static_cast<int>(max(0LL, min(kv_lens[b], capacity)));
   const int start = split * S;
-  int nv[W];  // live tokens of each query in this split (<= 0: none)
-  int len_max = 0;
-#pragma unroll
-  for (int j = 0; j < W; ++j) {
-    const int len = static_cast<int>(max(0LL, min(kv_lens[b * W + j], capacity)));
-    len_max = max(len_max, len);
-    nv[j] = min(S, len - start);
-  }
-  if (start >= len_max) return;
-  const int n_valid = min(S, len_max - start);  // the block's tokens: its longest query's
+  if (start >= len) return;
+  const int n_valid = min(S, len - start);
   const int last = start + n_valid - 1;
   const long long* pages = page_table + b * table_stride;
   const int num_q_heads = num_kv_heads * G;
-  // q / output row (sequence row, head) of block row r
-  auto qrow = [&](int r) -> long long {
-    return (b * W + r / G) * num_q_heads + static_cast<long long>(kh) * G + r % G;
-  };
+  const long long head0 = b * num_q_heads + static_cast<long long>(kh) * G;
   const unsigned char* kv_k = static_cast<const unsigned char*>(k_values);
   const unsigned char* kv_v = static_cast<const unsigned char*>(v_values);
 
-  // 1. scores, one m-tile of rows at a time (a second tile re-reads its K rows from L1)
+  // 1. scores
+  {
+    unsigned qa[CH * 4];  // words 2 kk, 2 kk + 1 = the A fragment's a0, a2 of k-step kk
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-    const int r_lo = mt * 16 + gq;
-    const int r_hi = r_lo + 8;
-    unsigned qa[CH * 4];                // rows r_lo: a0, a2 of each k-step
-    unsigned qb[HI ? CH * 4 : 1];       // rows r_hi: a1, a3
-    pdm_load_q<CH, F16>(q, qrow(min(r_lo, R - 1)), r_lo < R, tq, D, qa);
-    if constexpr (HI) pdm_load_q<CH, F16>(q, qrow(min(r_hi, R - 1)), r_hi < R, tq, D, qb);
-    const int nv_lo = pdm_pick<W>(nv, min(r_lo, R - 1) / G);
-    const int nv_hi = pdm_pick<W>(nv, min(r_hi, R - 1) / G);
+    for (int c = 0; c < CH; ++c) {
+      const int d0 = (c * 4 + tq) * 8;
+      if (gq < G) {
+        const uint4 u = *reinterpret_cast<const uint4*>(q + (head0 + gq) * D + d0);
+        const unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          if constexpr (F16) {  // bf16 q -> f16, clamped to its finite range
+            const float lo = fminf(fmaxf(__uint_as_float(w[i] << 16), -65504.0f), 65504.0f);
+            const float hi = fminf(fmaxf(__uint_as_float(w[i] & 0xffff0000u), -65504.0f), 65504.0f);
+            qa[4 * c + i] = pack_pair<true>(lo, hi);
+          } else {
+            qa[4 * c + i] = w[i];
+          }
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) qa[4 * c + i] = 0u;
+      }
+    }
     for (int t00 = warp * 8 * TILES; t00 < n_valid; t00 += PDA_WARPS * 8 * TILES) {
       long long rows[TILES];
       unsigned kw[TILES][CH * 4];
@@ -553,7 +499,7 @@ __global__ void __launch_bounds__(PDA_WARPS * 32, (TILES == 1 && G * W <= 8) ? 4
 #pragma unroll
           for (int i = 0; i < 4; ++i) kw[u][4 * c + i] = w4[i];
         }
-        if (PFV && mt == 0 && tq < (D * EB) / 128) prefetch_l2(kv_v + rows[u] * D * EB + tq * 128);
+        if (PFV && tq < (D * EB) / 128) prefetch_l2(kv_v + rows[u] * D * EB + tq * 128);
       }
 #pragma unroll
       for (int u = 0; u < TILES; ++u) {
@@ -562,49 +508,38 @@ __global__ void __launch_bounds__(PDA_WARPS * 32, (TILES == 1 && G * W <= 8) ? 4
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int kk = 0; kk < 2 * CH; ++kk) {
-          unsigned a1 = 0u, a3 = 0u;  // rows 8..15 of the tile: padding unless HI
-          if constexpr (HI) a1 = qb[2 * kk], a3 = qb[2 * kk + 1];
-          mma_16816<F16>(acc, qa[2 * kk], a1, qa[2 * kk + 1], a3, kw[u][2 * kk], kw[u][2 * kk + 1]);
+          // rows G..15 of A are padding: a1 = a3 = 0
+          mma_16816<F16>(acc, qa[2 * kk], 0u, qa[2 * kk + 1], 0u, kw[u][2 * kk],
+                         kw[u][2 * kk + 1]);
         }
-        // c0 / c2: token t0 + 2tq of rows r_lo / r_hi; c1 / c3: token t0 + 2tq + 1
-        float s[4] = {acc[0] * scale, acc[1] * scale, acc[2] * scale, acc[3] * scale};
+        float s0 = acc[0] * scale, s1 = acc[1] * scale;  // tokens t0 + 2tq, t0 + 2tq + 1
         if constexpr (F16) {
-          const float ks = k_scale[rows[u]];  // lane's token gq
-          const float k0 = __shfl_sync(0xffffffffu, ks, 8 * tq);
-          const float k1 = __shfl_sync(0xffffffffu, ks, 8 * tq + 4);
-          s[0] *= k0, s[1] *= k1, s[2] *= k0, s[3] *= k1;
+          const float ks = k_scale[rows[u]];  // lane's token gq; c0 / c1: tokens 2tq, 2tq + 1
+          s0 *= __shfl_sync(0xffffffffu, ks, 8 * tq);
+          s1 *= __shfl_sync(0xffffffffu, ks, 8 * tq + 4);
         }
-        const int ta = t0 + 2 * tq;
-        if (r_lo < R) {
-          sc[r_lo * S + ta] = ta < nv_lo ? s[0] : __int_as_float(0xff800000);
-          sc[r_lo * S + ta + 1] = ta + 1 < nv_lo ? s[1] : __int_as_float(0xff800000);
-        }
-        if (HI && r_hi < R) {
-          sc[r_hi * S + ta] = ta < nv_hi ? s[2] : __int_as_float(0xff800000);
-          sc[r_hi * S + ta + 1] = ta + 1 < nv_hi ? s[3] : __int_as_float(0xff800000);
+        if (gq < G) {
+          const int ta = t0 + 2 * tq;
+          sc[gq * S + ta] = ta < n_valid ? s0 : __int_as_float(0xff800000);
+          sc[gq * S + ta + 1] = ta + 1 < n_valid ? s1 : __int_as_float(0xff800000);
         }
       }
     }
   }
   __syncthreads();
 
-  // 2. softmax, one warp per row; p = 0 from each row's last live token to the block's next
-  // multiple of 16
+  // 2. softmax, one warp per head; p = 0 from the last live token to the next multiple of 16
   const int n16 = min(S, (n_valid + 15) / 16 * 16);
-  for (int r = warp; r < R; r += PDA_WARPS) {
-    pda_softmax_row(sc + r * S, pdm_pick<W>(nv, r / G), n16,
-                    ws_ml + (qrow(r) * num_splits + split) * 2, lane);
-  }
+  pda_softmax<G>(sc, S, n_valid, n16, ws_ml + ((head0 * num_splits) + split) * 2,
+                 2 * num_splits, warp, lane);
   __syncthreads();
 
   // 3. values: warp w owns dims w * D / 4 ..; n-tile j's column gq is dim base + gq * NT + j
   const int base = warp * (D / 4);
-  float acc[MT][NT][4];
+  float acc[NT][4];
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-    for (int j = 0; j < NT; ++j) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.0f;
-  }
+  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+  const float* sp = sc + min(gq, G - 1) * S;
   for (int k00 = 0; k00 < n16; k00 += 16 * TILES) {
     unsigned vw[TILES][4][NT / 2];  // tokens k0 + 2tq, + 1, + 8, + 9: NT dims each, as pairs
     float vs[TILES][4];
@@ -622,53 +557,32 @@ __global__ void __launch_bounds__(PDA_WARPS * 32, (TILES == 1 && G * W <= 8) ? 4
     for (int u = 0; u < TILES; ++u) {
       const int k0 = k00 + 16 * u;
       if (k0 >= n16) break;  // warp-uniform; k-steps stay in order, as with TILES = 1
-      unsigned a[MT][4];  // a0 a2: rows r_lo; a1 a3: rows r_hi
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-        for (int h = 0; h < (HI ? 2 : 1); ++h) {
-          const int r = mt * 16 + gq + 8 * h;
-          const float* sp = sc + min(r, R - 1) * S;
-          const float2 pa = *reinterpret_cast<const float2*>(sp + k0 + 2 * tq);
-          const float2 pb = *reinterpret_cast<const float2*>(sp + k0 + 2 * tq + 8);
-          unsigned lo, hi;
-          if constexpr (F16) {
-            lo = pack_pair<true>(pa.x * vs[u][0], pa.y * vs[u][1]);
-            hi = pack_pair<true>(pb.x * vs[u][2], pb.y * vs[u][3]);
-          } else {
-            lo = pack_pair<false>(pa.x, pa.y);
-            hi = pack_pair<false>(pb.x, pb.y);
-          }
-          if (r >= R) lo = hi = 0u;
-          a[mt][h] = lo;      // a0 (h = 0) / a1 (h = 1)
-          a[mt][2 + h] = hi;  // a2 / a3
-        }
-        if constexpr (!HI) a[mt][1] = a[mt][3] = 0u;
+      const float2 pa = *reinterpret_cast<const float2*>(sp + k0 + 2 * tq);
+      const float2 pb = *reinterpret_cast<const float2*>(sp + k0 + 2 * tq + 8);
+      unsigned a0, a2;
+      if constexpr (F16) {
+        a0 = pack_pair<true>(pa.x * vs[u][0], pa.y * vs[u][1]);
+        a2 = pack_pair<true>(pb.x * vs[u][2], pb.y * vs[u][3]);
+      } else {
+        a0 = pack_pair<false>(pa.x, pa.y);
+        a2 = pack_pair<false>(pb.x, pb.y);
       }
+      if (gq >= G) a0 = a2 = 0u;
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
         const unsigned sel = (j & 1) ? 0x7632u : 0x5410u;  // element j of two tokens' words
         const unsigned b0 = __byte_perm(vw[u][0][j / 2], vw[u][1][j / 2], sel);
         const unsigned b1 = __byte_perm(vw[u][2][j / 2], vw[u][3][j / 2], sel);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          mma_16816<F16>(acc[mt][j], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b0, b1);
-        }
+        mma_16816<F16>(acc[j], a0, 0u, a2, 0u, b0, b1);
       }
     }
   }
+  if (gq < G) {
+    float* out = ws_acc + ((head0 + gq) * num_splits + split) * D + base;
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-    for (int h = 0; h < (HI ? 2 : 1); ++h) {
-      const int r = mt * 16 + gq + 8 * h;
-      if (r >= R) continue;
-      float* out = ws_acc + (qrow(r) * num_splits + split) * D + base;
-#pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        out[(2 * tq) * NT + j] = acc[mt][j][2 * h];
-        out[(2 * tq + 1) * NT + j] = acc[mt][j][2 * h + 1];
-      }
+    for (int j = 0; j < NT; ++j) {
+      out[(2 * tq) * NT + j] = acc[j][0];
+      out[(2 * tq + 1) * NT + j] = acc[j][1];
     }
   }
 }

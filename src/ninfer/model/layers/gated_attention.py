@@ -207,9 +207,8 @@ def paged_rows_attention(
 ) -> torch.Tensor:
     """Each new token as its own query of the split-KV decode kernel: its sequence's pages, and
     its own KV index + 1 as the length (the causal bound). A decode step has one token per
-    sequence; a static step of rows up to `ROWS_AS_QUERIES` tokens (a speculative verify) passes
-    a sequence's tokens as the queries of its page-table row (`queries_per_row`), or repeats the
-    row per token where the rows are uneven. Why: the gather + masked SDPA path copies every page of
+    sequence; a static step of rows up to `ROWS_AS_QUERIES` tokens (a speculative verify) repeats
+    a sequence's page-table row per token. Why: the gather + masked SDPA path copies every page of
     the padded table and runs a generic kernel per layer (~66 us per layer at 1k context in a
     27B round); W queries of one sequence read its pages W times instead, a few MB at decode
     contexts. The KV of the step's tokens must be stored first.
@@ -221,19 +220,10 @@ def paged_rows_attention(
         [T, Hq, D] in q's dtype; with a gate, the gated rows [T, Hq * D].
     """
     if meta.max_query_len == 1:
-        return dispatch.paged_decode_attention(
-            q, k_pages, v_pages, meta.page_table, meta.kv_lens, scale=scale, gate=gate
-        )
-    lens = meta.num_computed.index_select(0, meta.seq_idx) + meta.local_idx + 1
-    width = meta.max_query_len
-    if q.shape[0] == meta.page_table.shape[0] * width:
-        # every sequence feeds `width` tokens (a verify row), consecutive in token order: its
-        # queries read its table row together, its KV once per block instead of once per query
-        return dispatch.paged_decode_attention(
-            q, k_pages, v_pages, meta.page_table, lens, scale=scale, gate=gate,
-            queries_per_row=width,
-        )  # fmt: skip
-    table = meta.page_table.index_select(0, meta.seq_idx)
+        table, lens = meta.page_table, meta.kv_lens
+    else:
+        table = meta.page_table.index_select(0, meta.seq_idx)
+        lens = meta.num_computed.index_select(0, meta.seq_idx) + meta.local_idx + 1
     return dispatch.paged_decode_attention(q, k_pages, v_pages, table, lens, scale=scale, gate=gate)
 
 
