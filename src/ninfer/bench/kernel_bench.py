@@ -443,10 +443,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         nargs="?",
         const=",".join(f"{n}x{k}" for n, k in (*FP8_SHAPES, TC_LM_HEAD)),
         default="",
-        help="Instead: the tensor-core bf16 GEMV (each ring depth and split count, the stream-K "
-        "form) vs the CUDA-core GEMV and "
-        "F.linear at these NxK shapes (no value: the 27B decode projections and lm_head), x "
-        "rows from --gemv-rows (1..8).",
+        help="Instead: the tensor-core bf16 GEMV (each ring depth and split count) vs the "
+        "CUDA-core GEMV and F.linear at these NxK shapes (no value: the 27B decode projections "
+        "and lm_head), x rows from --gemv-rows (1..8).",
     )
     parser.add_argument(
         "--prefill-attention",

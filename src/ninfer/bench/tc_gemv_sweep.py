@@ -121,16 +121,13 @@ def bf16_tc_sweep(
     shapes: Sequence[tuple[int, int]], row_counts: Sequence[int], device: torch.device
 ) -> str:
     """Markdown table: µs per call of the CUDA-core bf16 GEMV, the tensor-core ring kernel at each
-    depth (planned split count) and at each split count (default depth), its stream-K form,
-    `F.linear` (cuBLAS), the best kernel's weight GB/s, cuBLAS over the best tensor-core plan,
-    and the worst relative error of the tensor-core plans against an fp64 product."""
-    plans: list[dict] = [{"stages": s, "stream_k": False} for s in bf16_tc_cuda.STAGES]
+    depth (planned split count) and at each split count (default depth), `F.linear` (cuBLAS),
+    the best kernel's weight GB/s, cuBLAS over the best tensor-core plan, and the worst relative
+    error of the tensor-core plans against an fp64 product."""
+    plans: list[dict] = [{"stages": s} for s in bf16_tc_cuda.STAGES]
     plans += [{"splits": z} for z in tc_cuda.SPLITS]  # the default ring at each k split count
-    # the stream-K form: 4 stages at 3 blocks an SM, 6 at 2, 12 at 1 (cuBLAS's deep pipelines)
-    plans += [{"stream_k": True, "stages": s} for s in (4, 6, 12)]
     names = [f"tc ring {s} µs" for s in bf16_tc_cuda.STAGES]
     names += [f"S={z} µs" for z in tc_cuda.SPLITS]
-    names += ["stream-K 4x3 µs", "stream-K 6x2 µs", "stream-K 12x1 µs"]
     lines = [
         "bf16 decode GEMVs (bf16 x, W [N, K]), graphs, cold L2",
         "| N x K | rows | gemv µs | " + " | ".join(names) + " | F.linear µs | best GB/s | "

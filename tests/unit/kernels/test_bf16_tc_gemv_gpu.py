@@ -65,53 +65,6 @@ def test_every_plan_gives_the_product(stages: int, splits: int, n: int, k: int, 
     assert torch.equal(got, tc.bf16_linear(x, w, splits=splits, stages=stages))
 
 
-@pytest.mark.parametrize("rows", [1, 3, 8])
-@pytest.mark.parametrize("n,k", SHAPES)
-def test_stream_k_form_gives_the_product(rows: int, n: int, k: int, gen) -> None:
-    """The stream-K grid (3 blocks an SM): runs crossing row blocks, parts added by the last
-    block; the same bits on a second call and the counters back at zero."""
-    x, w = bf16_operands(rows, n, k, gen)
-    got = tc.bf16_linear(x, w, stream_k=True)
-    assert got.shape == (rows, n) and got.dtype == torch.bfloat16
-    _assert_rows_close(got, x.double() @ w.double().T, "the fp64 product (stream-K)")
-    assert torch.equal(got, tc.bf16_linear(x, w, stream_k=True))
-    counters = tc.tile_counters(x.device, 1)
-    assert not counters.any()
-
-
-@pytest.mark.parametrize("stages", tc.SK_STAGES)
-@pytest.mark.parametrize("ctas", [None, 1, 2, 7, 41, 133, 10_000])
-def test_stream_k_every_grid_and_depth(stages: int, ctas: int, gen) -> None:
-    """The planned grid, one block for everything, runs shorter and longer than a row block,
-    more blocks than tiles (clamped to one tile each), each ring depth (up to 12 stages: 192
-    KiB, one block an SM)."""
-    x, w = bf16_operands(5, 1000, 2056, gen)
-    got = tc.bf16_linear(x, w, stream_k=True, ctas=ctas, stages=stages)
-    _assert_rows_close(got, x.double() @ w.double().T, f"fp64, {ctas} blocks, {stages} stages")
-    assert torch.equal(got, tc.bf16_linear(x, w, stream_k=True, ctas=ctas, stages=stages))
-
-
-def test_stream_k_in_a_graph_and_through_dispatch(gen, monkeypatch) -> None:
-    """Replays of a captured stream-K launch after x changes (the counters must wrap back to
-    zero each replay), and the opt-in switch routing dispatch's long-row projections to it."""
-    x, w = bf16_operands(8, 5120, 6144, gen)
-    graph, out = capture_graph(lambda: tc.bf16_linear(x, w, stream_k=True))
-    for _ in range(3):
-        x.copy_(torch.randn(8, 6144, device="cuda", generator=gen).to(torch.bfloat16))
-        graph.replay()
-        torch.cuda.synchronize()
-        _assert_rows_close(out, x.double() @ w.double().T, "the fp64 product after replay")
-        assert torch.equal(out, tc.bf16_linear(x, w, stream_k=True))
-    monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
-    monkeypatch.setenv("NINFER_KERNELS_ON", "bf16_stream_k")
-    assert dispatch.bf16_tc_routed(x, w)
-    assert torch.equal(dispatch.linear(x, w), tc.bf16_linear(x, w, stream_k=True))
-    with pytest.raises(tc.Bf16TcError, match="at least one block"):
-        tc.bf16_linear(x, w, stream_k=True, ctas=0)
-    with pytest.raises(tc.Bf16TcError, match="stages"):
-        tc.bf16_linear(x, w, stages=12, stream_k=False)  # the cluster form's rings stop at 4
-
-
 def test_strided_rows_and_a_graph_replay(gen) -> None:
     x, w = bf16_operands(4, 5120, 5120, gen)
     wide = torch.zeros(4, 5120 + 64, device="cuda", dtype=torch.bfloat16)

@@ -10,15 +10,11 @@ projections where it measured faster than cuBLAS.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from ninfer.kernels import runtime as rt
-from ninfer.kernels.bf16_mma_gemv.launch import tile_counters
 from ninfer.kernels.fp8_gemv.launch_tc import (
     MAX_ROWS,
-    SHARED_PER_SM,
     SPLITS,
     choose_splits,
     tc_operands_ok,
@@ -44,16 +40,6 @@ LONG_ROW_RATIO = 3  # tc_preferred: K / N from which the kernel beats cuBLAS
 # rounds each way), even on an H100 (S35G); the 35B-A3B's 4,096 -> 2,048 (16 row blocks: one
 # block per SM at 8 splits) lost 1.2 % at 8 rows (S35E, H100)
 SQUARE_MIN_ROWS = 4096
-# The stream-K form (`bf16_tc_gemv_sk`): BLOCKS_PER_SM blocks an SM (the launch bounds' 3, which
-# a 4-stage ring's 64 KiB leaves room for), each streaming an equal run of the (row block, k
-# block) tiles through one ring; parts of a row block held by several blocks are added by the
-# last of them. Opt-in (`NINFER_KERNELS_ON=bf16_stream_k`) until an in-model A/B says more.
-BLOCKS_PER_SM = 3
-# Deeper rings the stream-K form also takes, at fewer blocks an SM (its grid is set per call):
-# 6 stages (96 KiB) at 2 an SM, 12 (192 KiB) at 1, as cuBLAS's nvjet GEMVs for these shapes run
-# one CTA an SM with a 12-16-stage pipeline (kernel_bench's stream-K columns time them)
-SK_STAGES = (*STAGES, 6, 12)
-PART_FLOATS = 8 * ROWS_PER_BLOCK  # one block's part of a row block: 8 x-row columns x 128 rows
 
 
 class Bf16TcError(rt.KernelInputError):
@@ -107,48 +93,9 @@ def planned_stages() -> int:
     return DEFAULT_STAGES
 
 
-def stream_k_planned() -> bool:
-    """Whether dispatch runs the stream-K form: opt-in, `NINFER_KERNELS_ON=bf16_stream_k` (or
-    `bf16_stream_k6` / `bf16_stream_k12`: with that ring depth, `stream_k_stages`)."""
-    return switched_on("bf16_stream_k")
-
-
-def stream_k_stages() -> int:
-    """The stream-K form's planned ring depth: 12 or 6 when `bf16_stream_k12` / `bf16_stream_k6`
-    names it, else `planned_stages`."""
-    for stages in (12, 6):
-        if switched_on(f"bf16_stream_k{stages}"):
-            return stages
-    return planned_stages()
-
-
 def ring_bytes(stages: int) -> int:
-    """Dynamic shared memory of either form: a ring of `stages` k blocks of every row."""
+    """Dynamic shared memory: a ring of `stages` k blocks of every row."""
     return stages * K_PER_BLOCK * 2 * ROWS_PER_BLOCK
-
-
-def stream_k_blocks_per_sm(stages: int) -> int:
-    """Blocks of the stream-K form that reside on one SM with a `stages`-deep ring (each also
-    reserves 1 KiB), at most BLOCKS_PER_SM (the launch bounds' register budget)."""
-    return max(1, min(BLOCKS_PER_SM, SHARED_PER_SM // (ring_bytes(stages) + 1024)))
-
-
-def stream_k_owner(tile: int, tiles: int, ctas: int) -> int:
-    """The block of a stream-K grid of `ctas` blocks that holds `tile` of `tiles`: block b takes
-    tiles [b * tiles // ctas, (b + 1) * tiles // ctas) (the .cu's sk_owner)."""
-    return ((tile + 1) * ctas - 1) // tiles
-
-
-@functools.cache
-def stream_k_parts(row_blocks: int, k_blocks: int, ctas: int) -> int:
-    """The most blocks that share one row block: the partial buffer's parts per row block."""
-    tiles = row_blocks * k_blocks
-    return max(
-        stream_k_owner((rb + 1) * k_blocks - 1, tiles, ctas)
-        - stream_k_owner(rb * k_blocks, tiles, ctas)
-        + 1
-        for rb in range(row_blocks)
-    )
 
 
 def bf16_linear(
@@ -157,17 +104,11 @@ def bf16_linear(
     *,
     splits: int | None = None,
     stages: int | None = None,
-    stream_k: bool | None = None,
-    ctas: int | None = None,
 ) -> torch.Tensor:
     """x @ weight.T (see `bf16_gemv.reference.bf16_linear`); `splits` (1, 2, 4 or 8) and `stages`
-    (STAGES; SK_STAGES for the stream-K form) override the plan, `stream_k` the form (default:
-    `stream_k_planned`), `ctas` the stream-K grid (default: as many an SM as the ring's shared
-    memory lets reside, at most BLOCKS_PER_SM): tests and kernel_bench."""
-    if stream_k is None:
-        stream_k = splits is None and stream_k_planned()
+    (STAGES) override the plan: tests and kernel_bench."""
     if stages is None:
-        stages = stream_k_stages() if stream_k else planned_stages()
+        stages = planned_stages()
     device = rt.check_cuda(x, weight)
     if not supports(x, weight):
         raise Bf16TcError(
@@ -175,15 +116,12 @@ def bf16_linear(
             f"contiguous bf16 weight with K % 8 == 0 and an sm_90+ GPU; got x {tuple(x.shape)} "
             f"{x.dtype}, weight {tuple(weight.shape)} {weight.dtype}"
         )
-    allowed = SK_STAGES if stream_k else STAGES
-    if stages not in allowed:
-        raise Bf16TcError(f"ring stages must be one of {allowed}, got {stages}")
+    if stages not in STAGES:
+        raise Bf16TcError(f"ring stages must be one of {STAGES}, got {stages}")
     n, k = weight.shape
     num_rows = x.shape[0]
     row_blocks = -(-n // ROWS_PER_BLOCK)
     k_blocks = -(-k // K_PER_BLOCK)
-    if stream_k:
-        return _stream_k_linear(x, weight, stages, ctas, row_blocks, k_blocks, device)
     if splits is None:
         splits = choose_splits(row_blocks, k_blocks, rt.num_sms(device))
     elif splits not in SPLITS:
@@ -202,33 +140,3 @@ def _launch(instance: str, blocks: int, args: tuple, stages: int, device: torch.
     rt.allow_shared(OP, instance, rt.device_index(device), shared, HEADERS)
     kernel = rt.get_kernel(OP, instance, device, HEADERS)
     rt.launch(kernel, (blocks,), (THREADS,), args, device, shared_mem=shared)
-
-
-def _stream_k_linear(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    stages: int,
-    ctas: int | None,
-    row_blocks: int,
-    k_blocks: int,
-    device: torch.device,
-) -> torch.Tensor:
-    """`bf16_linear` through `bf16_tc_gemv_sk` on `ctas` blocks (at most one per tile)."""
-    n, k = weight.shape
-    num_rows = x.shape[0]
-    tiles = row_blocks * k_blocks
-    if ctas is None:
-        ctas = stream_k_blocks_per_sm(stages) * rt.num_sms(device)
-    if ctas < 1:
-        raise Bf16TcError(f"a stream-K grid needs at least one block, got {ctas}")
-    ctas = min(ctas, tiles)
-    parts = stream_k_parts(row_blocks, k_blocks, ctas)
-    out = torch.empty((num_rows, n), dtype=x.dtype, device=device)
-    partial = None
-    if parts > 1:
-        partial = torch.empty(row_blocks * parts * PART_FLOATS, dtype=torch.float32, device=device)
-    counters = tile_counters(device, row_blocks)
-    args = (rt.ptr(out), rt.ptr(partial), rt.ptr(counters), rt.ptr(x), rt.i64(x.stride(0)))
-    args += (rt.ptr(weight), rt.i32(n), rt.i32(k), rt.i32(k_blocks), rt.i32(parts))
-    _launch(f"bf16_tc_gemv_sk<{num_rows}, {stages}>", ctas, args, stages, device)
-    return out
