@@ -100,7 +100,34 @@ def test_half_staged_chunks_give_the_same_bits(rows: int, n: int, k: int, gen, m
     assert tc_cuda.ring_chunk(rows) == 16
     assert torch.equal(tc_cuda.fp8_linear(x, weight), routed)
     with pytest.raises(tc_cuda.Fp8TcError, match="staged x chunks"):
-        tc_cuda.fp8_linear(x, weight, chunk=4)
+        tc_cuda.fp8_linear(x, weight, chunk=tc_cuda.FIT_CHUNK_MAX + 1)
+
+
+@pytest.mark.parametrize("rows", [1, 4, 8])
+@pytest.mark.parametrize("n,k", [(5120, 17408), (14336, 5120), (130, 4112), (300, 272)])
+def test_fitted_chunks_and_plans_give_the_same_bits(rows: int, n: int, k: int, gen, monkeypatch):
+    """Chunks of any size up to FIT_CHUNK_MAX (one staging of a split of 17 k blocks, uneven
+    ones, the largest) and the opt-in plans `fp8_fit_chunk` / `fp8_four_per_sm` equal the
+    16-block chunks bit for bit, plain and SwiGLU input, at every split count."""
+    weight = fp8_weight(n, k)
+    x = fp8_hard_rows(rows, k, gen, torch.bfloat16)
+    gate_up = (torch.randn(rows, 2 * k, device="cuda", generator=gen) * 3).to(torch.bfloat16)
+    for splits in tc_cuda.SPLITS:
+        want = tc_cuda.fp8_linear(x, weight, splits=splits, stages=2, chunk=16)
+        for chunk in (3, 9, 10, 13, 17, tc_cuda.FIT_CHUNK_MAX):
+            got = tc_cuda.fp8_linear(x, weight, splits=splits, stages=2, chunk=chunk)
+            assert torch.equal(got, want), (splits, chunk)
+        swiglu = {"splits": splits, "swiglu_input": True}
+        swiglu_want = tc_cuda.fp8_linear(gate_up, weight, chunk=16, **swiglu)
+        assert torch.equal(tc_cuda.fp8_linear(gate_up, weight, chunk=17, **swiglu), swiglu_want)
+    monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
+    monkeypatch.delenv("NINFER_KERNELS_ON", raising=False)
+    routed = tc_cuda.fp8_linear(x, weight)
+    routed_swiglu = tc_cuda.fp8_linear(gate_up, weight, swiglu_input=True)
+    for switch in ("fp8_fit_chunk", "fp8_four_per_sm", "fp8_fit_chunk,fp8_four_per_sm"):
+        monkeypatch.setenv("NINFER_KERNELS_ON", switch)
+        assert torch.equal(tc_cuda.fp8_linear(x, weight), routed), switch
+        assert torch.equal(tc_cuda.fp8_linear(gate_up, weight, swiglu_input=True), routed_swiglu)
 
 
 @pytest.mark.parametrize("rows", [1, 2, 5, 8])

@@ -236,6 +236,81 @@ def test_every_routed_ring_depth_keeps_three_blocks_per_sm(monkeypatch) -> None:
     assert launch_tc.ring_stages(1) == 0
 
 
+def _shared_per_block(rows: int, stages: int, chunk: int) -> int:
+    return launch_tc.ring_shared_bytes(rows, stages, chunk) + launch_tc.RESERVED_PER_BLOCK
+
+
+def test_fit_chunk_stages_a_split_once_where_it_fits() -> None:
+    """`fit_chunk` is the fewest stagings the shared memory allows, chunks as even as that
+    makes them, and what it returns fits the blocks per SM it was asked for (worked cases: the
+    27B's K = 5,120 splits of 10 k blocks and the down projection's of 17)."""
+    per_sm = launch_tc.SHARED_PER_SM
+    for rows in range(1, launch_tc.MAX_ROWS + 1):
+        for stages in launch_tc.STAGES:
+            for blocks in (3, 4):
+                for split_kb in (1, 5, 6, 10, 17, 34, 40, 136):
+                    chunk = launch_tc.fit_chunk(rows, stages, split_kb, blocks)
+                    if chunk == 0:
+                        assert blocks * _shared_per_block(rows, stages, 1) > per_sm
+                        continue
+                    assert 1 <= chunk <= launch_tc.FIT_CHUNK_MAX
+                    assert blocks * _shared_per_block(rows, stages, chunk) <= per_sm
+                    stagings = -(-split_kb // chunk)
+                    most = max(
+                        c
+                        for c in range(1, launch_tc.FIT_CHUNK_MAX + 1)
+                        if blocks * _shared_per_block(rows, stages, c) <= per_sm
+                    )
+                    assert stagings == -(-split_kb // most), (rows, stages, blocks, split_kb)
+                    assert chunk * stagings - split_kb < stagings  # as even as it gets
+    assert launch_tc.fit_chunk(4, 4, 10, 3) == 10  # the MTP verify's rows (8-block chunks: twice)
+    assert launch_tc.fit_chunk(1, 4, 17, 3) == 17  # 16-block chunks stage the 17th alone
+    assert launch_tc.fit_chunk(4, 4, 17, 3) == 9
+    assert launch_tc.fit_chunk(8, 3, 10, 3) == 10
+
+
+def test_ring_plan_refinements_are_opt_in_and_fit(monkeypatch) -> None:
+    """Without switches `ring_plan` is `ring_stages` / `ring_chunk`; `fp8_fit_chunk` keeps the
+    depth and stages each split once where that fits 3 blocks an SM; `fp8_four_per_sm` acts only
+    on grids of 3-4 blocks an SM and then fits 4 blocks an SM."""
+    monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
+    monkeypatch.delenv("NINFER_KERNELS_ON", raising=False)
+    sms = 132
+    cases = [(272, 40, 4), (40, 136, 8), (129, 40, 4), (112, 40, 4), (40, 48, 8), (3, 3, 1)]
+    for rows in range(1, launch_tc.MAX_ROWS + 1):
+        for rb, kb, splits in cases:
+            plan = launch_tc.ring_plan(rows, rb, kb, splits, sms)
+            assert plan == (launch_tc.ring_stages(rows), launch_tc.ring_chunk(rows))
+    monkeypatch.setenv("NINFER_KERNELS_ON", "fp8_fit_chunk")
+    for rows in range(1, launch_tc.MAX_ROWS + 1):
+        for rb, kb, splits in cases:
+            stages, chunk = launch_tc.ring_plan(rows, rb, kb, splits, sms)
+            assert stages == launch_tc.ring_stages(rows)
+            assert 3 * _shared_per_block(rows, stages, chunk) <= launch_tc.SHARED_PER_SM
+            split_kb = -(-kb // splits)
+            default_chunk = launch_tc.ring_chunk(rows)
+            assert -(-split_kb // chunk) <= -(-split_kb // default_chunk)  # no more stagings
+    assert launch_tc.ring_plan(4, 272, 40, 4, sms) == (4, 10)  # gate-up at 4 rows: one staging
+    monkeypatch.setenv("NINFER_KERNELS_ON", "fp8_four_per_sm")
+    for rows in range(1, launch_tc.MAX_ROWS + 1):
+        for rb, kb, splits in cases:
+            stages, chunk = launch_tc.ring_plan(rows, rb, kb, splits, sms)
+            if 3 * sms < rb * splits <= 4 * sms:
+                assert 4 * _shared_per_block(rows, stages, chunk) <= launch_tc.SHARED_PER_SM
+            else:
+                assert (stages, chunk) == (launch_tc.ring_stages(rows), launch_tc.ring_chunk(rows))
+    assert launch_tc.ring_plan(1, 112, 40, 4, sms) == (3, 10)  # qkv at 1 row: 448 blocks
+    assert launch_tc.ring_plan(4, 112, 40, 4, sms) == (2, 10)  # at 4 rows: 3 stages stage twice
+    assert launch_tc.ring_plan(1, 272, 40, 4, sms) == (4, 16)  # 1,088 blocks: untouched
+
+
+def test_kernel_chunk_limit_matches_the_launcher() -> None:
+    from pathlib import Path
+
+    source = (Path(launch_tc.__file__).parent / "fp8_gemv.cu").read_text()
+    assert f"kRingChunkMax = {launch_tc.FIT_CHUNK_MAX};" in source
+
+
 def test_swiglu_input_declines_without_touching_cuda(monkeypatch) -> None:
     """The SwiGLU input form is opt-in (`NINFER_KERNELS_ON=fp8_swiglu`) and, like the plain
     form, says no to CPU tensors before any device query."""

@@ -135,6 +135,7 @@ using namespace tcg;  // kThreads: 8 warps x 16 rows = one 128-row scale block
 constexpr int kChunk = 16;                      // k blocks of x staged in shared memory at a time
 constexpr int kRowHalves = kChunk * 128 + 8;    // f16 per staged x row; +16 B: no bank conflicts
 constexpr int kDepth = 1;                       // k blocks loaded ahead of the one computed
+constexpr int kRingChunkMax = 40;  // the ring form's largest staged chunk (launch_tc.FIT_CHUNK_MAX)
 
 // Two e4m3 bytes of w (bytes 0 and 2 for SEL 0xA280, 1 and 3 for 0xB391) as f16x2 times 2^-8.
 template <unsigned int SEL>
@@ -348,7 +349,8 @@ __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(fp8tc::kThreads, 3)
 // STAGES * 16 KiB of ring (the reduction tile reuses it), M staged x rows, the chunk's scales.
 // INPUT: kInputPlain, or kInputSwiglu (bf16 [gate | up] rows of width 2K, x_stride apart).
 // CHUNK: k blocks of x staged at a time (kChunk, or 8: half the staged rows, which leaves room
-// for a deeper ring at three blocks an SM from 3 x rows; the same values staged, the same bits).
+// for a deeper ring at three blocks an SM from 3 x rows; or, from launch_tc.fit_chunk, as many
+// as the split holds where they fit: one staging; the same values staged, the same bits).
 template <typename T, int M, int S, int STAGES, int INPUT, int CHUNK>
 __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(fp8tc::kThreads, 3)
     fp8_tc_gemv_ring(T* __restrict__ out, const T* __restrict__ x, long long x_stride,
@@ -357,7 +359,7 @@ __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(fp8tc::kThreads, 3)
   pdl_trigger();
   using namespace fp8tc;
   constexpr int ROW = CHUNK * 128 + 8;  // f16 per staged x row (kRowHalves at CHUNK = kChunk)
-  static_assert(CHUNK >= 1 && CHUNK <= kChunk, "staged chunk");
+  static_assert(CHUNK >= 1 && CHUNK <= kRingChunkMax, "staged chunk");
   static_assert(STAGES >= 2 && STAGES * 4 * kThreads * 16 >= 8 * kRedStride * 4, "ring size");
   extern __shared__ __align__(16) unsigned char smem[];
   uint4* ring = reinterpret_cast<uint4*>(smem);

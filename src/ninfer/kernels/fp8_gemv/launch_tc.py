@@ -36,9 +36,11 @@ MAX_ROWS = 8  # x rows per launch: the mma's n = 8
 SPLITS = (1, 2, 4, 8)  # k splits per row block = cluster sizes compiled (portable limit 8)
 MIN_SPLIT_K_BLOCKS = 6  # choose_splits: k blocks per split below which more splits stop paying
 STAGES = (2, 3, 4)  # ring depths compiled (k blocks of 16 KiB each per block)
-SHARED_PER_SM = 228 * 1024  # shared memory per SM on sm_90; each resident block reserves 1 KiB
+SHARED_PER_SM = 228 * 1024  # shared memory per SM on sm_90
+RESERVED_PER_BLOCK = 1024  # what the driver keeps of it for each resident block
 CHUNK = 16  # the .cu's kChunk: k blocks of x staged at a time
-CHUNKS = (16, 8)  # staged chunks compiled for the ring form (CHUNK and its half)
+CHUNKS = (16, 8)  # the fixed staged chunks of the ring form (CHUNK and its half)
+FIT_CHUNK_MAX = 40  # the .cu's kRingChunkMax: the most k blocks a ring form stages at once
 # From CHUNK8_MIN_ROWS x rows the ring form stages x 8 k blocks at a time: half the staged rows
 # leave room for a ring a stage deeper at the same 3 blocks per SM (the MTP verify's 4 rows run
 # 4 stages, 8 rows 3), at two barriers and an x round trip twice as often. Run S43C (H100): the
@@ -147,6 +149,57 @@ def ring_shared_bytes(num_rows: int, stages: int, chunk: int = CHUNK) -> int:
     return stages * 16 * 1024 + num_rows * 2 * (chunk * 128 + 8) + chunk * 8 * 4
 
 
+def fit_chunk(num_rows: int, stages: int, split_k_blocks: int, blocks_per_sm: int) -> int:
+    """The k blocks of x to stage at a time so that a split of `split_k_blocks` k blocks stages
+    as few times as `blocks_per_sm` ring forms of depth `stages` an SM allow (each staging is an
+    x round trip between two barriers with no new weight copies issued), the chunks as even as
+    that count makes them; 0 where not even one k block fits beside the ring."""
+    budget = SHARED_PER_SM // blocks_per_sm - RESERVED_PER_BLOCK
+    most = 0
+    for chunk in range(1, FIT_CHUNK_MAX + 1):
+        if ring_shared_bytes(num_rows, stages, chunk) <= budget:
+            most = chunk
+    if most == 0 or split_k_blocks < 1:
+        return most
+    stagings = -(-split_k_blocks // most)
+    return -(-split_k_blocks // stagings)
+
+
+def ring_plan(
+    num_rows: int, num_row_blocks: int, num_k_blocks: int, splits: int, num_sms: int
+) -> tuple[int, int]:
+    """(ring depth, staged chunk) dispatch runs for this launch; depth 0 is the register form.
+
+    The default is `ring_stages` and `ring_chunk` by row count alone. Two opt-in refinements
+    look at the split's length and the grid:
+    - `NINFER_KERNELS_ON=fp8_fit_chunk` stages each split's x in one go where it fits beside
+      the routed ring at 3 blocks an SM (`fit_chunk`): the 8-block chunks from 3 rows stage a
+      K = 5,120 split (10 k blocks) twice, stalling its weight stream once mid-loop.
+    - `NINFER_KERNELS_ON=fp8_four_per_sm` gives a grid of 3-4 blocks an SM (the 27B's qkv and
+      in_proj at 4 splits: 448 and 516 blocks on 132 SMs) a ring shallow enough for 4 blocks an
+      SM, so it runs in one wave instead of a full one and a seventh of another: the deepest
+      whose `fit_chunk` stages the split once, else the deepest that fits (H200 sweep S45C: qkv
+      at 1 row 21.1 µs with 3 stages against 22.3 with 4, at 4 rows 22.6 with 2 against 24.0).
+    The staged values and the mma order do not depend on either: the same bits.
+    """
+    stages, chunk = ring_stages(num_rows), ring_chunk(num_rows)
+    if stages == 0:
+        return stages, chunk
+    split_k_blocks = -(-num_k_blocks // splits)
+    grid = num_row_blocks * splits
+    if switched_on("fp8_four_per_sm") and BLOCKS_PER_SM * num_sms < grid <= 4 * num_sms:
+        fitting = [(s, fit_chunk(num_rows, s, split_k_blocks, 4)) for s in sorted(STAGES)]
+        fitting = [(s, c) for s, c in fitting if c > 0]
+        whole = [(s, c) for s, c in fitting if c >= split_k_blocks]
+        if whole or fitting:
+            return (whole or fitting)[-1]
+    if switched_on("fp8_fit_chunk"):
+        fitted = fit_chunk(num_rows, stages, split_k_blocks, BLOCKS_PER_SM)
+        if fitted > 0:
+            return stages, fitted
+    return stages, chunk
+
+
 def ring_chunk(num_rows: int) -> int:
     """The k blocks of x the ring form stages at a time for `num_rows` x rows: 8 from
     CHUNK8_MIN_ROWS rows (unless `fp8_chunk8` is switched off), else CHUNK."""
@@ -176,7 +229,8 @@ def fp8_linear(
 ) -> torch.Tensor:
     """See `reference.fp8_linear`; `splits` overrides the k split count (1, 2, 4 or 8),
     `stages` the form (0: registers, else a ring depth in STAGES) and `chunk` the ring form's
-    staged k blocks (CHUNKS; default `ring_chunk`): tests and kernel_bench.
+    staged k blocks (1..FIT_CHUNK_MAX; without either, `ring_plan` picks both; with `stages`
+    alone, `ring_chunk`): tests and kernel_bench.
     `swiglu_input`: x is [gate | up] rows of width 2K and the product is swiglu(x) @ W.T
     (`silu_mul` then this, bit for bit; the ring form only)."""
     device = rt.check_cuda(x, weight.weight, weight.scale_inv)
@@ -202,6 +256,10 @@ def fp8_linear(
         splits = choose_splits(num_row_blocks, num_k_blocks, rt.num_sms(device))
     elif splits not in SPLITS:
         raise Fp8TcError(f"k splits must be one of {SPLITS}, got {splits}")
+    if stages is None and chunk is None:
+        stages, chunk = ring_plan(
+            num_rows, num_row_blocks, num_k_blocks, splits, rt.num_sms(device)
+        )
     if stages is None:
         stages = ring_stages(num_rows)
     elif stages != 0 and stages not in STAGES:
@@ -210,8 +268,8 @@ def fp8_linear(
         raise Fp8TcError("the SwiGLU input form runs in the ring form only (stages > 0)")
     if chunk is None:
         chunk = ring_chunk(num_rows)
-    elif chunk not in CHUNKS:
-        raise Fp8TcError(f"staged x chunks must be one of {CHUNKS}, got {chunk}")
+    elif not 1 <= chunk <= FIT_CHUNK_MAX:
+        raise Fp8TcError(f"staged x chunks must be 1..{FIT_CHUNK_MAX} k blocks, got {chunk}")
     out = torch.empty((num_rows, n), dtype=x.dtype, device=device)
     t = rt.cuda_type(x, "x")
     shared = 0
