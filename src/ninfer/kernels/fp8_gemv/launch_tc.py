@@ -39,7 +39,6 @@ STAGES = (2, 3, 4)  # ring depths compiled (k blocks of 16 KiB each per block)
 SHARED_PER_SM = 228 * 1024  # shared memory per SM on sm_90
 RESERVED_PER_BLOCK = 1024  # what the driver keeps of it for each resident block
 CHUNK = 16  # the .cu's kChunk: k blocks of x staged at a time
-CHUNKS = (16, 8)  # the fixed staged chunks of the ring form (CHUNK and its half)
 FIT_CHUNK_MAX = 40  # the .cu's kRingChunkMax: the most k blocks a ring form stages at once
 # From CHUNK8_MIN_ROWS x rows the ring form stages x 8 k blocks at a time: half the staged rows
 # leave room for a ring a stage deeper at the same 3 blocks per SM (the MTP verify's 4 rows run
@@ -178,7 +177,7 @@ def ring_plan(
     - `NINFER_KERNELS_ON=fp8_four_per_sm` gives a grid of 3-4 blocks an SM (the 27B's qkv and
       in_proj at 4 splits: 448 and 516 blocks on 132 SMs) a ring shallow enough for 4 blocks an
       SM, so it runs in one wave instead of a full one and a seventh of another: the deepest
-      whose `fit_chunk` stages the split once, else the deepest that fits (H200 sweep S45C: qkv
+      whose `fit_chunk` stages the split once, else the deepest that fits (H200 sweep S45D: qkv
       at 1 row 21.1 µs with 3 stages against 22.3 with 4, at 4 rows 22.6 with 2 against 24.0).
     The staged values and the mma order do not depend on either: the same bits.
     """
