@@ -29,6 +29,8 @@ import numpy as np
 from ninfer.kernels import switches
 
 _PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID
+_CLUSTER_SCHEDULING_POLICY_PREFERENCE = 5  # CUlaunchAttributeID
+_LOAD_BALANCING = 2  # CUclusterSchedulingPolicy (0 default, 1 spread)
 
 
 class _AttributeValue(ctypes.Union):
@@ -56,6 +58,16 @@ class _Config(ctypes.Structure):  # CUlaunchConfig
 
 _ATTRIBUTE = _Attribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
 _ATTRIBUTE.value.flag = 1
+# PDL plus the load-balancing cluster placement, for thread-block-cluster kernels under the
+# opt-in `cluster_balance` switch (runtime.launch): the default policy spreads a cluster's
+# blocks over distinct SMs of one GPC, which leaves slots no whole cluster fits (ncu on the fp8
+# ring GEMV's 4-block clusters, run S45A: 92 resident clusters, 368 of the 396 block slots).
+_BALANCED = (_Attribute * 2)(
+    _Attribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION),
+    _Attribute(id=_CLUSTER_SCHEDULING_POLICY_PREFERENCE),
+)
+_BALANCED[0].value.flag = 1
+_BALANCED[1].value.flag = _LOAD_BALANCING
 
 _SCALARS = {
     np.dtype(np.uint64): ctypes.c_uint64,
@@ -130,9 +142,12 @@ def launch(
     args: Sequence[Any],
     stream_ptr: int,
     shared_mem: int,
+    *,
+    balance_clusters: bool = False,
 ) -> None:
     """cuLaunchKernelEx of a CuPy kernel (RawKernel or Function) with the PDL attribute, on the
-    raw CUDA stream `stream_ptr`, in the current device's context."""
+    raw CUDA stream `stream_ptr`, in the current device's context; `balance_clusters` adds the
+    load-balancing cluster scheduling preference (cluster kernels only)."""
     lib = _driver()
     function = getattr(kernel, "kernel", kernel)  # RawKernel -> its loaded Function
     params = [param(a) for a in args]
@@ -141,7 +156,11 @@ def launch(
     )
     grid3 = (*grid, 1, 1)[:3]
     block3 = (*block, 1, 1)[:3]
-    config = _Config(*grid3, *block3, shared_mem, stream_ptr, ctypes.pointer(_ATTRIBUTE), 1)
+    if balance_clusters:
+        attrs, count = ctypes.cast(_BALANCED, ctypes.POINTER(_Attribute)), 2
+    else:
+        attrs, count = ctypes.pointer(_ATTRIBUTE), 1
+    config = _Config(*grid3, *block3, shared_mem, stream_ptr, attrs, count)
     err = lib.cuLaunchKernelEx(ctypes.byref(config), function.ptr, pointers, None)
     if err:
         name = ctypes.c_char_p()

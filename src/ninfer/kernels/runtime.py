@@ -1,10 +1,10 @@
 """CuPy runtime for ninfer kernels: NVRTC compilation, torch-stream launches, argument packing.
 
-Imports torch, numpy, kernels.pdl and (lazily, on first use) cupy. Sources are compiled once
-per (op, template instance, GPU architecture) with NVRTC for the device's own `sm_XY` (so Hopper
-gets sm_90 machine code, not PTX jitted from an older target); CuPy also caches the binaries on
-disk. Every launch goes on torch's current stream, so kernels order with torch ops and are
-recorded by `torch.cuda.graph` captures like any torch op.
+Imports torch, numpy, kernels.pdl, kernels.switches and (lazily, on first use) cupy. Sources
+are compiled once per (op, template instance, GPU architecture) with NVRTC for the device's own
+`sm_XY` (so Hopper gets sm_90 machine code, not PTX jitted from an older target); CuPy also
+caches the binaries on disk. Every launch goes on torch's current stream, so kernels order with
+torch ops and are recorded by `torch.cuda.graph` captures like any torch op.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ninfer.kernels import pdl
+from ninfer.kernels import pdl, switches
 
 KERNEL_DIR = Path(__file__).resolve().parent
 
@@ -130,6 +130,7 @@ def launch(
     device: torch.device,
     *,
     shared_mem: int = 0,
+    clustered: bool = False,
 ) -> None:
     """Launch on torch's current stream of `device` (which a graph capture also records).
 
@@ -137,13 +138,17 @@ def launch(
     the kernel was opted in to more (`allow_shared`).
     On Hopper and later the launch allows programmatic dependent launch (`pdl.py`): every ninfer
     kernel begins with `pdl_begin()`, so it may be scheduled while its predecessor drains.
+    `clustered`: the kernel's blocks form thread-block clusters of more than one block; with
+    `NINFER_KERNELS_ON=cluster_balance` (and PDL on) they are placed by the load-balancing
+    policy instead of the default spread (the same blocks and results, another placement).
     """
     cupy = _cupy()
     index = device_index(device)
     stream_ptr = torch.cuda.current_stream(device).cuda_stream
     with cupy.cuda.Device(index):
         if pdl.enabled(index):
-            pdl.launch(kernel, grid, block, args, stream_ptr, shared_mem)
+            balance = clustered and switches.switched_on("cluster_balance")
+            pdl.launch(kernel, grid, block, args, stream_ptr, shared_mem, balance_clusters=balance)
             return
         with _external_stream(stream_ptr, index):
             kernel(grid, block, tuple(args), shared_mem=shared_mem)

@@ -85,6 +85,9 @@ def test_driver_struct_layouts():
     assert pdl._Config.attrs.offset == 40
     assert pdl._Config.num_attrs.offset == 48
     assert pdl._ATTRIBUTE.id == 6 and pdl._ATTRIBUTE.value.flag == 1
+    # PDL, then the cluster scheduling policy preference (5) set to load balancing (2)
+    assert ctypes.sizeof(pdl._BALANCED) == 2 * 72
+    assert [(a.id, a.value.flag) for a in pdl._BALANCED] == [(6, 1), (5, 2)]
 
 
 @pytest.mark.parametrize(
@@ -149,6 +152,35 @@ def test_dependent_chain_is_bit_identical_with_and_without_pdl(gen, monkeypatch)
     assert torch.equal(_chain(x, weights, norm), want)
     graph, out = capture_graph(lambda: _chain(x, weights, norm))
     for _ in range(5):
+        out.zero_()
+        graph.replay()
+        assert torch.equal(out, want)
+
+
+@pytest.mark.gpu
+def test_load_balanced_clusters_give_the_same_bits_eager_and_in_a_graph(gen, monkeypatch):
+    """`NINFER_KERNELS_ON=cluster_balance` only changes where the tensor-core GEMVs' clusters
+    are placed: the fp8 ring and the bf16 tensor-core GEMV at every cluster size give the bits of
+    the default placement, eagerly and replayed from a graph."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("thread-block clusters need sm_90")
+    from ninfer.kernels.bf16_tc_gemv import launch as bf16_tc
+    from ninfer.kernels.fp8_gemv import launch_tc as fp8_tc
+    from support.gpu_checks import fp8_hard_rows, fp8_weight
+
+    monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
+    monkeypatch.delenv("NINFER_KERNELS_ON", raising=False)
+    weight = fp8_weight(1024, 4096)
+    x = fp8_hard_rows(4, 4096, gen, torch.bfloat16)
+    w16 = (torch.randn(1024, 4096, device="cuda", generator=gen) * 0.02).to(torch.bfloat16)
+    runs = [(lambda s=s: fp8_tc.fp8_linear(x, weight, splits=s)) for s in fp8_tc.SPLITS] + [
+        (lambda s=s: bf16_tc.bf16_linear(x, w16, splits=s)) for s in bf16_tc.SPLITS
+    ]
+    wants = [run() for run in runs]
+    monkeypatch.setenv("NINFER_KERNELS_ON", "cluster_balance")
+    for run, want in zip(runs, wants, strict=True):
+        assert torch.equal(run(), want)
+        graph, out = capture_graph(run)
         out.zero_()
         graph.replay()
         assert torch.equal(out, want)

@@ -130,13 +130,16 @@ def bf16_linear(
     args = (rt.ptr(out), rt.ptr(x), rt.i64(x.stride(0)), rt.ptr(weight))
     args += (rt.i32(n), rt.i32(k), rt.i32(k_blocks))
     instance = f"bf16_tc_gemv<{num_rows}, {splits}, {stages}>"
-    _launch(instance, row_blocks * splits, args, stages, device)
+    _launch(instance, row_blocks * splits, args, stages, device, clustered=splits > 1)
     return out
 
 
-def _launch(instance: str, blocks: int, args: tuple, stages: int, device: torch.device) -> None:
-    """Launch `instance` on `blocks` blocks with its `stages`-deep ring's shared memory."""
+def _launch(
+    instance: str, blocks: int, args: tuple, stages: int, device: torch.device, *, clustered: bool
+) -> None:
+    """Launch `instance` on `blocks` blocks with its `stages`-deep ring's shared memory;
+    `clustered`: its k splits form clusters (runtime.launch's `cluster_balance` switch)."""
     shared = ring_bytes(stages)
     rt.allow_shared(OP, instance, rt.device_index(device), shared, HEADERS)
     kernel = rt.get_kernel(OP, instance, device, HEADERS)
-    rt.launch(kernel, (blocks,), (THREADS,), args, device, shared_mem=shared)
+    rt.launch(kernel, (blocks,), (THREADS,), args, device, shared_mem=shared, clustered=clustered)

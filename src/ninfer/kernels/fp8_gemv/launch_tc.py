@@ -290,5 +290,6 @@ def fp8_linear(
         rt.i32(k),
         rt.i32(num_k_blocks),
     )
-    rt.launch(kernel, (num_row_blocks * splits,), (THREADS,), args, device, shared_mem=shared)
+    grid = (num_row_blocks * splits,)
+    rt.launch(kernel, grid, (THREADS,), args, device, shared_mem=shared, clustered=splits > 1)
     return out
