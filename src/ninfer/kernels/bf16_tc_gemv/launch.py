@@ -13,12 +13,7 @@ from __future__ import annotations
 import torch
 
 from ninfer.kernels import runtime as rt
-from ninfer.kernels.fp8_gemv.launch_tc import (
-    MAX_ROWS,
-    SPLITS,
-    choose_splits,
-    tc_operands_ok,
-)
+from ninfer.kernels.fp8_gemv.launch_tc import MAX_ROWS, SPLITS, choose_splits, tc_operands_ok
 from ninfer.kernels.switches import switched_off, switched_on
 
 OP = "bf16_tc_gemv"
@@ -130,16 +125,9 @@ def bf16_linear(
     args = (rt.ptr(out), rt.ptr(x), rt.i64(x.stride(0)), rt.ptr(weight))
     args += (rt.i32(n), rt.i32(k), rt.i32(k_blocks))
     instance = f"bf16_tc_gemv<{num_rows}, {splits}, {stages}>"
-    _launch(instance, row_blocks * splits, args, stages, device, clustered=splits > 1)
-    return out
-
-
-def _launch(
-    instance: str, blocks: int, args: tuple, stages: int, device: torch.device, *, clustered: bool
-) -> None:
-    """Launch `instance` on `blocks` blocks with its `stages`-deep ring's shared memory;
-    `clustered`: its k splits form clusters (runtime.launch's `cluster_balance` switch)."""
     shared = ring_bytes(stages)
     rt.allow_shared(OP, instance, rt.device_index(device), shared, HEADERS)
     kernel = rt.get_kernel(OP, instance, device, HEADERS)
-    rt.launch(kernel, (blocks,), (THREADS,), args, device, shared_mem=shared, clustered=clustered)
+    grid = (row_blocks * splits,)
+    rt.launch(kernel, grid, (THREADS,), args, device, shared_mem=shared, clustered=splits > 1)
+    return out

@@ -187,10 +187,10 @@ def ring_plan(
     split_k_blocks = -(-num_k_blocks // splits)
     grid = num_row_blocks * splits
     if switched_on("fp8_four_per_sm") and BLOCKS_PER_SM * num_sms < grid <= 4 * num_sms:
-        fitting = [(s, fit_chunk(num_rows, s, split_k_blocks, 4)) for s in sorted(STAGES)]
-        fitting = [(s, c) for s, c in fitting if c > 0]
-        whole = [(s, c) for s, c in fitting if c >= split_k_blocks]
-        if whole or fitting:
+        chunks = [(s, fit_chunk(num_rows, s, split_k_blocks, 4)) for s in sorted(STAGES)]
+        fitting = [(s, c) for s, c in chunks if c > 0]
+        if fitting:
+            whole = [(s, c) for s, c in fitting if c >= split_k_blocks]
             return (whole or fitting)[-1]
     if switched_on("fp8_fit_chunk"):
         fitted = fit_chunk(num_rows, stages, split_k_blocks, BLOCKS_PER_SM)
