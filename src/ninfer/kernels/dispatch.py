@@ -13,7 +13,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from ninfer.kernels import runtime, switches
+from ninfer.kernels import runtime, streams, switches
 from ninfer.kernels.add_rms_norm import launch as _add_rms_norm_cuda
 from ninfer.kernels.add_rms_norm import reference as _add_rms_norm_ref
 from ninfer.kernels.attention_metadata import launch as _meta_cuda
@@ -836,6 +836,22 @@ def bf16_mma_routed(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and use_cuda_kernels(x, "bf16_mma_gemv")
         and _bf16_mma_cuda.supports(x, weight)
     )
+
+
+PAIR_MAX_ROWS = 8  # linear_pair forks at decode sizes only: prefill's GEMMs fill the GPU alone
+
+
+def linear_pair(
+    x: torch.Tensor, weight: torch.Tensor | Fp8Weight, other: torch.Tensor | Fp8Weight
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(linear(x, weight), linear(x, other)): two projections of one x that cannot share a
+    launch (an fp8 weight beside a bf16 one). On CUDA with at most `PAIR_MAX_ROWS` x rows (a
+    decode step or an MTP verify) `other`'s GEMV runs on a side stream beside `weight`'s
+    (kernels/streams.py: a launch and a dependency off the step, S46A), the same kernels and
+    bits; `NINFER_KERNELS_OFF=linear_pair` runs them one after the other (A/B)."""
+    if x.dim() == 2 and x.shape[0] <= PAIR_MAX_ROWS and use_cuda_kernels(x, "linear_pair"):
+        return streams.beside(lambda: linear(x, weight), lambda: linear(x, other), x.device)
+    return linear(x, weight), linear(x, other)
 
 
 def swiglu_linear(gate_up: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torch.Tensor:

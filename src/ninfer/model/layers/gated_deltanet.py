@@ -271,8 +271,11 @@ def gated_deltanet(
         proj = dispatch.linear(x, w.in_proj_fused)  # [T, conv_dim + Hv*Dv + 2 Hv]
         qkv, z, b, a = proj.split((conv_dim, value_dim, num_v_heads, num_v_heads), dim=-1)
     elif w.in_proj_qkvz is not None and w.in_proj_ba is not None:
-        qkv, z = dispatch.linear(x, w.in_proj_qkvz).split((conv_dim, value_dim), dim=-1)
-        b, a = dispatch.linear(x, w.in_proj_ba).split((num_v_heads, num_v_heads), dim=-1)
+        # fp8 qkv/z beside the bf16 b/a (kept in high precision): one x, two launches, the
+        # small one on a side stream at decode sizes
+        qkvz, ba = dispatch.linear_pair(x, w.in_proj_qkvz, w.in_proj_ba)
+        qkv, z = qkvz.split((conv_dim, value_dim), dim=-1)
+        b, a = ba.split((num_v_heads, num_v_heads), dim=-1)
     else:
         qkv = dispatch.linear(x, w.in_proj_qkv)  # [T, conv_dim]
         z = dispatch.linear(x, w.in_proj_z)
