@@ -50,6 +50,7 @@ from ninfer.kernels.int4_gemv import reference as _int4_ref
 from ninfer.kernels.kv_quant import launch as _kv_cuda
 from ninfer.kernels.kv_quant import reference as _kv_ref
 from ninfer.kernels.kv_quant.formats import KvPages, QuantPages
+from ninfer.kernels.l2_prefetch import launch as _l2_cuda
 from ninfer.kernels.moe_routing import launch as _routing_cuda
 from ninfer.kernels.moe_routing import reference as _routing_ref
 from ninfer.kernels.mtp_front import launch as _mtp_front_cuda
@@ -852,6 +853,42 @@ def linear_pair(
     if x.dim() == 2 and x.shape[0] <= PAIR_MAX_ROWS and use_cuda_kernels(x, "linear_pair"):
         return streams.beside(lambda: linear(x, weight), lambda: linear(x, other), x.device)
     return linear(x, weight), linear(x, other)
+
+
+PREFETCH_MAX_BYTES = 32 * 2**20  # of one weight: well inside a 50 MB L2 beside the step's state
+
+
+def prefetch_ahead(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> streams.Ahead | None:
+    """Opt-in (`NINFER_KERNELS_ON=l2_prefetch`, sm_90): `weight`'s bytes (its first
+    PREFETCH_MAX_BYTES, an fp8 weight's scales too) queued for L2 on a side stream, for a GEMV
+    of decode-sized x a few kernels later; the caller joins the returned `Ahead` before that
+    GEMV (`join`). None where it does not apply. Same bits: a prefetch writes nothing."""
+    if not (
+        x.dim() == 2
+        and x.shape[0] <= PAIR_MAX_ROWS
+        and switches.switched_on("l2_prefetch")
+        and use_cuda_kernels(x, "l2_prefetch")
+    ):
+        return None
+    parts = (weight.weight, weight.scale_inv) if isinstance(weight, Fp8Weight) else (weight,)
+    parts = tuple(_capped(t) for t in parts if _l2_cuda.supports(t))
+    if not parts:
+        return None
+    return streams.ahead(lambda: [_l2_cuda.prefetch(t) for t in parts], x.device)
+
+
+def _capped(t: torch.Tensor) -> torch.Tensor:
+    """`t`'s leading rows within PREFETCH_MAX_BYTES (16-byte multiples, as the kernel needs)."""
+    row_bytes = t[0].numel() * t.element_size() if t.dim() > 1 else t.element_size()
+    rows = max(1, PREFETCH_MAX_BYTES // row_bytes) if t.dim() > 1 else t.numel()
+    head = t[:rows] if t.dim() > 1 else t
+    return head if _l2_cuda.supports(head) else t
+
+
+def join(ahead: streams.Ahead | None) -> None:
+    """Order the current stream after a `prefetch_ahead` fork (nothing for None)."""
+    if ahead is not None:
+        ahead.join()
 
 
 def swiglu_linear(gate_up: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torch.Tensor:

@@ -49,3 +49,28 @@ def beside(main: Callable[[], A], side: Callable[[], B], device: torch.device) -
     main_out = main()
     current.wait_stream(other)
     return main_out, side_out
+
+
+class Ahead:
+    """Work forked onto the side stream by `ahead`; `join()` orders the current stream after
+    it (a capture must join every fork before it ends)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def join(self) -> None:
+        torch.cuda.current_stream(self.device).wait_stream(side_stream(self.device))
+
+
+def ahead(work: Callable[[], object], device: torch.device) -> Ahead | None:
+    """`work()`'s launches on the side stream after what the current stream holds, while the
+    current stream goes on until the caller joins; None (work not run) on the side stream
+    itself. Why: a prefetch of a later GEMV's weights beside the small kernels before it."""
+    current = torch.cuda.current_stream(device)
+    other = side_stream(device)
+    if other == current:
+        return None
+    other.wait_stream(current)
+    with torch.cuda.stream(other):
+        work()
+    return Ahead(device)

@@ -161,6 +161,8 @@ def gated_attention(
         qg, k, v = proj.split((w.q_proj.shape[0], kv_dim, kv_dim), dim=-1)
     else:
         qg, k, v = (dispatch.linear(x, p) for p in (w.q_proj, w.k_proj, w.v_proj))
+    # opt-in: o_proj's weights into L2 beside the norms and attention (joined before o_proj)
+    ahead = dispatch.prefetch_ahead(x, w.o_proj)
     qg = qg.reshape(num_tokens, -1, 2, head_dim)  # [T, Hq, (q, gate), D]
     q, gate = qg[:, :, 0], qg[:, :, 1]
     k = k.reshape(num_tokens, num_kv_heads, head_dim)
@@ -182,11 +184,13 @@ def gated_attention(
         # CUDA decode and speculative verify: split-KV kernel, no gather, no mask
         if dispatch.gate_in_combine(q, gate):  # the gate in its combine, a plain o_proj
             gated = paged_rows_attention(q, k_pages, v_pages, meta, scale=scale, gate=gate)
+            dispatch.join(ahead)
             return dispatch.linear(gated, w.o_proj)
         out = paged_rows_attention(q, k_pages, v_pages, meta, scale=scale)
     else:
         out = paged_attention(q, k_pages, v_pages, meta, scale=scale)  # [T, Hq, D]
     # out * sigmoid(gate), then o_proj (at decode sizes the gate is applied inside the GEMV)
+    dispatch.join(ahead)
     return dispatch.sigmoid_gate_linear(out, gate, w.o_proj)
 
 

@@ -283,6 +283,8 @@ def gated_deltanet(
         a = dispatch.linear(x, w.in_proj_a)
     z = z.reshape(num_tokens, num_v_heads, head_v_dim)
     scale = head_k_dim**-0.5
+    # opt-in: out_proj's weights into L2 beside the front and the delta rule (joined below)
+    ahead = dispatch.prefetch_ahead(x, w.out_proj)
 
     if batch.is_verify:
         out = _verify_columns(
@@ -332,4 +334,5 @@ def gated_deltanet(
         )  # [T, Hv, Dv] fp32
 
     out = dispatch.gated_rms_norm(out, z, w.norm, eps, x.dtype)
+    dispatch.join(ahead)
     return dispatch.linear(out.reshape(num_tokens, -1), w.out_proj)

@@ -1,4 +1,4 @@
-"""`dispatch.linear_pair` (kernels/streams.py): two projections of one x, the second forked onto a
+"""kernels/streams.py: `dispatch.linear_pair`, two projections of one x, the second forked onto a
 side stream at decode sizes on CUDA. Same kernels, so the bits must equal the two launches one
 after the other, eagerly and replayed from a CUDA graph; a chain of layers that consumes both
 outputs and reuses their memory would differ if a fork or join were missing (a read before the
@@ -67,3 +67,61 @@ def test_the_side_stream_is_one_per_device_and_a_fork_from_it_runs_in_place():
     assert streams.side_stream(torch.device("cuda", torch.cuda.current_device())) is side
     with torch.cuda.stream(side):
         assert streams.beside(lambda: 1, lambda: 2, device) == (1, 2)
+
+
+# --- the opt-in L2 prefetch of a later GEMV's weights (kernels/l2_prefetch) ---
+
+
+def test_the_prefetch_plan_is_a_lane_per_piece_and_at_most_a_block_an_sm():
+    from ninfer.kernels.l2_prefetch import launch as l2
+
+    assert l2.plan_launch(16, 132) == (1,)
+    assert l2.plan_launch(l2.PIECE * l2.THREADS * 10, 132) == (10,)
+    assert l2.plan_launch(l2.PIECE * l2.THREADS * 10 + 16, 132) == (11,)
+    assert l2.plan_launch(2**30, 132) == (132,)
+
+
+def test_prefetch_ahead_is_off_unless_named_and_off_the_gpu(monkeypatch):
+    x, w = torch.randn(1, 64), torch.randn(32, 64)
+    monkeypatch.setenv("NINFER_KERNELS_ON", "l2_prefetch")
+    assert dispatch.prefetch_ahead(x, w) is None  # a CPU tensor
+    dispatch.join(None)  # nothing to join
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 4])
+def test_prefetched_chains_give_the_same_bits_eager_and_in_a_graph(rows, monkeypatch):
+    """Each layer forks a prefetch of the next layer's fp8 weight (and a bf16 one past the
+    PREFETCH_MAX_BYTES cap), joins before its GEMV: the bits of the chain without prefetches."""
+    from support.gpu_checks import fp8_weight
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the bulk L2 prefetch needs sm_90")
+    monkeypatch.delenv("NINFER_KERNELS_ON", raising=False)
+    gen = torch.Generator("cuda").manual_seed(torch.seed() % 2**31)
+    k = 2048
+    rows_cap = dispatch.PREFETCH_MAX_BYTES // (k * 2)
+    big16 = (torch.randn(rows_cap + 64, k, device="cuda", generator=gen) * k**-0.5).to(
+        torch.bfloat16
+    )
+    weights = [fp8_weight(k, k), big16[:k], fp8_weight(k, k)]
+    targets = [fp8_weight(k, k), big16, fp8_weight(k, k)]
+    x0 = torch.randn(rows, k, device="cuda", generator=gen).to(torch.bfloat16)
+
+    def chain() -> torch.Tensor:
+        x = x0
+        for w, t in zip(weights, targets, strict=True):
+            ahead = dispatch.prefetch_ahead(x, t)
+            x = torch.tanh(dispatch.linear(x, w).float()).to(torch.bfloat16)
+            dispatch.join(ahead)
+        return x
+
+    want = chain()
+    monkeypatch.setenv("NINFER_KERNELS_ON", "l2_prefetch")
+    assert dispatch.prefetch_ahead(x0, targets[0]) is not None
+    dispatch.join(dispatch.prefetch_ahead(x0, targets[1]))
+    assert torch.equal(chain(), want)
+    graph, out = capture_graph(chain)
+    out.zero_()
+    graph.replay()
+    assert torch.equal(out, want)
