@@ -896,7 +896,7 @@ def swiglu_linear(gate_up: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> to
 
     Where `linear` would run the bf16 GEMV on the activated row, the GEMV forms the SwiGLU as it
     loads x (one launch and one intermediate fewer, the same bits as `silu_mul` then the GEMV);
-    so does the tensor-core fp8 GEMV's ring form where `NINFER_KERNELS_ON=fp8_swiglu` (opt-in);
+    so does the tensor-core fp8 GEMV's ring form at 1..4 rows (`launch_tc.swiglu_routed`);
     everything else runs `silu_mul` then `linear`.
     """
     if not isinstance(weight, Fp8Weight) and bf16_gemv_routed(gate_up, weight, swiglu_input=True):

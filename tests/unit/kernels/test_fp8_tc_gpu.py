@@ -151,10 +151,16 @@ def test_swiglu_input_gives_silu_mul_then_the_gemv(rows: int, n: int, k: int, ge
 def test_swiglu_routing_and_checks(gen, monkeypatch) -> None:
     weight = fp8_weight(5120, 17408)
     gate_up = torch.randn(2, 2 * 17408, device="cuda", generator=gen).to(torch.bfloat16)
+    eight = torch.randn(8, 2 * 17408, device="cuda", generator=gen).to(torch.bfloat16)
     monkeypatch.delenv("NINFER_KERNELS_OFF", raising=False)
     monkeypatch.delenv("NINFER_KERNELS_ON", raising=False)
-    assert not tc_cuda.swiglu_routed(gate_up, weight)  # opt-in
-    monkeypatch.setenv("NINFER_KERNELS_ON", "fp8_swiglu")
+    assert tc_cuda.swiglu_routed(gate_up, weight)  # 1..SWIGLU_MAX_ROWS by default
+    assert not tc_cuda.swiglu_routed(eight, weight)
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "fp8_swiglu")
+    assert not tc_cuda.swiglu_routed(gate_up, weight)
+    monkeypatch.delenv("NINFER_KERNELS_OFF")
+    monkeypatch.setenv("NINFER_KERNELS_ON", "fp8_swiglu")  # every row count (A/B)
+    assert tc_cuda.swiglu_routed(eight, weight)
     assert tc_cuda.swiglu_routed(gate_up, weight)
     want = tc_cuda.fp8_linear(dispatch.silu_mul(gate_up), weight)
     assert torch.equal(dispatch.swiglu_linear(gate_up, weight), want)

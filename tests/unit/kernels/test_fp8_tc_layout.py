@@ -312,8 +312,8 @@ def test_kernel_chunk_limit_matches_the_launcher() -> None:
 
 
 def test_swiglu_input_declines_without_touching_cuda(monkeypatch) -> None:
-    """The SwiGLU input form is opt-in (`NINFER_KERNELS_ON=fp8_swiglu`) and, like the plain
-    form, says no to CPU tensors before any device query."""
+    """The SwiGLU input form (every row count with `NINFER_KERNELS_ON=fp8_swiglu`), like the
+    plain form, says no to CPU tensors before any device query."""
     monkeypatch.setenv("NINFER_KERNELS_ON", "fp8_swiglu")
     q, s = quantize_fp8_block(torch.randn(64, 256))
     weight = Fp8Weight(q, s)

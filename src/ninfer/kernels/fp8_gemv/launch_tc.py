@@ -14,10 +14,9 @@ registers; `fp8_tc_gemv_ring` keeps STAGES - 1 in flight through a cp.async ring
 (and issues the first ones before waiting on the previous kernel). Same sums, same bits.
 `ring_stages` says which runs for a row count (0: the register form).
 
-The ring form also takes a dense MLP's [gate | up] rows (`swiglu_input`, opt-in in dispatch as
-`NINFER_KERNELS_ON=fp8_swiglu`: even with `silu_mul` then the GEMV in the 27B fp8 step on an
-H100, docs/perf.md S36A): it stages swiglu(gate, up) as x, rounded as `silu_mul` writes it, so
-the down projection needs no `silu_mul` launch and gives its very bits.
+The ring form also takes a dense MLP's [gate | up] rows (`swiglu_input`; dispatch routes it for
+1..SWIGLU_MAX_ROWS rows, docs/perf.md S46E): it stages swiglu(gate, up) as x, rounded as
+`silu_mul` writes it, so the down projection needs no `silu_mul` launch and gives its very bits.
 """
 
 from __future__ import annotations
@@ -84,12 +83,18 @@ def supports_swiglu(x: torch.Tensor, weight: Fp8Weight) -> bool:
     return supports(x[:, : weight.shape[1]], weight)
 
 
+SWIGLU_MAX_ROWS = 4  # the SwiGLU input form's rows by default (S46E, H100: the fp8 MTP round
+# 0.995x, its 4-row verify 0.99x, the 1- and 4-row steps 0.997x; 8 rows 1.011x, so not there)
+
+
 def swiglu_routed(x: torch.Tensor, weight: Fp8Weight) -> bool:
     """Whether dispatch runs the down projection of [gate | up] rows through the ring form's
-    SwiGLU input: opt-in (`NINFER_KERNELS_ON=fp8_swiglu`), the ring form routed for the row count
+    SwiGLU input: 1..SWIGLU_MAX_ROWS rows (every row count with `NINFER_KERNELS_ON=fp8_swiglu`,
+    none with `NINFER_KERNELS_OFF=fp8_swiglu`: A/B runs), the ring form routed for the row count
     (not `fp8_ring` or `fp8_tc` off) and operands it takes."""
     return (
-        switched_on("fp8_swiglu")
+        (x.shape[0] <= SWIGLU_MAX_ROWS or switched_on("fp8_swiglu"))
+        and not switched_off("fp8_swiglu")
         and not switched_off("fp8_tc")
         and supports_swiglu(x, weight)  # 2-D, 1..MAX_ROWS rows: ring_stages may index by them
         and ring_stages(x.shape[0]) != 0
