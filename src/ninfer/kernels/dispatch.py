@@ -878,10 +878,11 @@ def prefetch_ahead(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> streams
 
 
 def _capped(t: torch.Tensor) -> torch.Tensor:
-    """`t`'s leading rows within PREFETCH_MAX_BYTES (16-byte multiples, as the kernel needs)."""
-    row_bytes = t[0].numel() * t.element_size() if t.dim() > 1 else t.element_size()
-    rows = max(1, PREFETCH_MAX_BYTES // row_bytes) if t.dim() > 1 else t.numel()
-    head = t[:rows] if t.dim() > 1 else t
+    """`t`'s leading rows within PREFETCH_MAX_BYTES (where they keep the kernel's 16-byte
+    multiples; else all of `t`)."""
+    if t.dim() < 2:
+        return t
+    head = t[: max(1, PREFETCH_MAX_BYTES // (t[0].numel() * t.element_size()))]
     return head if _l2_cuda.supports(head) else t
 
 

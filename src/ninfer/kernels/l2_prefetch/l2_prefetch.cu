@@ -18,7 +18,8 @@ __global__ void __launch_bounds__(32) l2_prefetch(const unsigned char* __restric
   const long long stride = static_cast<long long>(gridDim.x) * blockDim.x * piece;
   for (long long off = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) * piece;
        off < bytes; off += stride) {
-    prefetch_bulk_l2(p + off, static_cast<unsigned int>(min(static_cast<long long>(piece), bytes - off)));
+    const long long n = min(static_cast<long long>(piece), bytes - off);
+    prefetch_bulk_l2(p + off, static_cast<unsigned int>(n));
   }
   pdl_wait();
 }
