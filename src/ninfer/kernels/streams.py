@@ -35,19 +35,28 @@ def side_stream(device: torch.device) -> torch.cuda.Stream:
     return _SIDE[index]
 
 
+def _fork(device: torch.device) -> torch.cuda.Stream | None:
+    """The side stream, ordered after what the current stream holds; None when the current
+    stream is the side stream itself (a caller's own fork): then there is nothing to fork."""
+    current = torch.cuda.current_stream(device)
+    other = side_stream(device)
+    if other == current:
+        return None
+    other.wait_stream(current)
+    return other
+
+
 def beside(main: Callable[[], A], side: Callable[[], B], device: torch.device) -> tuple[A, B]:
     """(main(), side()) with `side`'s launches on the side stream, both ordered after what the
     current stream holds and before what it gets next. `side` is enqueued first so its few
     blocks are placed before `main`'s grid fills the GPU."""
-    current = torch.cuda.current_stream(device)
-    other = side_stream(device)
-    if other == current:  # already on the side stream (a caller's own fork): no fork
+    other = _fork(device)
+    if other is None:
         return main(), side()
-    other.wait_stream(current)
     with torch.cuda.stream(other):
         side_out = side()
     main_out = main()
-    current.wait_stream(other)
+    torch.cuda.current_stream(device).wait_stream(other)
     return main_out, side_out
 
 
@@ -66,11 +75,9 @@ def ahead(work: Callable[[], object], device: torch.device) -> Ahead | None:
     """`work()`'s launches on the side stream after what the current stream holds, while the
     current stream goes on until the caller joins; None (work not run) on the side stream
     itself. Why: a prefetch of a later GEMV's weights beside the small kernels before it."""
-    current = torch.cuda.current_stream(device)
-    other = side_stream(device)
-    if other == current:
+    other = _fork(device)
+    if other is None:
         return None
-    other.wait_stream(current)
     with torch.cuda.stream(other):
         work()
     return Ahead(device)
