@@ -96,3 +96,24 @@ def test_fp8_cuda_graphs_change_no_token(fp8_artifact: Path) -> None:
         assert e.graph_status == "on"
         got = run(e)
     assert got == want and all(len(t) == 16 for t in got)
+
+
+def test_packed_decode_tiles_change_no_logit(fp8_artifact: Path, monkeypatch) -> None:
+    """`NINFER_KERNELS_ON=fp8_tiles` binds each whole fp8 projection's tiles beside its rows (the
+    ring GEMV reads them at decode; prefill keeps the rows): bf16 logits equal bit for bit."""
+    monkeypatch.delenv("NINFER_KERNELS_ON", raising=False)
+    want, plain = _logits(fp8_artifact, torch.bfloat16, "cuda:0")
+    assert all(w.tiles is None for w in _fp8_fields(plain))
+    monkeypatch.setenv("NINFER_KERNELS_ON", "fp8_tiles")
+    got, tiled = _logits(fp8_artifact, torch.bfloat16, "cuda:0")
+    packed = [w for w in _fp8_fields(tiled) if w.tiles is not None]
+    assert packed, "no fp8 projection got tiles"
+    assert torch.equal(got, want)
+
+
+def _fp8_fields(model: Qwen3_5Model) -> list[Fp8Weight]:
+    out = []
+    for layer in model.layers:
+        for part in (layer.mixer, layer.ffn):
+            out += [v for v in vars(part).values() if isinstance(v, Fp8Weight)]
+    return out

@@ -87,6 +87,11 @@ def switched_off(op: str) -> bool:
     return switches.switched_off(op)
 
 
+def switched_on(op: str) -> bool:
+    """`op` begins an entry of NINFER_KERNELS_ON: an opt-in variant (kernels/switches.py)."""
+    return switches.switched_on(op)
+
+
 def add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:

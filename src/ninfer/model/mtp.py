@@ -34,6 +34,7 @@ from ninfer.model.qwen3_5 import (
     _bind_moe,
     _Binder,
     _fused,
+    _tiled,
 )
 
 NUM_LAYERS = 1  # every published Qwen3.5 / 3.6 checkpoint has one MTP layer
@@ -69,7 +70,8 @@ class MtpHead:
             _bind_moe(take, p + "mlp.", c) if c.is_moe else _bind_mlp(take, p + "mlp.", c)
         )
         if target.fuse_projections:
-            self.attention, self.ffn = _fused(self.attention), _fused(self.ffn)
+            self.attention = _tiled(_fused(self.attention))
+            self.ffn = _tiled(_fused(self.ffn))
         self.norm = take("norm.weight", (h,))
         if strict and (unused := sorted(set(weights) - take.used)):
             raise WeightError(f"{len(unused)} unexpected MTP weight(s), first '{unused[0]}'")

@@ -11,7 +11,7 @@ half the bytes a decode step reads) and are dequantized to the compute dtype els
 from __future__ import annotations
 
 from collections.abc import Mapping, MutableMapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import TypeVar
 
 import torch
@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from ninfer.kernels import dispatch
 from ninfer.kernels.fp8_gemv.reference import BLOCK, Fp8Weight, dequantize
+from ninfer.kernels.fp8_gemv.tiles import pack_tiles
 from ninfer.model.batch import ForwardBatch
 from ninfer.model.cache import ModelCache
 from ninfer.model.config import LayerType, TextConfig
@@ -178,7 +179,7 @@ class Qwen3_5Model:
             mixer = _bind_deltanet(take, p + "linear_attn.", c)
         ffn = _bind_moe(take, p + "mlp.", c) if c.is_moe else _bind_mlp(take, p + "mlp.", c)
         if self.fuse_projections:
-            mixer, ffn = _fused(mixer), _fused(ffn)
+            mixer, ffn = _tiled(_fused(mixer)), _tiled(_fused(ffn))
         return DecoderLayerWeights(
             layer_type=c.layer_types[i],
             input_layernorm=take(p + "input_layernorm.weight", (c.hidden_size,)),
@@ -363,6 +364,27 @@ def _fuse_rows(parts: Sequence[_Linear]) -> tuple[_Linear, list[_Linear]] | None
 
 
 _W = TypeVar("_W", AttentionWeights, DeltaNetWeights, MlpWeights, MoeWeights)
+
+
+def _whole(t: torch.Tensor) -> bool:
+    """`t` is all of its storage (not a row view of a fused matrix)."""
+    return t.untyped_storage().nbytes() == t.numel() * t.element_size()
+
+
+def _tiled(w: _W) -> _W:
+    """With `NINFER_KERNELS_ON=fp8_tiles` (opt-in, an A/B), every fp8 projection on the GPU that
+    is not a view of another gets the decode GEMV's tile-major copy beside it (fp8_gemv/tiles.py:
+    each k block of a 128-row block one contiguous 16 KiB run), twice its bytes in memory: the
+    row-major matrix stays for prefill's GEMM. Views (`rows`) made before keep reading rows;
+    `NINFER_KERNELS_OFF=fp8_tiles` at launch reads the rows of every weight (one-process A/B)."""
+    if not dispatch.switched_on("fp8_tiles"):
+        return w
+    changes = {}
+    for f in fields(w):
+        v = getattr(w, f.name)
+        if isinstance(v, Fp8Weight) and v.tiles is None and v.weight.is_cuda and _whole(v.weight):
+            changes[f.name] = replace(v, tiles=pack_tiles(v.weight))
+    return replace(w, **changes) if changes else w
 
 
 def _fused(w: _W) -> _W:

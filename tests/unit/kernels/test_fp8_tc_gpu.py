@@ -18,6 +18,7 @@ from ninfer.kernels.fp8_gemv import launch as core_cuda
 from ninfer.kernels.fp8_gemv import launch_tc as tc_cuda
 from ninfer.kernels.fp8_gemv import reference as fp8_ref
 from ninfer.kernels.fp8_gemv.reference import Fp8Weight
+from ninfer.kernels.fp8_gemv.tiles import pack_tiles
 
 pytestmark = pytest.mark.gpu
 TOL = 1e-2  # bf16 outputs
@@ -230,3 +231,42 @@ def test_tc_gemv_rejects_what_it_does_not_take(gen) -> None:
         tc_cuda.fp8_linear(x(9, 64), weight)
     with pytest.raises(tc_cuda.Fp8TcError, match="splits"):
         tc_cuda.fp8_linear(x(1, 64), weight, splits=3)
+
+
+@pytest.mark.parametrize("rows", [1, 4, 8])
+@pytest.mark.parametrize("n,k", [(5120, 17408), (16384, 5120), (300, 272), (130, 4112), (48, 64)])
+def test_packed_tiles_give_the_row_major_bits(rows: int, n: int, k: int, gen) -> None:
+    """The same bytes land in the same ring slots from the tiles (zero-padded past N and K):
+    equal to the row-major launch bit for bit at every split count and ring depth, the SwiGLU
+    input form too, and for a row view of a packed fused matrix."""
+    plain = fp8_weight(n, k)
+    packed = Fp8Weight(plain.weight, plain.scale_inv, pack_tiles(plain.weight))
+    x = fp8_hard_rows(rows, k, gen, torch.bfloat16)
+    for splits in (None, *tc_cuda.SPLITS):
+        for stages in (None, 2, 4):
+            want = tc_cuda.fp8_linear(x, plain, splits=splits, stages=stages)
+            got = tc_cuda.fp8_linear(x, packed, splits=splits, stages=stages)
+            assert torch.equal(got, want), f"{splits} splits, {stages} stages"
+    gate_up = (torch.randn(rows, 2 * k, device="cuda", generator=gen) * 3).to(torch.bfloat16)
+    want = tc_cuda.fp8_linear(gate_up, plain, swiglu_input=True)
+    assert torch.equal(tc_cuda.fp8_linear(gate_up, packed, swiglu_input=True), want)
+    if n > 256:
+        view = packed.rows(128, n)
+        assert view.tiles is not None
+        assert torch.equal(tc_cuda.fp8_linear(x, view), tc_cuda.fp8_linear(x, plain)[:, 128:])
+
+
+def test_packed_tiles_are_checked_and_the_register_form_ignores_them(gen, monkeypatch) -> None:
+    plain = fp8_weight(300, 272)
+    x = fp8_hard_rows(2, 272, gen, torch.bfloat16)
+    packed = Fp8Weight(plain.weight, plain.scale_inv, pack_tiles(plain.weight))
+    want = tc_cuda.fp8_linear(x, plain, stages=0)
+    assert torch.equal(tc_cuda.fp8_linear(x, packed, stages=0), want)  # rows read as before
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "fp8_tiles")  # bound, but the rows are read
+    broken = Fp8Weight(plain.weight, plain.scale_inv, torch.zeros_like(packed.tiles))
+    assert torch.equal(tc_cuda.fp8_linear(x, broken), tc_cuda.fp8_linear(x, plain))
+    monkeypatch.delenv("NINFER_KERNELS_OFF")
+    assert not torch.equal(tc_cuda.fp8_linear(x, broken), tc_cuda.fp8_linear(x, plain))
+    wrong = Fp8Weight(plain.weight, plain.scale_inv, pack_tiles(plain.weight[:256]))
+    with pytest.raises(tc_cuda.Fp8TcError, match="not a dense packing"):
+        tc_cuda.fp8_linear(x, wrong)

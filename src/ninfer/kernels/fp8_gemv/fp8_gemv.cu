@@ -348,10 +348,13 @@ __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(fp8tc::kThreads, 3)
 // reduction and bits as fp8_tc_gemv (the same mma in the same order). Dynamic shared memory:
 // STAGES * 16 KiB of ring (the reduction tile reuses it), M staged x rows, the chunk's scales.
 // INPUT: kInputPlain, or kInputSwiglu (bf16 [gate | up] rows of width 2K, x_stride apart).
+// PACKED: w is the row-major [N, K] e4m3 weight (false) or its tiles (true; fp8_gemv/tiles.py:
+// [row block][k block] contiguous 16 KiB tiles in the ring's own order, zero-padded), the same
+// bytes in the same ring slots: the same bits.
 // CHUNK: k blocks of x staged at a time (kChunk, or 8: half the staged rows, which leaves room
 // for a deeper ring at three blocks an SM from 3 x rows; or, from launch_tc.fit_chunk, as many
 // as the split holds where they fit: one staging; the same values staged, the same bits).
-template <typename T, int M, int S, int STAGES, int INPUT, int CHUNK>
+template <typename T, int M, int S, int STAGES, int INPUT, int CHUNK, bool PACKED>
 __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(fp8tc::kThreads, 3)
     fp8_tc_gemv_ring(T* __restrict__ out, const T* __restrict__ x, long long x_stride,
                      const unsigned char* __restrict__ w, const float* __restrict__ scale, int n,
@@ -383,11 +386,18 @@ __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(fp8tc::kThreads, 3)
   const unsigned char* w_g8 = w + static_cast<long long>(ok_g8 ? row_g + 8 : 0) * k;
   const float* row_scales = scale + static_cast<long long>(rb) * k_blocks;
   const unsigned short* x_lane = xs + (g < M ? g : M - 1) * ROW + 16 * t;
+  const unsigned char* tiles = w + static_cast<long long>(rb) * k_blocks * 16384;  // PACKED
+  auto issue = [&](int slot, int kb) {
+    if constexpr (PACKED) {
+      issue_packed(ring + slot * 4 * kThreads, tid, tiles, kb);
+    } else {
+      issue_tile(ring + slot * 4 * kThreads, tid, w_g, w_g8, ok_g, ok_g8, kb, t, k);
+    }
+  };
 
 #pragma unroll
   for (int p = 0; p < STAGES - 1; ++p) {
-    if (p < num_kb)
-      issue_tile(ring + p * 4 * kThreads, tid, w_g, w_g8, ok_g, ok_g8, kb_begin + p, t, k);
+    if (p < num_kb) issue(p, kb_begin + p);
     cp_commit();  // empty groups keep the wait count uniform
   }
   pdl_wait();
@@ -395,9 +405,7 @@ __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(fp8tc::kThreads, 3)
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   for (int i = 0; i < num_kb; ++i) {
     const int ahead = i + STAGES - 1;  // into the slot read at i - 1 (by this thread, done)
-    if (ahead < num_kb)
-      issue_tile(ring + (ahead % STAGES) * 4 * kThreads, tid, w_g, w_g8, ok_g, ok_g8,
-                 kb_begin + ahead, t, k);
+    if (ahead < num_kb) issue(ahead % STAGES, kb_begin + ahead);
     cp_commit();
     const int kbl = i % CHUNK;
     if (kbl == 0) {  // block-uniform: a new chunk of x

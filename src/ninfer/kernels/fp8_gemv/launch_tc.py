@@ -25,6 +25,7 @@ import torch
 
 from ninfer.kernels import runtime as rt
 from ninfer.kernels.fp8_gemv.reference import BLOCK, Fp8Weight
+from ninfer.kernels.fp8_gemv.tiles import tiles_match
 from ninfer.kernels.switches import switched_off, switched_on
 
 OP = "fp8_gemv"  # the source file: fp8_gemv.cu holds both GEMV kernels
@@ -274,6 +275,14 @@ def fp8_linear(
         chunk = ring_chunk(num_rows)
     elif not 1 <= chunk <= FIT_CHUNK_MAX:
         raise Fp8TcError(f"staged x chunks must be 1..{FIT_CHUNK_MAX} k blocks, got {chunk}")
+    # tiles bound (`NINFER_KERNELS_ON=fp8_tiles` at load) are read unless switched off at launch:
+    # one process can time both (`--ab NINFER_KERNELS_OFF=fp8_tiles`)
+    packed = stages != 0 and weight.tiles is not None and not switched_off("fp8_tiles")
+    if packed and not tiles_match(weight.tiles, n, k):
+        raise Fp8TcError(
+            f"the weight's tiles {tuple(weight.tiles.shape)} {weight.tiles.dtype} are not a dense "
+            f"packing of its {n} x {k} bytes (fp8_gemv.tiles.pack_tiles)"
+        )
     out = torch.empty((num_rows, n), dtype=x.dtype, device=device)
     t = rt.cuda_type(x, "x")
     shared = 0
@@ -281,7 +290,10 @@ def fp8_linear(
         instance = f"fp8_tc_gemv<{t}, {num_rows}, {splits}>"
     else:
         form = 1 if swiglu_input else 0  # the .cu's kInputSwiglu / kInputPlain
-        instance = f"fp8_tc_gemv_ring<{t}, {num_rows}, {splits}, {stages}, {form}, {chunk}>"
+        instance = (
+            f"fp8_tc_gemv_ring<{t}, {num_rows}, {splits}, {stages}, {form}, {chunk}, "
+            f"{'true' if packed else 'false'}>"
+        )
         shared = ring_shared_bytes(num_rows, stages, chunk)
         rt.allow_shared(OP, instance, rt.device_index(device), shared, HEADERS)
     kernel = rt.get_kernel(OP, instance, device, HEADERS)
@@ -289,7 +301,7 @@ def fp8_linear(
         rt.ptr(out),
         rt.ptr(x),
         rt.i64(x.stride(0)),
-        rt.ptr(weight.weight),
+        rt.ptr(weight.tiles if packed else weight.weight),
         rt.ptr(weight.scale_inv),
         rt.i32(n),
         rt.i32(k),

@@ -22,6 +22,9 @@ class Fp8Weight:
 
     weight: torch.Tensor  # [N, K] float8_e4m3fn
     scale_inv: torch.Tensor  # [ceil(N/128), ceil(K/128)] float32
+    # Optional: the same values as the decode GEMV's tiles (fp8_gemv/tiles.py), bound beside the
+    # row-major weight where the model packs them (`NINFER_KERNELS_ON=fp8_tiles`)
+    tiles: torch.Tensor | None = None
 
     @property
     def shape(self) -> torch.Size:
@@ -31,8 +34,9 @@ class Fp8Weight:
         """Rows [start, stop) as views; `start` must fall on a block edge so the scales split."""
         if start % BLOCK:
             raise ValueError(f"fp8 row slice starts at {start}, not on a {BLOCK}-row block edge")
+        tiles = None if self.tiles is None else self.tiles[start // BLOCK : -(-stop // BLOCK)]
         return Fp8Weight(
-            self.weight[start:stop], self.scale_inv[start // BLOCK : -(-stop // BLOCK)]
+            self.weight[start:stop], self.scale_inv[start // BLOCK : -(-stop // BLOCK)], tiles
         )
 
 

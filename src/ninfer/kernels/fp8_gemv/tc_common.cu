@@ -81,4 +81,16 @@ __device__ __forceinline__ void issue_tile(uint4* slot, int tid, const unsigned 
   cp_async16(slot + 2 * kThreads + tid, w_g8 + (ok_g8 && in0 ? off0 : 0), ok_g8 && in0);
   cp_async16(slot + 3 * kThreads + tid, w_g8 + (ok_g8 && in1 ? off1 : 0), ok_g8 && in1);
 }
+
+// The same copy from a weight packed by fp8_gemv/tiles.py: k block kb of the row block is one
+// contiguous 16 KiB tile laid out as the ring slot itself ([j][tid] 16-byte pieces), so a warp's
+// copy reads 512 consecutive bytes and a block streams one contiguous run of tiles (the row-major
+// copy reads 128 bytes of each of 128 rows a k block, K bytes apart). Rows past N and bytes past
+// the row were zero-filled by the packing, so nothing is checked here.
+__device__ __forceinline__ void issue_packed(uint4* slot, int tid, const unsigned char* tiles,
+                                             int kb) {
+  const uint4* tile = reinterpret_cast<const uint4*>(tiles + static_cast<long long>(kb) * 16384);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) cp_async16(slot + j * kThreads + tid, tile + j * kThreads + tid, true);
+}
 }  // namespace tcg

@@ -1,0 +1,79 @@
+"""The decode GEMV's tile-major weights (fp8_gemv/tiles.py), checked on the CPU.
+
+The ring kernels copy k block kb of row block rb as thread tid's four 16-byte pieces (tc_common.cu
+`issue_tile`: rows 16w + g and 16w + g + 8, bytes 16t and 64 + 16t of the block, tid = 32w +
+4g + t) into ring slot [j][tid]; `issue_packed` copies tile (rb, kb) piece by piece into the same
+slots. So tile (rb, kb), piece [j][tid] must hold exactly the bytes issue_tile would have copied,
+zeros where it zero-fills (rows past N, bytes past K). Written here from that rule, not from
+pack_tiles.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ninfer.kernels.fp8_gemv.reference import Fp8Weight
+from ninfer.kernels.fp8_gemv.tiles import pack_tiles, tiles_match, unpack_tiles
+from ninfer.model.qwen3_5 import _tiled
+
+
+def _issue_tile_bytes(raw: torch.Tensor, rb: int, kb: int, j: int, tid: int) -> torch.Tensor:
+    n, nbytes = raw.shape
+    warp, lane = divmod(tid, 32)
+    g, t = divmod(lane, 4)
+    row = rb * 128 + warp * 16 + g + (8 if j >= 2 else 0)
+    off = kb * 128 + 16 * t + (64 if j % 2 else 0)
+    if row >= n or off >= nbytes:
+        return torch.zeros(16, dtype=torch.uint8)
+    return raw[row, off : off + 16]
+
+
+SHAPES = [(256, 384, torch.uint8), (300, 272, torch.uint8), (130, 40, torch.bfloat16)]
+
+
+@pytest.mark.parametrize("n,k,dtype", [*SHAPES, (48, 64, torch.uint8)])
+def test_every_piece_holds_what_the_row_major_copy_reads(n: int, k: int, dtype) -> None:
+    gen = torch.Generator().manual_seed(n * 1000 + k)
+    if dtype == torch.uint8:
+        w = torch.randint(0, 256, (n, k), generator=gen, dtype=torch.uint8)
+    else:
+        w = torch.randn(n, k, generator=gen).to(dtype)
+    tiles = pack_tiles(w)
+    raw = w.view(torch.uint8)
+    rbs, kbs = -(-n // 128), -(-raw.shape[1] // 128)
+    assert tuple(tiles.shape) == (rbs, kbs, 4, 256, 16)
+    assert tiles_match(tiles, n, raw.shape[1])
+    for rb in range(rbs):
+        for kb in range(kbs):
+            for j in range(4):
+                for tid in range(0, 256, 7):
+                    want = _issue_tile_bytes(raw, rb, kb, j, tid)
+                    assert torch.equal(tiles[rb, kb, j, tid], want), (rb, kb, j, tid)
+    assert torch.equal(unpack_tiles(tiles, n, raw.shape[1]), raw)
+
+
+def test_tile_rows_follow_row_views_and_mismatches_are_named() -> None:
+    w = torch.randint(0, 256, (512, 256), dtype=torch.uint8)
+    weight = Fp8Weight(w.view(torch.float8_e4m3fn), torch.ones(4, 2), pack_tiles(w))
+    view = weight.rows(256, 400)  # a part ending inside a row block keeps that whole block
+    assert view.tiles is not None and view.tiles.shape[0] == 2
+    assert torch.equal(view.tiles, pack_tiles(w[256:512]))
+    assert tiles_match(view.tiles, 144, 256)
+    assert not tiles_match(view.tiles, 400, 256)  # three row blocks' worth of rows
+    assert not tiles_match(pack_tiles(w).float(), 512, 256)
+    with pytest.raises(ValueError, match="2-D"):
+        pack_tiles(w[0])
+
+
+def test_tiles_are_opt_in_and_gpu_only(monkeypatch) -> None:
+    """`_tiled` binds tiles only under NINFER_KERNELS_ON=fp8_tiles and only on CUDA weights: on
+    the CPU (the twin reads rows) the weights come back untouched, switch or not."""
+    from ninfer.model.layers.mlp import MlpWeights
+
+    fp8 = Fp8Weight(torch.zeros(256, 128, dtype=torch.float8_e4m3fn), torch.ones(2, 1))
+    mlp = MlpWeights(gate_proj=fp8, up_proj=fp8, down_proj=fp8)
+    monkeypatch.delenv("NINFER_KERNELS_ON", raising=False)
+    assert _tiled(mlp) is mlp
+    monkeypatch.setenv("NINFER_KERNELS_ON", "fp8_tiles")
+    assert _tiled(mlp) is mlp  # CPU tensors: nothing packed
