@@ -18,8 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from ninfer.kernels import dispatch
+from ninfer.kernels.bf16_tc_gemv.launch import tc_preferred
 from ninfer.kernels.fp8_gemv.reference import BLOCK, Fp8Weight, dequantize
-from ninfer.kernels.fp8_gemv.tiles import pack_tiles
+from ninfer.kernels.fp8_gemv.tiles import attach_tiles, pack_tiles
 from ninfer.model.batch import ForwardBatch
 from ninfer.model.cache import ModelCache
 from ninfer.model.config import LayerType, TextConfig
@@ -366,25 +367,39 @@ def _fuse_rows(parts: Sequence[_Linear]) -> tuple[_Linear, list[_Linear]] | None
 _W = TypeVar("_W", AttentionWeights, DeltaNetWeights, MlpWeights, MoeWeights)
 
 
-def _whole(t: torch.Tensor) -> bool:
-    """`t` is all of its storage (not a row view of a fused matrix)."""
-    return t.untyped_storage().nbytes() == t.numel() * t.element_size()
+def _whole(t: torch.Tensor, *, cuda: bool) -> bool:
+    """`t` is all of its storage (not a row view of a fused matrix), on a GPU if `cuda`."""
+    on = t.is_cuda or not cuda
+    return on and t.untyped_storage().nbytes() == t.numel() * t.element_size()
 
 
 def _tiled(w: _W) -> _W:
-    """With `NINFER_KERNELS_ON=fp8_tiles` (opt-in, an A/B), every fp8 projection on the GPU that
-    is not a view of another gets the decode GEMV's tile-major copy beside it (fp8_gemv/tiles.py:
-    each k block of a 128-row block one contiguous 16 KiB run), twice its bytes in memory: the
-    row-major matrix stays for prefill's GEMM. Views (`rows`) made before keep reading rows;
-    `NINFER_KERNELS_OFF=fp8_tiles` at launch reads the rows of every weight (one-process A/B)."""
-    if not dispatch.switched_on("fp8_tiles"):
+    """Opt-in (A/B runs), at bind time: the decode GEMVs' tile-major copies (fp8_gemv/tiles.py:
+    each k block of a 128-row block one contiguous 16 KiB run) beside the row-major matrices,
+    which stay for prefill's GEMMs, so the tiled projections take twice their bytes.
+    `NINFER_KERNELS_ON=fp8_tiles`: every fp8 projection on the GPU that is not a row view of
+    another (`Fp8Weight.tiles`); views made before keep reading rows. `bf16_tiles`: every plain
+    bf16 projection the tensor-core bf16 GEMV takes at 2-8 rows (`tc_preferred`: the 27B's down,
+    out_proj and o_proj), kept on the tensor (`attach_tiles`). `NINFER_KERNELS_OFF=fp8_tiles` /
+    `bf16_tiles` at launch reads the rows again (a one-process A/B)."""
+    fp8, bf16 = dispatch.switched_on("fp8_tiles"), dispatch.switched_on("bf16_tiles")
+    if not (fp8 or bf16):
         return w
     changes = {}
     for f in fields(w):
         v = getattr(w, f.name)
-        if isinstance(v, Fp8Weight) and v.tiles is None and v.weight.is_cuda and _whole(v.weight):
+        if fp8 and isinstance(v, Fp8Weight) and v.tiles is None and _whole(v.weight, cuda=True):
             changes[f.name] = replace(v, tiles=pack_tiles(v.weight))
+        elif bf16 and _bf16_tc_routed(v):
+            attach_tiles(v)
     return replace(w, **changes) if changes else w
+
+
+def _bf16_tc_routed(v: object) -> bool:
+    """`v` is a whole plain bf16 matrix on a GPU that the tensor-core GEMV takes at 8 rows."""
+    if not (isinstance(v, torch.Tensor) and v.dtype == torch.bfloat16 and v.dim() == 2):
+        return False
+    return _whole(v, cuda=True) and tc_preferred(8, *v.shape)
 
 
 def _fused(w: _W) -> _W:

@@ -16,6 +16,7 @@ from tests.support.gpu_checks import bf16_operands, capture_graph
 
 from ninfer.kernels import dispatch
 from ninfer.kernels.bf16_tc_gemv import launch as tc
+from ninfer.kernels.fp8_gemv.tiles import attach_tiles, attached_tiles
 
 pytestmark = pytest.mark.gpu
 TOL = 1e-2
@@ -109,3 +110,40 @@ def test_rejects_what_it_does_not_take(gen) -> None:
         tc.bf16_linear(x, w, stages=5)
     with pytest.raises(tc.Bf16TcError, match="splits"):
         tc.bf16_linear(x, w, splits=3)
+
+
+@pytest.mark.parametrize("rows", [1, 4, 8])
+@pytest.mark.parametrize("n,k", [(5120, 17408), (5120, 6144), (1000, 264), (130, 4104), (48, 64)])
+def test_packed_tiles_give_the_row_major_bits(rows: int, n: int, k: int, gen) -> None:
+    """Tiles attached to the weight (zero-padded past N and K) put the same bytes in the same
+    ring slots: the row-major launch's bits at every split count and ring depth."""
+    x, plain = bf16_operands(rows, n, k, gen)
+    tiled = plain.clone()
+    attach_tiles(tiled)
+    assert attached_tiles(plain) is None and attached_tiles(tiled) is not None
+    for splits in (None, 1, 2, 8):
+        for stages in (None, 2):
+            want = tc.bf16_linear(x, plain, splits=splits, stages=stages)
+            got = tc.bf16_linear(x, tiled, splits=splits, stages=stages)
+            assert torch.equal(got, want), f"{splits} splits, {stages} stages"
+
+
+def test_bound_tiles_are_read_through_dispatch_and_can_be_switched_off(gen, monkeypatch) -> None:
+    """`qwen3_5._tiled` with `NINFER_KERNELS_ON=bf16_tiles` attaches tiles to the projections
+    the tensor-core GEMV takes (a K >= 3N down projection here, not the gate-up), dispatch's
+    launch reads them (zeroed tiles change the product), `NINFER_KERNELS_OFF=bf16_tiles` reads
+    the rows again, and the bits are the untiled weight's."""
+    from ninfer.model.layers.mlp import MlpWeights
+    from ninfer.model.qwen3_5 import _tiled
+
+    x, down = bf16_operands(4, 256, 1024, gen)
+    gate = torch.randn(1024, 256, device="cuda", generator=gen).to(torch.bfloat16)
+    want = dispatch.linear(x, down)
+    monkeypatch.setenv("NINFER_KERNELS_ON", "bf16_tiles")
+    w = _tiled(MlpWeights(gate_proj=gate, up_proj=gate.clone(), down_proj=down.clone()))
+    assert attached_tiles(w.down_proj) is not None and attached_tiles(w.gate_proj) is None
+    assert torch.equal(dispatch.linear(x, w.down_proj), want)
+    attached_tiles(w.down_proj).zero_()
+    assert not torch.equal(dispatch.linear(x, w.down_proj), want)
+    monkeypatch.setenv("NINFER_KERNELS_OFF", "bf16_tiles")
+    assert torch.equal(dispatch.linear(x, w.down_proj), want)

@@ -14,7 +14,13 @@ import pytest
 import torch
 
 from ninfer.kernels.fp8_gemv.reference import Fp8Weight
-from ninfer.kernels.fp8_gemv.tiles import pack_tiles, tiles_match, unpack_tiles
+from ninfer.kernels.fp8_gemv.tiles import (
+    attach_tiles,
+    attached_tiles,
+    pack_tiles,
+    tiles_match,
+    unpack_tiles,
+)
 from ninfer.model.qwen3_5 import _tiled
 
 
@@ -77,3 +83,17 @@ def test_tiles_are_opt_in_and_gpu_only(monkeypatch) -> None:
     assert _tiled(mlp) is mlp
     monkeypatch.setenv("NINFER_KERNELS_ON", "fp8_tiles")
     assert _tiled(mlp) is mlp  # CPU tensors: nothing packed
+
+
+def test_plain_tiles_live_on_the_tensor_object(monkeypatch) -> None:
+    w = torch.randn(256, 200).to(torch.bfloat16)
+    assert attached_tiles(w) is None
+    attach_tiles(w)
+    assert torch.equal(attached_tiles(w), pack_tiles(w))
+    assert attached_tiles(w.clone()) is None and attached_tiles(w[:128]) is None
+    from ninfer.model.layers.mlp import MlpWeights
+
+    down = torch.zeros(128, 512, dtype=torch.bfloat16)  # K >= 3N: the tensor-core GEMV's shape
+    monkeypatch.setenv("NINFER_KERNELS_ON", "bf16_tiles")
+    _tiled(MlpWeights(gate_proj=down, up_proj=down, down_proj=down))
+    assert attached_tiles(down) is None  # CPU tensors: nothing packed

@@ -40,7 +40,10 @@ __device__ __forceinline__ void tile_mma(float (&acc)[4], const uint4* slot, con
   mma_16816<false>(acc, wg1.z, wh1.z, wg1.w, wh1.w, xb.z, xb.w);
 }
 
-template <int M, int S, int STAGES>
+// PACKED: w is the row-major weight (false) or its tiles (true; fp8_gemv/tiles.py: each k block
+// of a row block one contiguous 16 KiB run in the ring slot's order, zero-padded): the same bytes
+// in the same ring slots, the same bits.
+template <int M, int S, int STAGES, bool PACKED>
 __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(tcg::kThreads, 3)
     bf16_tc_gemv(bf16* __restrict__ out, const bf16* __restrict__ x, long long x_stride,
                  const bf16* __restrict__ w, int n, int k, int k_blocks) {
@@ -69,12 +72,19 @@ __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(tcg::kThreads, 3)
   const unsigned char* w_g8 =
       reinterpret_cast<const unsigned char*>(w + static_cast<long long>(ok_g8 ? row_g + 8 : 0) * k);
   const bf16* x_row = x + static_cast<long long>(g < M ? g : M - 1) * x_stride;
+  const unsigned char* tiles =
+      reinterpret_cast<const unsigned char*>(w) + static_cast<long long>(rb) * k_blocks * 16384;
+  auto issue = [&](int slot, int kb) {
+    if constexpr (PACKED) {
+      issue_packed(ring + slot * 4 * kThreads, tid, tiles, kb);
+    } else {
+      issue_tile(ring + slot * 4 * kThreads, tid, w_g, w_g8, ok_g, ok_g8, kb, t, row_bytes);
+    }
+  };
 
 #pragma unroll
   for (int p = 0; p < STAGES - 1; ++p) {
-    if (p < num_kb)
-      issue_tile(ring + p * 4 * kThreads, tid, w_g, w_g8, ok_g, ok_g8, kb_begin + p, t,
-                 row_bytes);
+    if (p < num_kb) issue(p, kb_begin + p);
     cp_commit();  // empty groups keep the wait count uniform
   }
   pdl_wait();  // x is the previous kernel's output
@@ -82,9 +92,7 @@ __global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(tcg::kThreads, 3)
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   for (int i = 0; i < num_kb; ++i) {
     const int ahead = i + STAGES - 1;  // into the slot read at i - 1 (by this thread, done)
-    if (ahead < num_kb)
-      issue_tile(ring + (ahead % STAGES) * 4 * kThreads, tid, w_g, w_g8, ok_g, ok_g8,
-                 kb_begin + ahead, t, row_bytes);
+    if (ahead < num_kb) issue(ahead % STAGES, kb_begin + ahead);
     cp_commit();
     tile_mma<STAGES>(acc, ring + (i % STAGES) * 4 * kThreads + tid, x_row,
                      (kb_begin + i) * 64 + 8 * t, k);

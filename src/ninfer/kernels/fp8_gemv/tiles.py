@@ -8,6 +8,10 @@ ring slot itself uses (piece j of thread tid at [j][tid]; thread tid = 32 w + 4 
 k blocks of a row block consecutive: a warp's copy reads 512 consecutive bytes and a thread block
 streams one contiguous run, which DRAM serves with fewer row activations than 128-byte pieces of
 rows K bytes apart. Rows past N and bytes past K are zeros, so the kernel checks nothing.
+
+fp8 weights carry their tiles in `Fp8Weight.tiles`; a plain bf16 weight (a torch.Tensor the
+model passes around as is) carries them as an attribute of that tensor object (`attach_tiles`),
+which lives and dies with it: views and copies of it have none.
 """
 
 from __future__ import annotations
@@ -56,6 +60,19 @@ def tiles_match(tiles: torch.Tensor, n: int, nbytes: int) -> bool:
         and tiles.is_contiguous()
         and tiles.data_ptr() % 16 == 0
     )
+
+
+_ATTRIBUTE = "_ninfer_tiles"
+
+
+def attach_tiles(weight: torch.Tensor) -> None:
+    """Pack `weight` (a plain 2-D tensor) and keep the tiles on the tensor object itself."""
+    setattr(weight, _ATTRIBUTE, pack_tiles(weight))
+
+
+def attached_tiles(weight: torch.Tensor) -> torch.Tensor | None:
+    """The tiles `attach_tiles` kept on this very tensor object, else None."""
+    return getattr(weight, _ATTRIBUTE, None)
 
 
 def unpack_tiles(tiles: torch.Tensor, n: int, nbytes: int) -> torch.Tensor:
