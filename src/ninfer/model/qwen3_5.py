@@ -367,10 +367,9 @@ def _fuse_rows(parts: Sequence[_Linear]) -> tuple[_Linear, list[_Linear]] | None
 _W = TypeVar("_W", AttentionWeights, DeltaNetWeights, MlpWeights, MoeWeights)
 
 
-def _whole(t: torch.Tensor, *, cuda: bool) -> bool:
-    """`t` is all of its storage (not a row view of a fused matrix), on a GPU if `cuda`."""
-    on = t.is_cuda or not cuda
-    return on and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+def _whole_on_gpu(t: torch.Tensor) -> bool:
+    """`t` is on a GPU and all of its storage (not a row view of a fused matrix)."""
+    return t.is_cuda and t.untyped_storage().nbytes() == t.numel() * t.element_size()
 
 
 def _tiled(w: _W) -> _W:
@@ -388,7 +387,7 @@ def _tiled(w: _W) -> _W:
     changes = {}
     for f in fields(w):
         v = getattr(w, f.name)
-        if fp8 and isinstance(v, Fp8Weight) and v.tiles is None and _whole(v.weight, cuda=True):
+        if fp8 and isinstance(v, Fp8Weight) and v.tiles is None and _whole_on_gpu(v.weight):
             changes[f.name] = replace(v, tiles=pack_tiles(v.weight))
         elif bf16 and _bf16_tc_routed(v):
             attach_tiles(v)
@@ -399,7 +398,7 @@ def _bf16_tc_routed(v: object) -> bool:
     """`v` is a whole plain bf16 matrix on a GPU that the tensor-core GEMV takes at 8 rows."""
     if not (isinstance(v, torch.Tensor) and v.dtype == torch.bfloat16 and v.dim() == 2):
         return False
-    return _whole(v, cuda=True) and tc_preferred(8, *v.shape)
+    return _whole_on_gpu(v) and tc_preferred(8, *v.shape)
 
 
 def _fused(w: _W) -> _W:
