@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from ninfer.kernels import dispatch
 from ninfer.kernels.bf16_tc_gemv.launch import tc_preferred
+from ninfer.kernels.fp8_gemv.launch_tc import LONG_K_TILES
 from ninfer.kernels.fp8_gemv.reference import BLOCK, Fp8Weight, dequantize
 from ninfer.kernels.fp8_gemv.tiles import attach_tiles, pack_tiles
 from ninfer.model.batch import ForwardBatch
@@ -377,7 +378,8 @@ def _tiled(w: _W) -> _W:
     each k block of a 128-row block one contiguous 16 KiB run) beside the row-major matrices,
     which stay for prefill's GEMMs, so the tiled projections take twice their bytes.
     `NINFER_KERNELS_ON=fp8_tiles`: every fp8 projection on the GPU that is not a row view of
-    another (`Fp8Weight.tiles`); views made before keep reading rows. `bf16_tiles`: every plain
+    another (`Fp8Weight.tiles`), with `long_k_tiles` too only those of K >= LONG_K_TILES (a third
+    of the bytes on the 27B); views made before keep reading rows. `bf16_tiles`: every plain
     bf16 projection the tensor-core bf16 GEMV takes at 2-8 rows (`tc_preferred`: the 27B's down,
     out_proj and o_proj), kept on the tensor (`attach_tiles`). `NINFER_KERNELS_OFF=fp8_tiles` /
     `bf16_tiles` at launch reads the rows again (a one-process A/B)."""
@@ -388,7 +390,8 @@ def _tiled(w: _W) -> _W:
     for f in fields(w):
         v = getattr(w, f.name)
         if fp8 and isinstance(v, Fp8Weight) and v.tiles is None and _whole_on_gpu(v.weight):
-            changes[f.name] = replace(v, tiles=pack_tiles(v.weight))
+            if v.shape[1] >= LONG_K_TILES or not dispatch.switched_on("long_k_tiles"):
+                changes[f.name] = replace(v, tiles=pack_tiles(v.weight))
         elif bf16 and _bf16_tc_routed(v):
             attach_tiles(v)
     return replace(w, **changes) if changes else w

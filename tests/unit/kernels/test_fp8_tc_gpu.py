@@ -270,3 +270,23 @@ def test_packed_tiles_are_checked_and_the_register_form_ignores_them(gen, monkey
     wrong = Fp8Weight(plain.weight, plain.scale_inv, pack_tiles(plain.weight[:256]))
     with pytest.raises(tc_cuda.Fp8TcError, match="not a dense packing"):
         tc_cuda.fp8_linear(x, wrong)
+
+
+def test_long_k_tiles_bind_and_read_only_long_rows(gen, monkeypatch) -> None:
+    """`NINFER_KERNELS_ON=fp8_tiles,long_k_tiles`: `_tiled` packs only projections of K >=
+    LONG_K_TILES, and a launch reads tiles only there (zeroed tiles of a short-K weight are
+    never read; of a long-K one they are)."""
+    from ninfer.model.layers.mlp import MlpWeights
+    from ninfer.model.qwen3_5 import _tiled
+
+    k = tc_cuda.LONG_K_TILES
+    short, long = fp8_weight(512, 256), fp8_weight(256, k)
+    monkeypatch.setenv("NINFER_KERNELS_ON", "fp8_tiles,long_k_tiles")
+    fresh = [Fp8Weight(w.weight.clone(), w.scale_inv) for w in (short, short, long)]
+    bound = _tiled(MlpWeights(gate_proj=fresh[0], up_proj=fresh[1], down_proj=fresh[2]))
+    assert bound.gate_proj.tiles is None and bound.down_proj.tiles is not None
+    for w, reads in ((short, False), (long, True)):
+        x = fp8_hard_rows(2, w.shape[1], gen, torch.bfloat16)
+        zeroed = Fp8Weight(w.weight, w.scale_inv, torch.zeros_like(pack_tiles(w.weight)))
+        same = torch.equal(tc_cuda.fp8_linear(x, zeroed), tc_cuda.fp8_linear(x, w))
+        assert same != reads, f"K = {w.shape[1]}"

@@ -97,3 +97,9 @@ def test_plain_tiles_live_on_the_tensor_object(monkeypatch) -> None:
     monkeypatch.setenv("NINFER_KERNELS_ON", "bf16_tiles")
     _tiled(MlpWeights(gate_proj=down, up_proj=down, down_proj=down))
     assert attached_tiles(down) is None  # CPU tensors: nothing packed
+
+
+def test_long_k_rule_covers_the_27b_long_rows_only() -> None:
+    from ninfer.kernels.fp8_gemv.launch_tc import LONG_K_TILES
+
+    assert 5120 < LONG_K_TILES <= 6144  # out_proj / o_proj (6,144) and down (17,408), not K = 5,120

@@ -84,6 +84,12 @@ def supports_swiglu(x: torch.Tensor, weight: Fp8Weight) -> bool:
     return supports(x[:, : weight.shape[1]], weight)
 
 
+# The shortest rows `NINFER_KERNELS_ON=long_k_tiles` tiles: the 27B's down (17,408) and out_proj /
+# o_proj (6,144), where tiles gained the most per shape (S47B, H100: 0.90-0.98x), not its K =
+# 5,120 projections (even alone; twice the bytes). `qwen3_5._tiled` binds by the same rule.
+LONG_K_TILES = 6144
+
+
 SWIGLU_MAX_ROWS = 4  # the SwiGLU input form's rows by default (S46E, H100: the fp8 MTP round
 # 0.995x, its 4-row verify 0.99x, the 1- and 4-row steps 0.997x; 8 rows 1.011x, so not there)
 
@@ -277,7 +283,10 @@ def fp8_linear(
         raise Fp8TcError(f"staged x chunks must be 1..{FIT_CHUNK_MAX} k blocks, got {chunk}")
     # tiles bound (`NINFER_KERNELS_ON=fp8_tiles` at load) are read unless switched off at launch:
     # one process can time both (`--ab NINFER_KERNELS_OFF=fp8_tiles`)
+    # `NINFER_KERNELS_ON=long_k_tiles` reads them only for K >= LONG_K_TILES (bound that way
+    # too: a third of the memory on the 27B), so that A/B needs no second process either
     packed = stages != 0 and weight.tiles is not None and not switched_off("fp8_tiles")
+    packed = packed and (k >= LONG_K_TILES or not switched_on("long_k_tiles"))
     if packed and not tiles_match(weight.tiles, n, k):
         raise Fp8TcError(
             f"the weight's tiles {tuple(weight.tiles.shape)} {weight.tiles.dtype} are not a dense "
