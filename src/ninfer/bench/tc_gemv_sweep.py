@@ -11,6 +11,7 @@ copies to span five times the H200's 50 MB L2.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
@@ -28,6 +29,7 @@ from ninfer.kernels.fp8_gemm import launch as gemm_cuda
 from ninfer.kernels.fp8_gemv import launch_tc as tc_cuda
 from ninfer.kernels.fp8_gemv import reference as fp8_ref
 from ninfer.kernels.fp8_gemv.reference import Fp8Weight
+from ninfer.kernels.fp8_gemv.tiles import attach_tiles, pack_tiles
 from ninfer.kernels.fp8_split_gemv import launch as split_cuda
 
 ROTATE_BYTES = 250 * 2**20
@@ -42,11 +44,13 @@ def fp8_gemv_sweep(
 ) -> str:
     """Markdown table: µs per call of each form at its automatic split count, the best form's
     weight GB/s, what dispatch routes now, and the worst relative error against an fp64 product
-    (all forms must agree bit for bit: the same mma in the same order)."""
+    (all forms must agree bit for bit: the same mma in the same order). "tiles": the routed plan
+    reading tile-major copies of the weights (`NINFER_KERNELS_ON=fp8_tiles`, tiles.py)."""
     forms = (0, *tc_cuda.STAGES)
     names = ["registers µs", *(f"ring {s} µs" for s in tc_cuda.STAGES)]
     names += [f"S={z} µs" for z in tc_cuda.SPLITS]  # the routed form at each k split count
     names += ["chunk 8 µs"]  # x staged 8 k blocks at a time, the ring that fits then
+    names += ["tiles µs"]  # the routed plan over tile-major weights
     names += ["split-K CUDA cores µs"]  # fp8_split_gemv (1..MAX_ROWS rows; other sums)
     lines = [
         "fp8 tensor-core GEMV forms (bf16 x, e4m3 W [N, K] with 128x128 scales), graphs, cold L2;",
@@ -67,6 +71,7 @@ def fp8_gemv_sweep(
             first = weights[0]
             weights.append(Fp8Weight(first.weight.clone(), first.scale_inv.clone()))
         calls = max(CALLS_PER_GRAPH, copies)
+        tiled = [replace(w, tiles=pack_tiles(w.weight)) for w in weights]
         for m in row_counts:
             x = torch.randn(m, k, device=device).to(torch.bfloat16)
             exact = (
@@ -76,6 +81,7 @@ def fp8_gemv_sweep(
             chunk8 = {"chunk": 8, "stages": tc_cuda.RING_STAGES[m]}
             outs = [tc_cuda.fp8_linear(x, weights[0], stages=s, chunk=16) for s in forms]
             outs.append(tc_cuda.fp8_linear(x, weights[0], **chunk8))
+            outs.append(tc_cuda.fp8_linear(x, tiled[0]))
             same = all(torch.equal(outs[0], o) for o in outs[1:])
             err = max(((o.double() - exact).norm() / exact.norm()).item() for o in outs)
             plans = [{"stages": s, "chunk": 16} for s in forms]
@@ -85,6 +91,8 @@ def fp8_gemv_sweep(
                          5, calls)
                 for p in plans
             ]  # fmt: skip
+            times.append(graph_us(rotating(lambda w, x=x: tc_cuda.fp8_linear(x, w), tiled),
+                                  5, calls))  # fmt: skip
             split_err = "—"
             if m <= split_cuda.MAX_ROWS:
                 got = split_cuda.fp8_linear(x, weights[0])
@@ -101,7 +109,7 @@ def fp8_gemv_sweep(
                 f"{err:.1e}{'' if same else ' (forms differ!)'} | {split_err} | "
                 f"{_w8a8_cells(x, weights, exact, calls)} |"
             )
-        del weights
+        del weights, tiled
         torch.cuda.empty_cache()
     return "\n".join(lines)
 
@@ -123,11 +131,13 @@ def bf16_tc_sweep(
     """Markdown table: µs per call of the CUDA-core bf16 GEMV, the tensor-core ring kernel at each
     depth (planned split count) and at each split count (default depth), `F.linear` (cuBLAS),
     the best kernel's weight GB/s, cuBLAS over the best tensor-core plan, and the worst relative
-    error of the tensor-core plans against an fp64 product."""
+    error of the tensor-core plans against an fp64 product. "tiles": the planned ring reading
+    tile-major copies (`NINFER_KERNELS_ON=bf16_tiles`, fp8_gemv/tiles.py), the same bits."""
     plans: list[dict] = [{"stages": s} for s in bf16_tc_cuda.STAGES]
     plans += [{"splits": z} for z in tc_cuda.SPLITS]  # the default ring at each k split count
     names = [f"tc ring {s} µs" for s in bf16_tc_cuda.STAGES]
     names += [f"S={z} µs" for z in tc_cuda.SPLITS]
+    names += ["tiles µs"]
     lines = [
         "bf16 decode GEMVs (bf16 x, W [N, K]), graphs, cold L2",
         "| N x K | rows | gemv µs | " + " | ".join(names) + " | F.linear µs | best GB/s | "
@@ -138,9 +148,14 @@ def bf16_tc_sweep(
         moved = 2 * n * k
         weights = bf16_weight_copies(n, k, device, rotate_bytes=ROTATE_BYTES, max_copies=MAX_COPIES)
         calls = max(CALLS_PER_GRAPH, len(weights))
+        tiled = [w.clone() for w in weights]
+        for w in tiled:
+            attach_tiles(w)
         for m in row_counts:
             x = torch.randn(m, k, device=device).to(torch.bfloat16)
             exact = x.double() @ weights[0].double().T
+            same = torch.equal(bf16_tc_cuda.bf16_linear(x, tiled[0]),
+                               bf16_tc_cuda.bf16_linear(x, weights[0]))  # fmt: skip
             err = max(
                 ((bf16_tc_cuda.bf16_linear(x, weights[0], **p).double() - exact).norm()
                  / exact.norm()).item()
@@ -155,6 +170,8 @@ def bf16_tc_sweep(
                          5, calls)
                 for p in plans
             ]  # fmt: skip
+            ring.append(graph_us(rotating(lambda w, x=x: bf16_tc_cuda.bf16_linear(x, w), tiled),
+                                 5, calls))  # fmt: skip
             cublas = graph_us(
                 rotating(lambda w, x=x: torch.nn.functional.linear(x, w), weights), 5, calls
             )
@@ -162,8 +179,9 @@ def bf16_tc_sweep(
             cells = " | ".join(f"{t:.1f}" for t in ring)
             lines.append(
                 f"| {n}x{k} | {m} | {gemv:.1f} | {cells} | {cublas:.1f} | "
-                f"{moved / best / 1e3:.0f} | {cublas / min(ring):.2f} | {err:.1e} |"
+                f"{moved / best / 1e3:.0f} | {cublas / min(ring):.2f} | "
+                f"{err:.1e}{'' if same else ' (tiles differ!)'} |"
             )
-        del weights
+        del weights, tiled
         torch.cuda.empty_cache()
     return "\n".join(lines)
