@@ -19,6 +19,7 @@ from ninfer.kernels.fp8_gemv.tiles import (
     attached_tiles,
     pack_tiles,
     tiles_match,
+    tiles_mismatch,
     unpack_tiles,
 )
 from ninfer.model.qwen3_5 import _tiled
@@ -67,6 +68,8 @@ def test_tile_rows_follow_row_views_and_mismatches_are_named() -> None:
     assert torch.equal(view.tiles, pack_tiles(w[256:512]))
     assert tiles_match(view.tiles, 144, 256)
     assert not tiles_match(view.tiles, 400, 256)  # three row blocks' worth of rows
+    assert tiles_mismatch(view.tiles, 144, 256) is None
+    assert "not a dense packing of its 400 x 256 bytes" in tiles_mismatch(view.tiles, 400, 256)
     assert not tiles_match(pack_tiles(w).float(), 512, 256)
     with pytest.raises(ValueError, match="2-D"):
         pack_tiles(w[0])

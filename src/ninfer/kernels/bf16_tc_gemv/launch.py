@@ -14,7 +14,7 @@ import torch
 
 from ninfer.kernels import runtime as rt
 from ninfer.kernels.fp8_gemv.launch_tc import MAX_ROWS, SPLITS, choose_splits, tc_operands_ok
-from ninfer.kernels.fp8_gemv.tiles import attached_tiles, tiles_match
+from ninfer.kernels.fp8_gemv.tiles import attached_tiles, tiles_mismatch
 from ninfer.kernels.switches import switched_off, switched_on
 
 OP = "bf16_tc_gemv"
@@ -123,12 +123,11 @@ def bf16_linear(
     elif splits not in SPLITS:
         raise Bf16TcError(f"k splits must be one of {SPLITS}, got {splits}")
     # tiles attached at load (`NINFER_KERNELS_ON=bf16_tiles`) unless switched off at launch
-    tiles = None if switched_off("bf16_tiles") else attached_tiles(weight)
-    if tiles is not None and not tiles_match(tiles, n, 2 * k):
-        raise Bf16TcError(
-            f"the weight's tiles {tuple(tiles.shape)} {tiles.dtype} are not a dense packing of "
-            f"its {n} x {2 * k} bytes (fp8_gemv.tiles.pack_tiles)"
-        )
+    tiles = attached_tiles(weight)
+    if tiles is not None and switched_off("bf16_tiles"):
+        tiles = None
+    if tiles is not None and (why := tiles_mismatch(tiles, n, 2 * k)):
+        raise Bf16TcError(why)
     out = torch.empty((num_rows, n), dtype=x.dtype, device=device)
     args = (rt.ptr(out), rt.ptr(x), rt.i64(x.stride(0)), rt.ptr(weight if tiles is None else tiles))
     args += (rt.i32(n), rt.i32(k), rt.i32(k_blocks))

@@ -25,7 +25,7 @@ import torch
 
 from ninfer.kernels import runtime as rt
 from ninfer.kernels.fp8_gemv.reference import BLOCK, Fp8Weight
-from ninfer.kernels.fp8_gemv.tiles import tiles_match
+from ninfer.kernels.fp8_gemv.tiles import tiles_mismatch
 from ninfer.kernels.switches import switched_off, switched_on
 
 OP = "fp8_gemv"  # the source file: fp8_gemv.cu holds both GEMV kernels
@@ -287,11 +287,8 @@ def fp8_linear(
     # too: a third of the memory on the 27B), so that A/B needs no second process either
     packed = stages != 0 and weight.tiles is not None and not switched_off("fp8_tiles")
     packed = packed and (k >= LONG_K_TILES or not switched_on("long_k_tiles"))
-    if packed and not tiles_match(weight.tiles, n, k):
-        raise Fp8TcError(
-            f"the weight's tiles {tuple(weight.tiles.shape)} {weight.tiles.dtype} are not a dense "
-            f"packing of its {n} x {k} bytes (fp8_gemv.tiles.pack_tiles)"
-        )
+    if packed and (why := tiles_mismatch(weight.tiles, n, k)):
+        raise Fp8TcError(why)
     out = torch.empty((num_rows, n), dtype=x.dtype, device=device)
     t = rt.cuda_type(x, "x")
     shared = 0

@@ -20,7 +20,6 @@ import torch
 
 ROWS = 128  # rows of a tile (the ring kernels' row block)
 ROW_BYTES = 128  # bytes of each row in a tile (one k block)
-TILE_BYTES = ROWS * ROW_BYTES
 THREADS = 256  # the ring kernels' block: 8 warps
 
 
@@ -59,6 +58,17 @@ def tiles_match(tiles: torch.Tensor, n: int, nbytes: int) -> bool:
         and tuple(tiles.shape) == (-(-n // ROWS), -(-nbytes // ROW_BYTES), 4, THREADS, 16)
         and tiles.is_contiguous()
         and tiles.data_ptr() % 16 == 0
+    )
+
+
+def tiles_mismatch(tiles: torch.Tensor, n: int, nbytes: int) -> str | None:
+    """Why `tiles` cannot stand for a weight of `n` rows of `nbytes` bytes (`tiles_match`),
+    as both ring launchers word it; None where it can."""
+    if tiles_match(tiles, n, nbytes):
+        return None
+    return (
+        f"the weight's tiles {tuple(tiles.shape)} {tiles.dtype} are not a dense packing of its "
+        f"{n} x {nbytes} bytes (fp8_gemv.tiles.pack_tiles)"
     )
 
 
