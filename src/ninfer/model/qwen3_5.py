@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from ninfer.kernels import dispatch
 from ninfer.kernels.bf16_tc_gemv.launch import tc_preferred
-from ninfer.kernels.fp8_gemv.launch_tc import LONG_K_TILES
+from ninfer.kernels.fp8_gemv.launch_tc import tiles_wanted
 from ninfer.kernels.fp8_gemv.reference import BLOCK, Fp8Weight, dequantize
 from ninfer.kernels.fp8_gemv.tiles import attach_tiles, pack_tiles
 from ninfer.model.batch import ForwardBatch
@@ -390,7 +390,7 @@ def _tiled(w: _W) -> _W:
     for f in fields(w):
         v = getattr(w, f.name)
         if fp8 and isinstance(v, Fp8Weight) and v.tiles is None and _whole_on_gpu(v.weight):
-            if v.shape[1] >= LONG_K_TILES or not dispatch.switched_on("long_k_tiles"):
+            if tiles_wanted(v.shape[1]):
                 changes[f.name] = replace(v, tiles=pack_tiles(v.weight))
         elif bf16 and _bf16_tc_routed(v):
             attach_tiles(v)

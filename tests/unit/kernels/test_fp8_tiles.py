@@ -102,7 +102,11 @@ def test_plain_tiles_live_on_the_tensor_object(monkeypatch) -> None:
     assert attached_tiles(down) is None  # CPU tensors: nothing packed
 
 
-def test_long_k_rule_covers_the_27b_long_rows_only() -> None:
-    from ninfer.kernels.fp8_gemv.launch_tc import LONG_K_TILES
+def test_long_k_rule_covers_the_27b_long_rows_only(monkeypatch) -> None:
+    from ninfer.kernels.fp8_gemv.launch_tc import LONG_K_TILES, tiles_wanted
 
     assert 5120 < LONG_K_TILES <= 6144  # out_proj / o_proj (6,144) and down (17,408), not K = 5,120
+    monkeypatch.delenv("NINFER_KERNELS_ON", raising=False)
+    assert tiles_wanted(5120) and tiles_wanted(17408)
+    monkeypatch.setenv("NINFER_KERNELS_ON", "fp8_tiles,long_k_tiles")
+    assert not tiles_wanted(5120) and tiles_wanted(6144) and tiles_wanted(17408)

@@ -90,6 +90,12 @@ def supports_swiglu(x: torch.Tensor, weight: Fp8Weight) -> bool:
 LONG_K_TILES = 6144
 
 
+def tiles_wanted(k: int) -> bool:
+    """Whether an fp8 weight with rows of K = `k` is tiled and its tiles read: every K, or with
+    `NINFER_KERNELS_ON=long_k_tiles` K >= LONG_K_TILES only (binding and launch ask alike)."""
+    return k >= LONG_K_TILES or not switched_on("long_k_tiles")
+
+
 SWIGLU_MAX_ROWS = 4  # the SwiGLU input form's rows by default (S46E, H100: the fp8 MTP round
 # 0.995x, its 4-row verify 0.99x, the 1- and 4-row steps 0.997x; 8 rows 1.011x, so not there)
 
@@ -281,12 +287,10 @@ def fp8_linear(
         chunk = ring_chunk(num_rows)
     elif not 1 <= chunk <= FIT_CHUNK_MAX:
         raise Fp8TcError(f"staged x chunks must be 1..{FIT_CHUNK_MAX} k blocks, got {chunk}")
-    # tiles bound (`NINFER_KERNELS_ON=fp8_tiles` at load) are read unless switched off at launch:
-    # one process can time both (`--ab NINFER_KERNELS_OFF=fp8_tiles`)
-    # `NINFER_KERNELS_ON=long_k_tiles` reads them only for K >= LONG_K_TILES (bound that way
-    # too: a third of the memory on the 27B), so that A/B needs no second process either
+    # tiles bound (`NINFER_KERNELS_ON=fp8_tiles` at load) are read unless switched off at launch
+    # or `tiles_wanted` says no: one process can time each side (`--ab`)
     packed = stages != 0 and weight.tiles is not None and not switched_off("fp8_tiles")
-    packed = packed and (k >= LONG_K_TILES or not switched_on("long_k_tiles"))
+    packed = packed and tiles_wanted(k)
     if packed and (why := tiles_mismatch(weight.tiles, n, k)):
         raise Fp8TcError(why)
     out = torch.empty((num_rows, n), dtype=x.dtype, device=device)
