@@ -40,10 +40,14 @@ def _row_errs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a - b).abs().amax(-1) / b.abs().amax(-1)
 
 
-def _logits(path: Path, dtype: torch.dtype, device: str) -> tuple[torch.Tensor, Qwen3_5Model]:
+def _logits(
+    path: Path, dtype: torch.dtype, device: str, decode_tiles: bool = False
+) -> tuple[torch.Tensor, Qwen3_5Model]:
     with Artifact(path) as art:
         config = TextConfig.from_hf(art.config["text"])
-        model = Qwen3_5Model(config, art.load("text"), dtype=dtype, device=device)
+        model = Qwen3_5Model(
+            config, art.load("text"), dtype=dtype, device=device, decode_tiles=decode_tiles
+        )
     cache = ModelCache.allocate(
         config, num_pages=8, num_slots=2, page_size=16, dtype=dtype, device=device
     )
@@ -109,6 +113,10 @@ def test_packed_decode_tiles_change_no_logit(fp8_artifact: Path, monkeypatch) ->
     packed = [w for w in _fp8_fields(tiled) if w.tiles is not None]
     assert packed, "no fp8 projection got tiles"
     assert torch.equal(got, want)
+    monkeypatch.delenv("NINFER_KERNELS_ON")
+    got, tiled = _logits(fp8_artifact, torch.bfloat16, "cuda:0", decode_tiles=True)
+    assert len([w for w in _fp8_fields(tiled) if w.tiles is not None]) == len(packed)
+    assert torch.equal(got, want)  # the load option binds what the switch binds
 
 
 def _fp8_fields(model: Qwen3_5Model) -> list[Fp8Weight]:

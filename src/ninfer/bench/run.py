@@ -55,6 +55,7 @@ class BenchOptions:
     profile: bool = False
     seed: int = 0
     weights: str = "bf16"  # or "fp8"
+    decode_tiles: bool = False  # `--decode-tiles`: the model binds tile-major decode weights
     kv_dtype: str = "bf16"  # KV cache of the prefill/decode matrix (int8, fp8, nvfp4, k8v4)
     command: str = ""
     # `--compare hf`: HF transformers on its own small matrix (decode at decode_contexts[0]);
@@ -123,7 +124,14 @@ def run_bench(opts: BenchOptions, on_progress: Callable[[str], None]) -> BenchRe
     weights = random_weights(
         opts.synthetic, device=device, seed=opts.seed, fp8=opts.weights == "fp8"
     )
-    model = Qwen3_5Model(config, weights, dtype=torch.bfloat16, device=device, consume_weights=True)
+    model = Qwen3_5Model(
+        config,
+        weights,
+        dtype=torch.bfloat16,
+        device=device,
+        consume_weights=True,
+        decode_tiles=opts.decode_tiles,
+    )
     del weights  # what is left: nothing the model binds
     torch.cuda.synchronize(device)
     report.load_s = time.perf_counter() - start

@@ -193,17 +193,25 @@ def synthetic_model(
     device: torch.device | str,
     weights: str = "bf16",
     say: Callable[[str], None] = lambda _: None,
+    decode_tiles: bool = False,
 ) -> Qwen3_5Model:
     """Model `name` over `random_weights` (bf16, or fp8 as `--weights fp8` stores them), computing
     in bf16 on `device`: what each `ninfer bench` mode starts from. The name and `weights` are
     checked before anything is drawn (UnknownSyntheticModel / ValueError); `say` hears the
-    drawing start."""
+    drawing start; `decode_tiles` as `Qwen3_5Model` takes it."""
     if weights not in ("bf16", "fp8"):
         raise ValueError(f"--weights must be bf16 or fp8, got {weights!r}")
     config = synthetic_config(name)
     say(f"drawing random {name} {weights} weights on {device}")
     drawn = random_weights(name, device=device, fp8=weights == "fp8")
-    return Qwen3_5Model(config, drawn, device=device, dtype=torch.bfloat16, consume_weights=True)
+    return Qwen3_5Model(
+        config,
+        drawn,
+        device=device,
+        dtype=torch.bfloat16,
+        consume_weights=True,
+        decode_tiles=decode_tiles,
+    )
 
 
 def _is_fp32(name: str) -> bool:

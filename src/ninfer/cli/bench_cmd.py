@@ -14,6 +14,7 @@ from rich.console import Console
 
 from ninfer.cli.device import cuda_device
 from ninfer.cli.errors import UserError
+from ninfer.cli.options import decode_tiles as decode_tiles_option
 from ninfer.cli.options import opt
 from ninfer.engine.options import KV_DTYPES
 
@@ -41,6 +42,7 @@ def bench(
     weights: str = opt(
         "bf16", "--weights", help="bf16 or fp8 (e4m3, 128x128 blocks).", metavar="bf16|fp8"
     ),
+    decode_tiles: bool = decode_tiles_option(),
     prefill: str = opt(
         "512,2048,8192,32768",
         "--prefill",
@@ -182,6 +184,9 @@ def bench(
     if ab_settings and (kv_dtype_quality or vision):
         raise UserError("--ab applies to the text matrix and --spec rounds; it is not "
                         "supported with --kv-dtype-quality or --vision")  # fmt: skip
+    if decode_tiles and (kv_dtype_quality or vision):
+        raise UserError("--decode-tiles applies to the text matrix and --spec rounds; it is not "
+                        "supported with --kv-dtype-quality or --vision")  # fmt: skip
     if profile and (kv_dtype_quality or vision):
         raise UserError("--profile covers the text matrix and --spec rounds; it is not "
                         "supported with --kv-dtype-quality or --vision")  # fmt: skip
@@ -203,7 +208,7 @@ def bench(
         _spec(synthetic, cuda_device(device), weights, draft_tokens,
               _ints(batches, "--batches"), _ints(contexts, "--contexts")[0], e2e_prompt,
               e2e_output, steps, as_json, save, lm_head_draft, profile, ab_settings,
-              ab_rounds)  # fmt: skip
+              ab_rounds, decode_tiles)  # fmt: skip
         return
     if vision:
         _vision(synthetic, cuda_device(device), vision_size,
@@ -226,6 +231,7 @@ def bench(
         ceilings=not no_ceilings,
         profile=profile,
         weights=weights,
+        decode_tiles=decode_tiles,
         kv_dtype=kv_dtype,
         command=shlex.join(["ninfer", *sys.argv[1:]]),
         compare=compare,
@@ -271,6 +277,7 @@ def _spec(
     profile: bool,
     ab: tuple[tuple[str, str], ...] = (),
     ab_rounds: int = 1,
+    decode_tiles: bool = False,
 ) -> None:
     import torch
 
@@ -284,7 +291,8 @@ def _spec(
     err = Console(stderr=True)
     try:
         model = synthetic_model(synthetic, device=device, weights=weights,
-                                say=lambda msg: err.print(msg, style="dim"))  # fmt: skip
+                                say=lambda msg: err.print(msg, style="dim"),
+                                decode_tiles=decode_tiles)  # fmt: skip
     except ValueError as e:  # an unknown model name or --weights
         raise UserError(str(e)) from None
     head = MtpHead(model, random_mtp_weights(synthetic, device=device, fp8=weights == "fp8"))

@@ -25,7 +25,7 @@ from ninfer.cli.checks import (
     load_template,
 )
 from ninfer.cli.common import load_engine, resolve_artifact
-from ninfer.cli.device import check_device, parse_device
+from ninfer.cli.device import check_device, check_tiles_device, parse_device
 from ninfer.cli.errors import UserError
 
 if TYPE_CHECKING:
@@ -237,6 +237,7 @@ def chat(
     chat_template: Path | None = o.chat_template(),
     dtype: str = o.dtype(),
     kv_dtype: str = o.kv_dtype(),
+    decode_tiles: bool = o.decode_tiles(),
     device: str = o.device(),
     max_model_len: int | None = o.max_model_len(),
     vision: bool = o.opt(False, "--vision", help="Load the vision tower (for /image)."),
@@ -265,6 +266,7 @@ def chat(
         "device": parse_device(device),
         "greedy": greedy,
         "vision": vision,
+        **({"decode_tiles": True} if decode_tiles else {}),
     }
     if max_context is not None:
         options["max_context"] = max_context
@@ -274,6 +276,7 @@ def chat(
     check_artifact_path(artifact)
     template = load_template(chat_template) if chat_template is not None else None
     options["device"] = check_device(options["device"])
+    check_tiles_device(options)
     path = resolve_artifact(artifact)
     try:
         engine = load_engine(path, options)

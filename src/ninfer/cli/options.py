@@ -59,6 +59,15 @@ def kv_dtype() -> Any:
     )
 
 
+def decode_tiles() -> Any:
+    return opt(
+        False,
+        "--decode-tiles",
+        help="Keep tile-major copies of the weights the decode GEMVs read (CUDA): fp8 decode "
+        "and MTP rounds ~2 % faster, the fp8 projections' memory twice over (docs/kernels.md).",
+    )
+
+
 def alias(name: str, **kw: Any) -> Any:
     """Another spelling of an option (vLLM's), hidden from help; see `merge_alias`."""
     return typer.Option(None, name, hidden=True, **kw)

@@ -24,7 +24,7 @@ from ninfer.cli.checks import (
     load_template,
 )
 from ninfer.cli.common import load_engine, resolve_artifact
-from ninfer.cli.device import check_device, parse_device
+from ninfer.cli.device import check_device, check_tiles_device, parse_device
 from ninfer.cli.errors import UserError
 from ninfer.cli.listen import bind_listener
 from ninfer.cli.options import hidden, opt
@@ -139,6 +139,7 @@ def serve(
         "--lm-head-draft",
         help="Drafts read a 4-bit shortlist lm_head (needs --spec).",
     ),
+    decode_tiles: bool = o.decode_tiles(),
     vision: bool = opt(False, "--vision", help="Load the vision tower; accept images/video."),
     request_log_jsonl: Path | None = opt(
         None, "--request-log-jsonl", help="Append JSONL request records to FILE.", metavar="FILE"
@@ -244,6 +245,7 @@ def serve(
         "allow_private_media_urls": allow_private_media_urls,
         **({"spec": spec, "draft_tokens": draft_tokens} if spec is not None else {}),
         **({"lm_head_draft": True} if lm_head_draft else {}),
+        **({"decode_tiles": True} if decode_tiles else {}),
         **{k: v for k, v in sampling.items() if v is not None},
     }
     check_sampling(sampling)
@@ -252,6 +254,7 @@ def serve(
     if chat_template is not None:
         load_template(chat_template)
     engine_options["device"] = check_device(engine_options["device"])
+    check_tiles_device(engine_options)
     if request_log_jsonl is not None:  # before the model loads: a bad path fails at once
         try:
             check_path(request_log_jsonl, resolve_artifact(artifact))

@@ -82,7 +82,14 @@ def build(
     dtype, device = DTYPES[options.dtype], torch.device(resolve_device(options.device))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {options.device!r}: no CUDA device is available")
-    model = Qwen3_5Model(config, artifact.load("text"), dtype=dtype, device=device, strict=True)
+    model = Qwen3_5Model(
+        config,
+        artifact.load("text"),
+        dtype=dtype,
+        device=device,
+        strict=True,
+        decode_tiles=options.decode_tiles,
+    )
     vision = _vision_tower(artifact, dtype, device) if options.vision else None
     mtp = _mtp_head(artifact, model) if options.spec == "mtp" else None
     return assemble(
@@ -138,6 +145,8 @@ def assemble(
     k = options.num_drafts
     if k and mtp is None:
         raise ValueError("spec mtp needs the model's MTP head")
+    if options.decode_tiles and not model.decode_tiles:  # a bound model's tiles are its own
+        raise ValueError("decode_tiles is chosen when the weights are bound: the model has none")
     extra_layers = 1 if k else 0
     config, device, dtype = model.config, model.device, model.dtype
     # Build the detokenizer's byte table (about a second) now, not inside the first request's

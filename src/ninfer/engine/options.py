@@ -44,6 +44,8 @@ class EngineOptions:
     spec: str | None = None  # speculative decoding backend: "mtp" (the artifact's MTP head)
     draft_tokens: int | None = None  # drafts per round, 1..5 (default 3 with spec="mtp")
     lm_head_draft: bool = False  # drafts read a 4-bit shortlist lm_head (needs spec)
+    # tile-major copies of the decode GEMVs' weights (CUDA): faster decode, more weight memory
+    decode_tiles: bool = False
     # process-level sampling overrides (spec: preset < process flag < request field; greedy last)
     temperature: float | None = None
     top_p: float | None = None
@@ -116,6 +118,7 @@ class EngineOptions:
         )
         need(self.spec is not None or self.draft_tokens is None, "draft_tokens needs spec='mtp'")
         need(not self.lm_head_draft or self.spec is not None, "lm_head_draft needs spec='mtp'")
+        need(not self.decode_tiles or self.device != "cpu", "decode_tiles needs a CUDA device")
 
     @property
     def num_drafts(self) -> int:

@@ -70,8 +70,8 @@ class MtpHead:
             _bind_moe(take, p + "mlp.", c) if c.is_moe else _bind_mlp(take, p + "mlp.", c)
         )
         if target.fuse_projections:
-            self.attention = _tiled(_fused(self.attention))
-            self.ffn = _tiled(_fused(self.ffn))
+            self.attention = _tiled(_fused(self.attention), target.decode_tiles)
+            self.ffn = _tiled(_fused(self.ffn), target.decode_tiles)
         self.norm = take("norm.weight", (h,))
         if strict and (unused := sorted(set(weights) - take.used)):
             raise WeightError(f"{len(unused)} unexpected MTP weight(s), first '{unused[0]}'")

@@ -127,6 +127,7 @@ class Qwen3_5Model:
         fuse_projections: bool | None = None,
         fp8_weights: bool | None = None,
         consume_weights: bool = False,
+        decode_tiles: bool = False,
     ) -> None:
         """Bind `weights` (HF text-model names without the `model.language_model.` prefix).
 
@@ -146,6 +147,8 @@ class Qwen3_5Model:
         tensors already on the device (the bench's random weights) the caller's dict would keep
         every fused part alive until the end, two copies of each projection at the peak (the 27B
         in bf16 then does not fit an 80 GB card); consumed, the peak is one layer's parts.
+        `decode_tiles` (CUDA, with fused projections) binds tile-major copies of the weights the
+        tensor-core decode GEMVs read (`_tiled`): faster decode for more weight memory.
         """
         self.config = config
         self.dtype = dtype
@@ -154,6 +157,9 @@ class Qwen3_5Model:
             self.device.type == "cuda" if fuse_projections is None else fuse_projections
         )
         keep_fp8 = self.device.type == "cuda" if fp8_weights is None else fp8_weights
+        if decode_tiles and not (self.device.type == "cuda" and self.fuse_projections):
+            raise ValueError("decode_tiles needs a CUDA device (the tiles feed its decode GEMVs)")
+        self.decode_tiles = decode_tiles  # the MTP head tiles its layer alike (model/mtp.py)
         self.fp8_weights = keep_fp8  # the MTP head binds its layer the same way (model/mtp.py)
         take = _Binder(weights, dtype, self.device, keep_fp8=keep_fp8, consume=consume_weights)
         c = config
@@ -181,7 +187,8 @@ class Qwen3_5Model:
             mixer = _bind_deltanet(take, p + "linear_attn.", c)
         ffn = _bind_moe(take, p + "mlp.", c) if c.is_moe else _bind_mlp(take, p + "mlp.", c)
         if self.fuse_projections:
-            mixer, ffn = _tiled(_fused(mixer)), _tiled(_fused(ffn))
+            tiles = self.decode_tiles
+            mixer, ffn = _tiled(_fused(mixer), tiles), _tiled(_fused(ffn), tiles)
         return DecoderLayerWeights(
             layer_type=c.layer_types[i],
             input_layernorm=take(p + "input_layernorm.weight", (c.hidden_size,)),
@@ -373,17 +380,20 @@ def _whole_on_gpu(t: torch.Tensor) -> bool:
     return t.is_cuda and t.untyped_storage().nbytes() == t.numel() * t.element_size()
 
 
-def _tiled(w: _W) -> _W:
-    """Opt-in (A/B runs), at bind time: the decode GEMVs' tile-major copies (fp8_gemv/tiles.py:
-    each k block of a 128-row block one contiguous 16 KiB run) beside the row-major matrices,
-    which stay for prefill's GEMMs, so the tiled projections take twice their bytes.
-    `NINFER_KERNELS_ON=fp8_tiles`: every fp8 projection on the GPU that is not a row view of
-    another (`Fp8Weight.tiles`), with `long_k_tiles` too only those of K >= LONG_K_TILES (a third
-    of the bytes on the 27B); views made before keep reading rows. `bf16_tiles`: every plain
-    bf16 projection the tensor-core bf16 GEMV takes at 2-8 rows (`tc_preferred`: the 27B's down,
-    out_proj and o_proj), kept on the tensor (`attach_tiles`). `NINFER_KERNELS_OFF=fp8_tiles` /
-    `bf16_tiles` at launch reads the rows again (a one-process A/B)."""
-    fp8, bf16 = dispatch.switched_on("fp8_tiles"), dispatch.switched_on("bf16_tiles")
+def _tiled(w: _W, on: bool = False) -> _W:
+    """At bind time, with `on` (`decode_tiles`) or the A/B switches: the decode GEMVs'
+    tile-major copies (fp8_gemv/tiles.py: each k block of a 128-row block one contiguous 16 KiB
+    run, which DRAM streams faster than 128-byte pieces of 128 rows) beside the row-major
+    matrices, which stay for prefill's GEMMs, so the tiled projections take twice their bytes.
+    fp8 (`on`, or `NINFER_KERNELS_ON=fp8_tiles`): every fp8 projection on the GPU that is not a
+    row view of another (`Fp8Weight.tiles`), with `long_k_tiles` only those of K >= LONG_K_TILES
+    (a third of the bytes on the 27B); views made before keep reading rows. bf16 (`on`, or
+    `bf16_tiles`): every plain bf16 projection the tensor-core bf16 GEMV takes at 2-8 rows
+    (`tc_preferred`: the 27B's down, out_proj and o_proj), kept on the tensor (`attach_tiles`).
+    `NINFER_KERNELS_OFF=fp8_tiles` / `bf16_tiles` at launch reads the rows again (a one-process
+    A/B)."""
+    fp8 = on or dispatch.switched_on("fp8_tiles")
+    bf16 = on or dispatch.switched_on("bf16_tiles")
     if not (fp8 or bf16):
         return w
     changes = {}

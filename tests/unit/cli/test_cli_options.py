@@ -83,6 +83,39 @@ def test_spec_mtp_reaches_the_engine_options(monkeypatch: pytest.MonkeyPatch, de
         assert needle in str(result.exception)
 
 
+def test_decode_tiles_needs_cuda_and_reaches_the_engine_options(
+    monkeypatch: pytest.MonkeyPatch, demo: Path
+) -> None:
+    """--decode-tiles feeds the CUDA decode kernels: with --device cpu, or `auto` resolved to the
+    CPU, it fails by name before the model loads; on a CUDA device it reaches the engine."""
+    import ninfer.cli.chat_cmd
+    import ninfer.cli.serve_cmd
+
+    seen = _record_serve(monkeypatch)
+    for cmd in ("serve", "chat"):
+        result = invoke(cmd, str(demo), "--decode-tiles", "--device", "cpu")
+        assert isinstance(result.exception, UserError), result.output
+        assert "--decode-tiles needs a CUDA device" in str(result.exception)
+    for module in (ninfer.cli.serve_cmd, ninfer.cli.chat_cmd):
+        monkeypatch.setattr(module, "check_device", lambda device: "cpu")  # auto on a CPU host
+    for cmd in ("serve", "chat"):
+        result = invoke(cmd, str(demo), "--decode-tiles")
+        assert isinstance(result.exception, UserError), result.output
+        assert "--decode-tiles needs a CUDA device" in str(result.exception)
+    assert seen == []
+    monkeypatch.setattr(ninfer.cli.serve_cmd, "check_device", lambda device: "cuda:0")
+    result = invoke("serve", str(demo), "--decode-tiles", "--port", "0")
+    assert result.exit_code == 0, result.output
+    assert seen[0]["options"]["decode_tiles"] is True and seen[0]["options"]["device"] == "cuda:0"
+    seen.clear()
+    result = invoke("serve", str(demo), "--port", "0")
+    assert result.exit_code == 0 and "decode_tiles" not in seen[0]["options"]
+    for other in ("--vision", "--kv-dtype-quality"):
+        result = invoke("bench", "--synthetic", "qwen3.6-27b", "--decode-tiles", other)
+        assert isinstance(result.exception, UserError), result.output
+        assert "--decode-tiles applies to the text matrix" in str(result.exception)
+
+
 @pytest.mark.parametrize("kv_dtype", ["bf16", "fp8", "k8v4"])
 def test_kv_dtype_is_accepted(monkeypatch: pytest.MonkeyPatch, demo: Path, kv_dtype: str) -> None:
     seen = _record_serve(monkeypatch)

@@ -61,3 +61,24 @@ def test_engine_serves_an_fp8_artifact(tmp_path: Path) -> None:
     got = [t for e in events if e.kind == EventKind.TOKENS for t in e.token_ids]
     assert got == _reference_greedy(path, prompt)
     assert events[-1].finish_reason == FinishReason.LENGTH
+
+
+def test_decode_tiles_is_refused_where_nothing_would_read_them(tmp_path: Path) -> None:
+    """`decode_tiles` binds copies for the CUDA decode GEMVs: asked on the CPU it fails by name
+    (engine options, and the model itself for an `auto` device resolved to the CPU), and an
+    engine over a model bound without tiles refuses the option instead of ignoring it."""
+    import pytest
+
+    spec = TinySpec(kind="dense", vocab_size=VOCAB, with_vision=False)
+    _, path = convert_tiny(tmp_path, spec, seed=4, name="tiles", weights="fp8")
+    with pytest.raises(ValueError, match="decode_tiles needs a CUDA device"):
+        Engine.load(path, decode_tiles=True, device="cpu")
+    with Artifact(path) as art:
+        config = TextConfig.from_hf(art.config["text"])
+        weights = art.load("text")
+    with pytest.raises(ValueError, match="decode_tiles needs a CUDA device"):
+        Qwen3_5Model(config, weights, decode_tiles=True)
+    model = Qwen3_5Model(config, weights)
+    assert model.decode_tiles is False
+    with pytest.raises(ValueError, match="the model has none"):
+        Engine.from_model(model, architecture="qwen3_5", decode_tiles=True, device="cuda")
