@@ -119,6 +119,10 @@ class EngineOptions:
         need(self.spec is not None or self.draft_tokens is None, "draft_tokens needs spec='mtp'")
         need(not self.lm_head_draft or self.spec is not None, "lm_head_draft needs spec='mtp'")
         need(not self.decode_tiles or self.device != "cpu", "decode_tiles needs a CUDA device")
+        need(
+            not self.decode_tiles or self.dtype == "bf16",
+            "decode_tiles needs dtype bf16 (the fp32 path's GEMVs read rows)",
+        )
 
     @property
     def num_drafts(self) -> int:

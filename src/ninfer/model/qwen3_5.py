@@ -157,8 +157,8 @@ class Qwen3_5Model:
             self.device.type == "cuda" if fuse_projections is None else fuse_projections
         )
         keep_fp8 = self.device.type == "cuda" if fp8_weights is None else fp8_weights
-        if decode_tiles and not (self.device.type == "cuda" and self.fuse_projections):
-            raise ValueError("decode_tiles needs a CUDA device (the tiles feed its decode GEMVs)")
+        if decode_tiles:
+            _check_tiles(self.device, dtype, self.fuse_projections)
         self.decode_tiles = decode_tiles  # the MTP head tiles its layer alike (model/mtp.py)
         self.fp8_weights = keep_fp8  # the MTP head binds its layer the same way (model/mtp.py)
         take = _Binder(weights, dtype, self.device, keep_fp8=keep_fp8, consume=consume_weights)
@@ -378,6 +378,17 @@ _W = TypeVar("_W", AttentionWeights, DeltaNetWeights, MlpWeights, MoeWeights)
 def _whole_on_gpu(t: torch.Tensor) -> bool:
     """`t` is on a GPU and all of its storage (not a row view of a fused matrix)."""
     return t.is_cuda and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+
+
+def _check_tiles(device: torch.device, dtype: torch.dtype, fused: bool) -> None:
+    """`decode_tiles` where a kernel reads them (tensor-core GEMVs: sm_90+, bf16 activations, the
+    fused projections), so the memory is never spent for nothing."""
+    if device.type != "cuda" or not fused:
+        raise ValueError("decode_tiles needs a CUDA device (the tiles feed its decode GEMVs)")
+    if dtype != torch.bfloat16:
+        raise ValueError("decode_tiles needs dtype bf16 (the fp32 path's GEMVs read rows)")
+    if torch.cuda.get_device_capability(device) < (9, 0):
+        raise ValueError("decode_tiles needs an sm_90 GPU (Hopper: the tensor-core GEMVs)")
 
 
 def _tiled(w: _W, on: bool = False) -> _W:

@@ -73,6 +73,8 @@ def test_decode_tiles_is_refused_where_nothing_would_read_them(tmp_path: Path) -
     _, path = convert_tiny(tmp_path, spec, seed=4, name="tiles", weights="fp8")
     with pytest.raises(ValueError, match="decode_tiles needs a CUDA device"):
         Engine.load(path, decode_tiles=True, device="cpu")
+    with pytest.raises(ValueError, match="decode_tiles needs dtype bf16"):
+        Engine.load(path, decode_tiles=True, device="cuda", dtype="fp32")
     with Artifact(path) as art:
         config = TextConfig.from_hf(art.config["text"])
         weights = art.load("text")
