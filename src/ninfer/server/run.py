@@ -59,7 +59,7 @@ def serve(
             "kv_capacity=%d max_concurrency=%d max_pending=%d%s",
             time.monotonic() - t0, engine.model_id, opts.device, opts.dtype, opts.kv_dtype,
             opts.max_context, kv_tokens, opts.max_concurrency, opts.max_pending_requests,
-            _spec_words(opts),
+            _option_words(opts),
         )  # fmt: skip
         if engine.artifact.metadata.get("random_weights"):
             log.warning("%s has RANDOM weights: its output is meaningless", engine.model_id)
@@ -69,12 +69,14 @@ def serve(
         log.info("shutdown complete")
 
 
-def _spec_words(opts: Any) -> str:
-    """The ready line's speculative part: empty without --spec, so plain logs stay as they were."""
-    if opts.spec is None:
-        return ""
-    words = f" spec={opts.spec} draft_tokens={opts.num_drafts}"
-    return words + (" lm_head_draft" if opts.lm_head_draft else "")
+def _option_words(opts: Any) -> str:
+    """The ready line's speculative and decode-tiles part: empty without --spec and
+    --decode-tiles, so plain logs stay as they were."""
+    words = ""
+    if opts.spec is not None:
+        words = f" spec={opts.spec} draft_tokens={opts.num_drafts}"
+        words += " lm_head_draft" if opts.lm_head_draft else ""
+    return words + (" decode_tiles" if opts.decode_tiles else "")
 
 
 def run_server(
