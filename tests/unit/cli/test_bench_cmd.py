@@ -90,8 +90,11 @@ def test_options_reach_the_run_and_the_table_shows_ratios(monkeypatch: pytest.Mo
     assert result.exit_code == 0, result.output
     (opts,) = seen
     assert (opts.compare, opts.hf_prefill_sizes, opts.hf_decode_batches) == ("hf", (256, 512), (2,))
-    assert opts.hf_decode_steps == 3 and opts.weights == "bf16"
+    assert opts.hf_decode_steps == 3 and opts.weights == "bf16" and opts.decode_tiles is False
     assert "ninfer / HF" in result.output and "10.0x" in result.output
+    result = CliRunner().invoke(app, [*BASE, "--contexts", "128", "--decode-tiles"])
+    assert result.exit_code == 0, result.output
+    assert seen[1].decode_tiles is True
 
 
 def test_unknown_kv_dtype_is_refused_before_any_gpu_work() -> None:
@@ -187,4 +190,7 @@ def test_ab_settings_reach_the_spec_bench(monkeypatch: pytest.MonkeyPatch) -> No
     result = CliRunner().invoke(app, [*BASE, "--spec", "mtp", *ab])
     assert result.exit_code == 0, result.output
     (args,) = seen
-    assert args[-2:] == ((("NINFER_KERNELS_ON", "attention_metadata"),), 2)
+    assert args[-3:] == ((("NINFER_KERNELS_ON", "attention_metadata"),), 2, False)
+    result = CliRunner().invoke(app, [*BASE, "--spec", "mtp", "--decode-tiles"])
+    assert result.exit_code == 0, result.output
+    assert seen[1][-1] is True  # --decode-tiles: the synthetic model binds its tiles
