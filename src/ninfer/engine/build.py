@@ -39,7 +39,7 @@ from ninfer.model.config import TextConfig
 from ninfer.model.layers.gated_attention import warm_prefill_attention
 from ninfer.model.lm_head_draft import ShortlistHead
 from ninfer.model.mtp import MtpHead
-from ninfer.model.qwen3_5 import Qwen3_5Model
+from ninfer.model.qwen3_5 import Qwen3_5Model, tiles_bytes
 from ninfer.model.vision import VisionConfig, VisionTower
 from ninfer.tokenizer import Tokenizer
 
@@ -92,6 +92,10 @@ def build(
     )
     vision = _vision_tower(artifact, dtype, device) if options.vision else None
     mtp = _mtp_head(artifact, model) if options.spec == "mtp" else None
+    if options.decode_tiles:
+        parts = [p for layer in model.layers for p in (layer.mixer, layer.ffn)]
+        parts += [mtp.attention, mtp.ffn] if mtp is not None else []
+        log.info("decode tiles: %.1f GiB beside the row-major weights", tiles_bytes(parts) / GIB)
     return assemble(
         model,
         Tokenizer.from_json(artifact.tokenizer_json),

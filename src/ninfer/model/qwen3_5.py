@@ -10,7 +10,7 @@ half the bytes a decode step reads) and are dequantized to the compute dtype els
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import TypeVar
 
@@ -21,7 +21,7 @@ from ninfer.kernels import dispatch
 from ninfer.kernels.bf16_tc_gemv.launch import tc_preferred
 from ninfer.kernels.fp8_gemv.launch_tc import tiles_wanted
 from ninfer.kernels.fp8_gemv.reference import BLOCK, Fp8Weight, dequantize
-from ninfer.kernels.fp8_gemv.tiles import attach_tiles, pack_tiles
+from ninfer.kernels.fp8_gemv.tiles import attach_tiles, attached_tiles, pack_tiles
 from ninfer.model.batch import ForwardBatch
 from ninfer.model.cache import ModelCache
 from ninfer.model.config import LayerType, TextConfig
@@ -416,6 +416,23 @@ def _tiled(w: _W, on: bool = False) -> _W:
         elif bf16 and _bf16_tc_routed(v):
             attach_tiles(v)
     return replace(w, **changes) if changes else w
+
+
+def tiles_bytes(parts: Iterable[object]) -> int:
+    """Device bytes of the decode tiles bound in `parts` (weight dataclasses: a layer's mixer and
+    FFN, the MTP head's), each storage once: what `decode_tiles` costs beside the row-major
+    weights, for the startup log."""
+    seen: dict[int, int] = {}
+    for part in parts:
+        for f in fields(part):  # type: ignore[arg-type]
+            v = getattr(part, f.name)
+            tiles = v.tiles if isinstance(v, Fp8Weight) else None
+            if isinstance(v, torch.Tensor):
+                tiles = attached_tiles(v)
+            if tiles is not None:
+                storage = tiles.untyped_storage()
+                seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
 
 
 def _bf16_tc_routed(v: object) -> bool:

@@ -110,3 +110,24 @@ def test_long_k_rule_covers_the_27b_long_rows_only(monkeypatch) -> None:
     assert tiles_wanted(5120) and tiles_wanted(17408)
     monkeypatch.setenv("NINFER_KERNELS_ON", "fp8_tiles,long_k_tiles")
     assert not tiles_wanted(5120) and tiles_wanted(6144) and tiles_wanted(17408)
+
+
+def test_tiles_bytes_counts_each_bound_tile_storage_once() -> None:
+    """The startup log's decode-tiles cost: fp8 tiles and attached bf16 tiles, a storage shared
+    by two fields counted once, weights without tiles nothing."""
+    from dataclasses import replace
+
+    from ninfer.model.layers.mlp import MlpWeights
+    from ninfer.model.qwen3_5 import tiles_bytes
+
+    fp8 = Fp8Weight(torch.zeros(256, 128, dtype=torch.float8_e4m3fn), torch.ones(2, 1))
+    plain = MlpWeights(gate_proj=fp8, up_proj=fp8, down_proj=torch.zeros(128, 512).bfloat16())
+    assert tiles_bytes([plain]) == 0
+    tiled = replace(fp8, tiles=pack_tiles(fp8.weight))
+    down = torch.zeros(200, 512, dtype=torch.bfloat16)
+    attach_tiles(down)
+    parts = [MlpWeights(gate_proj=tiled, up_proj=tiled, down_proj=down)]
+    want = tiled.tiles.nbytes + attached_tiles(down).nbytes
+    assert want == 2 * 1 * 16384 + 2 * 8 * 16384  # fp8: 2 row blocks x 1 k block; bf16: 2 x 8
+    assert tiles_bytes(parts) == want
+    assert tiles_bytes([*parts, plain]) == want
