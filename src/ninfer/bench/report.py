@@ -43,7 +43,8 @@ def _as_dict(value: object) -> dict:
 def print_report(report: BenchReport, console: Console) -> None:
     console.print(
         f"[bold]{report.model}[/] synthetic, {report.num_params / 1e9:.1f} B params, "
-        f"{report.weights} weights, {report.kv_dtype} KV, bf16 activations on {report.device}; "
+        f"{report.weights} weights{' with decode tiles' if report.decode_tiles else ''}, "
+        f"{report.kv_dtype} KV, bf16 activations on {report.device}; "
         f"torch {report.torch_version}; {report.date}; weights drawn in "
         f"{report.load_s:.1f} s; peak GPU memory {report.peak_memory_gib:.1f} GiB"
     )

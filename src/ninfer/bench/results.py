@@ -189,6 +189,7 @@ class BenchReport:
     command: str
     weights: str = "bf16"  # or "fp8": linear weights e4m3 with 128x128 block scales
     kv_dtype: str = "bf16"  # `--kv-dtype` of the prefill/decode matrix's KV cache
+    decode_tiles: bool = False  # `--decode-tiles`: tile-major copies of the decode weights bound
     load_s: float = 0.0
     prefill: list[PrefillResult] = field(default_factory=list)
     decode: list[DecodeResult] = field(default_factory=list)

@@ -103,6 +103,7 @@ def run_bench(opts: BenchOptions, on_progress: Callable[[str], None]) -> BenchRe
         command=opts.command,
         weights=opts.weights,
         kv_dtype=opts.kv_dtype,
+        decode_tiles=opts.decode_tiles,
     )
     uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
     uuid = str(uuid) if uuid is not None else None

@@ -205,10 +205,24 @@ def bench(
     if spec is not None:
         if spec != "mtp":
             raise UserError(f"--spec {spec}: only mtp is built")
-        _spec(synthetic, cuda_device(device), weights, draft_tokens,
-              _ints(batches, "--batches"), _ints(contexts, "--contexts")[0], e2e_prompt,
-              e2e_output, steps, as_json, save, lm_head_draft, profile, ab_settings,
-              ab_rounds, decode_tiles)  # fmt: skip
+        _spec(
+            synthetic=synthetic,
+            device=cuda_device(device),
+            weights=weights,
+            draft_tokens=draft_tokens,
+            batches=_ints(batches, "--batches"),
+            context=_ints(contexts, "--contexts")[0],
+            prompt_tokens=e2e_prompt,
+            output_tokens=e2e_output,
+            steps=steps,
+            as_json=as_json,
+            save=save,
+            lm_head_draft=lm_head_draft,
+            profile=profile,
+            ab=ab_settings,
+            ab_rounds=ab_rounds,
+            decode_tiles=decode_tiles,
+        )
         return
     if vision:
         _vision(synthetic, cuda_device(device), vision_size,
@@ -262,6 +276,7 @@ def bench(
 
 
 def _spec(
+    *,
     synthetic: str,
     device: str,
     weights: str,
@@ -313,13 +328,14 @@ def _spec(
         ab_rounds=ab_rounds,
         on_progress=lambda msg: err.print(msg, style="dim"),
     )
-    report |= {"synthetic": synthetic, "weights": weights,
+    report |= {"synthetic": synthetic, "weights": weights, "decode_tiles": decode_tiles,
                "command": shlex.join(["ninfer", *sys.argv[1:]])}  # fmt: skip
     if emit_json(report, save, as_json):
         return
     con = Console()
     shortlist = ", lm-head-draft" if lm_head_draft else ""
-    con.print(f"MTP k={draft_tokens}{shortlist}, {synthetic} {weights} ({report['note']})")
+    tiles = " with decode tiles" if decode_tiles else ""
+    con.print(f"MTP k={draft_tokens}{shortlist}, {synthetic} {weights}{tiles} ({report['note']})")
     for r in report["rows"]:
         proj = ", ".join(f"L={k}: {v:.0f}" for k, v in r["projected_tok_s"].items())
         served = (

@@ -65,3 +65,20 @@ def test_prefill_rows_show_the_first_run_beside_the_best() -> None:
     assert "first run ms" in text and "5,183.2" in text and "3,400.0" in text
     rows = json.loads(to_json(report))["prefill"]
     assert [r["first_ttft_ms"] for r in rows] == [5183.25, None]
+
+
+def test_the_header_and_json_say_whether_decode_tiles_were_bound() -> None:
+    import io
+
+    from rich.console import Console
+
+    from ninfer.bench.report import print_report, to_json
+    from ninfer.bench.results import BenchReport
+
+    for tiles in (False, True):
+        report = BenchReport("qwen3.6-27b", 1, "gpu", "today", "2.11", "bench", weights="fp8")
+        report.decode_tiles = tiles
+        out = io.StringIO()
+        print_report(report, Console(file=out, width=200))
+        assert ("fp8 weights with decode tiles" in out.getvalue()) is tiles
+        assert json.loads(to_json(report))["decode_tiles"] is tiles

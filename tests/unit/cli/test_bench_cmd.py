@@ -185,12 +185,13 @@ def test_ab_settings_reach_the_spec_bench(monkeypatch: pytest.MonkeyPatch) -> No
     import ninfer.cli.bench_cmd as cmd
 
     seen = []
-    monkeypatch.setattr(cmd, "_spec", lambda *args: seen.append(args))
+    monkeypatch.setattr(cmd, "_spec", lambda **kw: seen.append(kw))
     ab = ["--ab", "NINFER_KERNELS_ON=attention_metadata", "--ab-rounds", "2"]
     result = CliRunner().invoke(app, [*BASE, "--spec", "mtp", *ab])
     assert result.exit_code == 0, result.output
-    (args,) = seen
-    assert args[-3:] == ((("NINFER_KERNELS_ON", "attention_metadata"),), 2, False)
+    (kw,) = seen
+    assert kw["ab"] == (("NINFER_KERNELS_ON", "attention_metadata"),) and kw["ab_rounds"] == 2
+    assert kw["decode_tiles"] is False and kw["draft_tokens"] == 3
     result = CliRunner().invoke(app, [*BASE, "--spec", "mtp", "--decode-tiles"])
     assert result.exit_code == 0, result.output
-    assert seen[1][-1] is True  # --decode-tiles: the synthetic model binds its tiles
+    assert seen[1]["decode_tiles"] is True  # --decode-tiles: the synthetic model binds its tiles
