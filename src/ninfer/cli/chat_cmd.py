@@ -25,7 +25,7 @@ from ninfer.cli.checks import (
     load_template,
 )
 from ninfer.cli.common import load_engine, resolve_artifact
-from ninfer.cli.device import check_device, check_tiles_device, parse_device
+from ninfer.cli.device import check_device, parse_device
 from ninfer.cli.errors import UserError
 
 if TYPE_CHECKING:
@@ -276,7 +276,7 @@ def chat(
     check_artifact_path(artifact)
     template = load_template(chat_template) if chat_template is not None else None
     options["device"] = check_device(options["device"])
-    check_tiles_device(options)
+    check_engine_options(options)  # again with `auto` resolved (--decode-tiles on the CPU)
     path = resolve_artifact(artifact)
     try:
         engine = load_engine(path, options)

@@ -6,8 +6,6 @@ torch what `auto` means here and fails before a model is loaded when a named GPU
 
 from __future__ import annotations
 
-from typing import Any
-
 from ninfer.cli.errors import UserError
 
 DEVICE_FORMS = "auto, cpu, cuda, cuda:N or N"
@@ -24,13 +22,6 @@ def parse_device(text: str) -> str:
     if prefix == "cuda" and sep and index.isdigit():
         return f"cuda:{int(index)}"
     raise UserError(f"--device {text!r}: expected {DEVICE_FORMS} (a CUDA device index)")
-
-
-def check_tiles_device(options: dict[str, Any]) -> None:
-    """--decode-tiles with the device resolved (auto may have become the CPU): the tiles feed
-    the CUDA decode kernels, so on the CPU the flag fails rather than doing nothing."""
-    if options.get("decode_tiles") and options["device"] == "cpu":
-        raise UserError("--decode-tiles needs a CUDA device (the tiles feed its decode kernels)")
 
 
 def check_device(device: str) -> str:

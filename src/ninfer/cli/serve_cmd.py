@@ -24,7 +24,7 @@ from ninfer.cli.checks import (
     load_template,
 )
 from ninfer.cli.common import load_engine, resolve_artifact
-from ninfer.cli.device import check_device, check_tiles_device, parse_device
+from ninfer.cli.device import check_device, parse_device
 from ninfer.cli.errors import UserError
 from ninfer.cli.listen import bind_listener
 from ninfer.cli.options import hidden, opt
@@ -254,7 +254,7 @@ def serve(
     if chat_template is not None:
         load_template(chat_template)
     engine_options["device"] = check_device(engine_options["device"])
-    check_tiles_device(engine_options)
+    check_engine_options(engine_options)  # again with `auto` resolved (--decode-tiles on the CPU)
     if request_log_jsonl is not None:  # before the model loads: a bad path fails at once
         try:
             check_path(request_log_jsonl, resolve_artifact(artifact))
