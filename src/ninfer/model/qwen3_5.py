@@ -426,9 +426,10 @@ def tiles_bytes(parts: Iterable[object]) -> int:
     for part in parts:
         for f in fields(part):  # type: ignore[arg-type]
             v = getattr(part, f.name)
-            tiles = v.tiles if isinstance(v, Fp8Weight) else None
-            if isinstance(v, torch.Tensor):
-                tiles = attached_tiles(v)
+            if isinstance(v, Fp8Weight):
+                tiles = v.tiles
+            else:
+                tiles = attached_tiles(v) if isinstance(v, torch.Tensor) else None
             if tiles is not None:
                 storage = tiles.untyped_storage()
                 seen[storage.data_ptr()] = storage.nbytes()
