@@ -3,12 +3,16 @@
 The tensor table (names, dtypes, shapes) is fixed before any data is written, so every offset is
 known up front and tensors can be streamed one at a time in any order: a 54 GB model converts with
 one tensor in memory. Checksums are filled in at the end; they are fixed-width hex, so the header
-keeps its length and the data never moves. The file appears under its final name only when complete.
+keeps its length and the data never moves. The file appears under its final name only when complete:
+each writer streams into a partial file of its own (`OUT.<random>.partial` beside OUT), so two
+writers of one path (two commands building the demo on first use at once) never write into each
+other's bytes; the last to finish replaces the other's complete file with its own.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -54,7 +58,6 @@ class ArtifactWriter:
 
     def __init__(self, path: str | Path, header: Header, plan: list[TensorPlan]) -> None:
         self.path = Path(path)
-        self._tmp = self.path.with_name(self.path.name + ".partial")
         self.header = header
         entries: dict[str, TensorEntry] = {}
         offset = 0
@@ -76,9 +79,10 @@ class ArtifactWriter:
         self._data_offset = align(PREAMBLE_SIZE + self._header_len, DATA_ALIGNMENT)
         self._crcs: dict[str, str] = {}
         try:
-            self._file = open(self._tmp, "wb+")  # noqa: SIM115  (closed in close()/abort())
+            self._tmp, fd = _create_partial(self.path)
         except OSError as e:
             raise ArtifactError(self.path, f"cannot write the artifact: {_why(e)}") from e
+        self._file = os.fdopen(fd, "wb+")  # closed in close() / abort()
         try:
             self._file.truncate(self._data_offset + header.data_size)
         except BaseException as e:
@@ -149,6 +153,18 @@ class ArtifactWriter:
         if not self._file.closed:
             self._file.close()
         self._tmp.unlink(missing_ok=True)
+
+
+def _create_partial(path: Path) -> tuple[Path, int]:
+    """A new file `path.<random>.partial` beside `path`, opened for writing: this writer's alone
+    (O_EXCL), with the permissions a plain open would give (0666 less the umask)."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    while True:
+        tmp = path.with_name(f"{path.name}.{secrets.token_hex(4)}.partial")
+        try:
+            return tmp, os.open(tmp, flags, 0o666)
+        except FileExistsError:
+            continue
 
 
 def _why(e: OSError) -> str:

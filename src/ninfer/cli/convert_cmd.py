@@ -1,7 +1,8 @@
 """`ninfer convert`: Hugging Face checkpoint directory -> `.ninfer` artifact, with progress.
 
-An existing output is refused unless `--force`; the converter writes `OUT.partial` and renames it
-only when complete, and this command removes that partial file on any failure (Ctrl-C included).
+An existing output is refused unless `--force`; the converter writes a partial file of its own
+beside OUT (`OUT.<random>.partial`) and renames it only when complete; on any failure (Ctrl-C
+and SIGTERM included, which this command turns into an unwinding exit) the writer removes it.
 """
 
 from __future__ import annotations
@@ -56,29 +57,21 @@ def convert(
     if chat_template is not None:
         load_template(chat_template)
     parts = [c.strip() for c in components.split(",") if c.strip()] if components else None
-    partial = out.with_name(out.name + ".partial")
-    try:
-        with _exit_on_sigterm(), StepProgress(f"converting {hf_dir.name}", unit="tensors") as bar:
-            result = run_convert(
-                hf_dir,
-                out,
-                name=name,
-                weights=weights,  # type: ignore[arg-type]
-                components=parts,
-                chat_template=chat_template,
-                progress=bar.callback(),
-            )
-            bar.done(
-                f"wrote {result.path} ({result.num_tensors} tensors, "
-                f"{result.num_bytes / 2**20:.1f} MiB, components {', '.join(result.components)}) "
-                f"in {bar.elapsed():.1f}s"
-            )
-    except BaseException:
-        try:
-            partial.unlink(missing_ok=True)
-        except OSError:  # no such directory either: nothing was written
-            pass
-        raise
+    with _exit_on_sigterm(), StepProgress(f"converting {hf_dir.name}", unit="tensors") as bar:
+        result = run_convert(
+            hf_dir,
+            out,
+            name=name,
+            weights=weights,  # type: ignore[arg-type]
+            components=parts,
+            chat_template=chat_template,
+            progress=bar.callback(),
+        )
+        bar.done(
+            f"wrote {result.path} ({result.num_tensors} tensors, "
+            f"{result.num_bytes / 2**20:.1f} MiB, components {', '.join(result.components)}) "
+            f"in {bar.elapsed():.1f}s"
+        )
     if result.ignored_keys:
         typer.echo(
             f"ignored {len(result.ignored_keys)} source tensors not used by ninfer, e.g. "

@@ -198,3 +198,45 @@ def test_tensors_outlive_a_closed_artifact(artifact: tuple[Path, dict]) -> None:
     gc.collect()
     emb = loaded["embed_tokens.weight"]  # still mapped: reading it must not crash
     assert torch.equal(emb.view(torch.int16), written["text.embed_tokens.weight"].view(torch.int16))
+
+
+def test_two_writers_of_one_path_each_finish_a_whole_file(tmp_path: Path) -> None:
+    """Two processes building one artifact at once (the demo on first use by two commands):
+    each streams into a partial file of its own, so neither truncates or renames the other's
+    bytes; both close cleanly and the path holds the last one's complete, checksummed file."""
+    from ninfer.artifact import schema
+    from ninfer.artifact.writer import ArtifactWriter, TensorPlan
+
+    path = tmp_path / "same.ninfer"
+    shapes = schema.component_tensors(make_header().config, "text")
+    plans = [TensorPlan(f"text.{rel}", "text", "f32", tuple(s)) for rel, s in shapes.items()]
+    first = {p.name: torch.randn(p.shape) for p in plans}
+    second = {p.name: torch.randn(p.shape) for p in plans}
+    names = list(first)
+    a = ArtifactWriter(path, make_header(), plans)
+    a.write(names[0], first[names[0]])
+    b = ArtifactWriter(path, make_header(), plans)  # opened while `a` is half written
+    for name, t in second.items():
+        b.write(name, t)
+    for name in names[1:]:
+        a.write(name, first[name])
+    assert a.close() == path
+    with Artifact(path) as art:
+        art.verify()
+        assert all(torch.equal(art.tensor(n), t) for n, t in first.items())
+    assert b.close() == path
+    with Artifact(path) as art:
+        art.verify()
+        for name, t in second.items():
+            assert torch.equal(art.tensor(name), t)
+    assert [p.name for p in tmp_path.iterdir()] == ["same.ninfer"]  # no partial file left
+
+
+def test_a_written_artifact_has_the_permissions_of_a_plain_open(tmp_path: Path) -> None:
+    import os
+
+    umask = os.umask(0o022)
+    os.umask(umask)
+    path = tmp_path / "perm.ninfer"
+    write_artifact(path)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask
