@@ -16,6 +16,7 @@ import secrets
 import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
@@ -79,10 +80,9 @@ class ArtifactWriter:
         self._data_offset = align(PREAMBLE_SIZE + self._header_len, DATA_ALIGNMENT)
         self._crcs: dict[str, str] = {}
         try:
-            self._tmp, fd = _create_partial(self.path)
+            self._tmp, self._file = _create_partial(self.path)  # closed in close() / abort()
         except OSError as e:
             raise ArtifactError(self.path, f"cannot write the artifact: {_why(e)}") from e
-        self._file = os.fdopen(fd, "wb+")  # closed in close() / abort()
         try:
             self._file.truncate(self._data_offset + header.data_size)
         except BaseException as e:
@@ -155,14 +155,13 @@ class ArtifactWriter:
         self._tmp.unlink(missing_ok=True)
 
 
-def _create_partial(path: Path) -> tuple[Path, int]:
-    """A new file `path.<random>.partial` beside `path`, opened for writing: this writer's alone
-    (O_EXCL), with the permissions a plain open would give (0666 less the umask)."""
-    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+def _create_partial(path: Path) -> tuple[Path, BinaryIO]:
+    """A new file `path.<random>.partial` beside `path`, open for writing: this writer's alone
+    (exclusive creation), with the permissions of a plain open (0666 less the umask)."""
     while True:
         tmp = path.with_name(f"{path.name}.{secrets.token_hex(4)}.partial")
         try:
-            return tmp, os.open(tmp, flags, 0o666)
+            return tmp, open(tmp, "xb+")  # noqa: SIM115  (the writer closes it)
         except FileExistsError:
             continue
 
