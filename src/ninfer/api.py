@@ -85,6 +85,9 @@ class ChatEvent:
     # `x-ninfer-prefix-cache` header value (why a hit or a miss)
     num_cached: int = 0
     prefix_cache: str | None = None
+    # admitted: prompt tokens past the hit up to the last explicit cache marker (the usage's
+    # cache_creation_tokens, known before any output)
+    num_cache_creation: int = 0
     scheduling: SchedulingTransition | None = None  # scheduling: the boundary
 
 
@@ -193,6 +196,7 @@ class Engine:
         thinking_budget: int | None = None,
         media: MediaPrompt | None = None,
         cache_checkpoints: Sequence[int] = (),
+        cache_marked: int = 0,
         scheduling_events: bool = False,
         **sampling: Any,
     ) -> GenerationRequest:
@@ -211,6 +215,7 @@ class Engine:
             thinking_budget=thinking_budget,
             media=media,
             cache_checkpoints=tuple(cache_checkpoints),
+            cache_marked=cache_marked,
             scheduling_events=scheduling_events,
         )
 
@@ -376,9 +381,12 @@ class Engine:
             markers=offsets,
             implicit=implicit,
         )
+        # the client's last explicit marker: its prompt prefix is this request's cache creation
+        marked = max((t for t in offsets if t is not None and 0 < t < len(ids)), default=0)
         ids, media, lease = self.prepare_prompt(ids, messages)
         if media is not None:  # the candidates were found in the ids before media expansion
             checkpoints = [media.expanded_offset(t) for t in checkpoints]
+            marked = media.expanded_offset(marked) if marked else 0
         # The template continues a final assistant message only without a generation prompt
         # (an assistant prefill); otherwise it opens a fresh assistant turn, thinking included.
         continuing = (
@@ -402,6 +410,7 @@ class Engine:
                 thinking_budget=budget if starts_in_reasoning else None,
                 media=media,
                 cache_checkpoints=checkpoints,
+                cache_marked=marked,
                 scheduling_events=kwargs.pop("scheduling_events", self.scheduling_events),
                 stop=(*kwargs.pop("stop", ()), *decoder.stop_strings),
                 **kwargs,
@@ -446,6 +455,7 @@ class _ChatTracker:
                     num_prompt=event.num_prompt,
                     num_cached=event.num_cached,
                     prefix_cache=event.prefix_cache,
+                    num_cache_creation=event.num_cache_creation,
                     stats=event.stats,
                 )
             ]

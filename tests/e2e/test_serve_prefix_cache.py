@@ -181,11 +181,51 @@ def test_anthropic_cache_control_on_system_and_last_message(servers) -> None:
         return out
 
     (first, _), (second, header) = turns(servers["warm"])
-    prompt1 = first.usage.input_tokens + first.usage.cache_read_input_tokens
-    assert first.usage.cache_creation_input_tokens > 0  # the markers' checkpoints were written
+    u1 = first.usage
+    prompt1 = u1.input_tokens + u1.cache_creation_input_tokens + u1.cache_read_input_tokens
+    assert u1.cache_creation_input_tokens > 0  # the markers' checkpoints were written
     read = second.usage.cache_read_input_tokens
     assert read >= prompt1 - PROLOGUE and header == f"hit={read}; path=checkpoint"
     (_, _), (cold, cold_header) = turns(servers["cold"])
     assert cold.usage.cache_read_input_tokens == 0 and cold_header == "miss=disabled"
     assert cold.usage.cache_creation_input_tokens == 0
     assert [b.model_dump() for b in cold.content] == [b.model_dump() for b in second.content]
+
+
+def test_anthropic_usage_adds_up_to_the_prompt_from_message_start(servers) -> None:
+    """Anthropic's input_tokens, cache_creation_input_tokens and cache_read_input_tokens are
+    disjoint and add up to the prompt (clients such as Claude Code add them up for the context
+    in use; counting the created tokens twice overstated it), and message_start already carries
+    the final split."""
+    client = _anthropic(servers["warm"])
+    system = [
+        {"type": "text", "text": "Answer in one word. " * 8, "cache_control": {"type": "ephemeral"}}
+    ]
+
+    def ask(question: str, marked: bool) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+        block: dict[str, Any] = {"type": "text", "text": question}
+        if marked:
+            block["cache_control"] = {"type": "ephemeral"}
+        messages = [{"role": "user", "content": [block]}]
+        prompt = client.messages.count_tokens(model=MODEL_ID, system=system, messages=messages)
+        events = list(
+            client.messages.create(
+                model=MODEL_ID, system=system, messages=messages, max_tokens=4, stream=True
+            )
+        )
+        start = events[0].message.usage
+        final = [e for e in events if e.type == "message_delta"][-1].usage
+        split = [
+            (u.input_tokens, u.cache_creation_input_tokens, u.cache_read_input_tokens)
+            for u in (start, final)
+        ]
+        return prompt.input_tokens, split[0], split[1]
+
+    prompt, start, final = ask("Name a color.", marked=True)
+    assert sum(final) == prompt and start == final
+    # past the last marker: the user turn's closing tokens and the generation prologue
+    assert 0 < final[0] <= PROLOGUE + 2 and final[1] > 0
+    # the same system prompt and an unmarked question: the system marker's checkpoint is read
+    prompt, start, final = ask("Name a fruit.", marked=False)
+    assert sum(final) == prompt and start == final
+    assert final[2] > 0 and final[1] == 0

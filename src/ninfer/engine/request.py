@@ -33,6 +33,9 @@ class GenerationRequest:
     `cache_checkpoints` are prompt token offsets where the prefix cache should capture a
     checkpoint (the chat layer's candidates: cache markers, the implicit candidate, the input
     checkpoint before the generation prologue); the engine adds the end of the conversation.
+    `cache_marked` is the offset of the client's last explicit cache marker (0: none): the prompt
+    tokens past the cache hit up to it are this request's cache creation (Anthropic's
+    `cache_creation_input_tokens`), known at admission.
     """
 
     prompt_ids: tuple[int, ...]
@@ -51,6 +54,7 @@ class GenerationRequest:
     # (media.token_ids); the runner encodes the media before the first prefill chunk.
     media: MediaPrompt | None = None
     cache_checkpoints: tuple[int, ...] = ()
+    cache_marked: int = 0
     # SCHEDULING events at each pause / restore boundary (the server's request_scheduling
     # records; off unless request logging is on, so unlogged requests pay nothing)
     scheduling_events: bool = False
@@ -59,7 +63,9 @@ class GenerationRequest:
 @dataclass(frozen=True)
 class Usage:
     """`cached_tokens`: prompt tokens read from the prefix cache; `cache_creation_tokens`:
-    prompt tokens beyond them that this request's checkpoints now hold for later requests."""
+    prompt tokens past them up to the client's last explicit cache marker (written there for
+    later requests). Disjoint, so a client may add them to the uncached rest, as Anthropic's
+    usage is added up."""
 
     prompt_tokens: int
     completion_tokens: int
@@ -202,6 +208,7 @@ class EngineEvent:
     # `x-ninfer-prefix-cache` value saying why (e.g. "hit=812; path=checkpoint", "miss=evicted")
     num_cached: int = 0
     prefix_cache: str | None = None
+    num_cache_creation: int = 0  # ADMITTED: Usage.cache_creation_tokens, fixed at admission
     # FINISHED: how often this request was paused, and restored by snapshot or by replay
     num_preemptions: int = 0
     num_snapshot_restores: int = 0

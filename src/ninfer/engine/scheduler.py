@@ -105,7 +105,7 @@ class Sequence:
     media: EncodedMedia | None = None  # [vision] tower output, held from first to last chunk
     prefix: PrefixLookup | None = None  # the admission's cache decision
     num_cached: int = 0  # prompt tokens taken from the prefix cache
-    num_cache_written: int = 0  # the longest prompt prefix this request's checkpoints hold
+    num_cache_creation: int = 0  # prompt tokens past the hit up to the last explicit marker
     checkpoints: tuple[int, ...] = ()  # prompt offsets to capture while prefilling
     first_row: bool = False  # the next planned row is the first of this residency
     lookup_cache: tuple[int, PrefixLookup] | None = None  # (cache version, lookup) memo
@@ -342,6 +342,7 @@ class Scheduler:
                 num_prompt=seq.num_prompt,
                 num_cached=seq.num_cached,
                 prefix_cache=seq.prefix.header(),
+                num_cache_creation=seq.num_cache_creation,
             )
             out.append((seq, admitted))
         return out
@@ -391,6 +392,8 @@ class Scheduler:
             offsets = {int(t) for t in seq.request.cache_checkpoints}
             wanted = (t for t in offsets if seq.num_cached < t < seq.num_prompt)
             seq.checkpoints = tuple(sorted(wanted))
+            marked = min(seq.request.cache_marked, seq.num_prompt)
+            seq.num_cache_creation = max(0, marked - seq.num_cached)
         return True
 
     def _take(self, seq: Sequence, found: PrefixLookup, num_tokens: int) -> bool:
@@ -813,11 +816,7 @@ class Scheduler:
         """Retain seq's first `end` tokens (computed, or launched before `capture` runs)."""
         assert self.cache is not None and seq.slot is not None
         pages = seq.pages[: self.pages.pages_for(end)]
-        kept = self.cache.publish(
-            seq.key(end), pages, seq.slot, capture, self._copies, self._free_host
-        )
-        if kept is not None:
-            seq.num_cache_written = max(seq.num_cache_written, min(end, seq.num_prompt))
+        self.cache.publish(seq.key(end), pages, seq.slot, capture, self._copies, self._free_host)
 
     # -- commit --------------------------------------------------------------------------------
     def update(self, plan: StepPlan, outcome: StepOutcome) -> list[Event]:
@@ -1055,7 +1054,7 @@ class Scheduler:
                 seq.num_prompt,
                 seq.num_output,
                 seq.num_cached,
-                max(0, seq.num_cache_written - seq.num_cached),
+                seq.num_cache_creation,
             ),
             timings=timings_of(seq),
             stop_string=seq.output.stop_string if seq.output is not None else None,

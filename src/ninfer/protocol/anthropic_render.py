@@ -62,12 +62,13 @@ def stop_reason(finish: str, *, stop_sequence: str | None, has_tool_use: bool) -
 
 @dataclass(frozen=True)
 class MessageUsage:
-    input_tokens: int  # uncached prompt tokens
+    # Anthropic's split of the prompt, three disjoint counts that add up to it: the tokens read
+    # from the cache, those past them up to the last cache_control marker (written there for
+    # later requests), and the rest
+    input_tokens: int
     output_tokens: int
     cache_read_input_tokens: int = 0
-    # prompt tokens past the cached ones that this request's checkpoints now hold; None while
-    # not known yet (message_start precedes prefill)
-    cache_creation_input_tokens: int | None = None
+    cache_creation_input_tokens: int | None = None  # None: not known
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -162,6 +162,7 @@ class _MessageRun:
         self.finished: ChatEvent | None = None
         self.num_prompt = 0
         self.num_cached = 0
+        self.num_creation = 0
         self.num_output = 0
         self.t_start = time.monotonic()
 
@@ -171,6 +172,7 @@ class _MessageRun:
             self.num_prompt = event.num_prompt
             if event.kind == "admitted":
                 self.num_cached = event.num_cached
+                self.num_creation = event.num_cache_creation
         if not self.started:  # message_start right after admission (exact cache split)
             self.started = True
             out += [self.renderer.start(self.usage()), self.renderer.ping()]
@@ -206,14 +208,15 @@ class _MessageRun:
 
     def usage(self) -> MessageUsage:
         usage = self.finished.usage if self.finished is not None else None
-        if usage is None:  # message_start: admission already fixed the cached split
-            return MessageUsage(self.num_prompt - self.num_cached, self.num_output, self.num_cached)
-        return MessageUsage(
-            usage.prompt_tokens - usage.cached_tokens,
-            usage.completion_tokens,
-            usage.cached_tokens,
-            usage.cache_creation_tokens,
-        )
+        # Anthropic's three input counts are disjoint and add up to the prompt (clients sum them
+        # for the context in use); admission fixes all three, so message_start is already exact
+        if usage is None:
+            prompt, output = self.num_prompt, self.num_output
+            cached, created = self.num_cached, self.num_creation
+        else:
+            prompt, output = usage.prompt_tokens, usage.completion_tokens
+            cached, created = usage.cached_tokens, usage.cache_creation_tokens
+        return MessageUsage(prompt - cached - created, output, cached, created)
 
     def body(self) -> dict[str, Any]:
         return self.renderer.message(

@@ -163,3 +163,35 @@ def test_second_chat_turn_reuses_the_input_checkpoint(engines) -> None:
     text = ["".join(e.text for e in events if e.kind in ("reasoning", "content"))
             for events in (second, cold)]  # fmt: skip
     assert text[0] == text[1]
+
+
+def _usage_split(engine: Engine, ids: list[int], checkpoints, marked: int) -> tuple[int, int, int]:
+    request = engine.make_request(
+        ids,
+        max_tokens=2,
+        ignore_eos=True,
+        cache_checkpoints=checkpoints,
+        cache_marked=marked,
+        greedy=True,
+    )
+    events = list(RequestHandle(engine.core, request))
+    admitted, usage = _admitted(events), events[-1].usage
+    assert usage is not None and admitted.num_cached == usage.cached_tokens
+    assert admitted.num_cache_creation == usage.cache_creation_tokens  # fixed at admission
+    return usage.prompt_tokens, usage.cached_tokens, usage.cache_creation_tokens
+
+
+def test_cache_creation_is_the_prompt_past_the_hit_up_to_the_last_marker(engines) -> None:
+    """Usage.cache_creation_tokens (Anthropic's cache_creation_input_tokens) is disjoint from the
+    hit, so the two and the uncached rest add up to the prompt: the tokens past the hit up to
+    the client's last explicit marker; the engine's own checkpoints (here 60 and the end) are
+    not creation, and with prefix reuse off nothing is created."""
+    warm = engines["warm"].engine
+    ids = _random_ids(7, 70)
+    assert _usage_split(warm, ids, (40, 60), marked=40) == (70, 0, 40)
+    # the same first 60 tokens: the hit (the checkpoint at 60) covers the marker at 40
+    assert _usage_split(warm, ids[:60] + _random_ids(8, 10), (40,), marked=40) == (70, 60, 0)
+    # a marker past the hit: only the tokens between them are created
+    assert _usage_split(warm, ids[:60] + _random_ids(9, 20), (75,), marked=75) == (80, 60, 15)
+    plain = engines["cold_plain"].engine
+    assert _usage_split(plain, ids, (40,), marked=40) == (70, 0, 0)
