@@ -167,8 +167,11 @@ def lower_system(system: Any, marks: CacheMarks) -> list[dict[str, Any]]:
     """The top-level system value as zero or one system message."""
     if system is None:
         return []
-    if isinstance(system, str):
-        return [{"role": "system", "content": system}] if system else []
+    if isinstance(system, str):  # no marker of its own, but later messages' indices move
+        if not system:
+            return []
+        marks.base += 1
+        return [{"role": "system", "content": system}]
     if not isinstance(system, list):
         raise invalid_type("system", "a string or an array of text blocks", system)
     texts = []

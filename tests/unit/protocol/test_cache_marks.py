@@ -117,3 +117,34 @@ def test_anthropic_cache_control_positions() -> None:
     )  # fmt: skip
     # a marker after a tool_use block is not a content position; one on a tool_result is its end
     assert marked_result.cache_marks == ((2, None),)
+
+
+@pytest.mark.parametrize("system", ["Be brief.", [{"type": "text", "text": "Be brief."}]])
+def test_anthropic_marks_after_a_system_prompt_name_the_message_they_are_on(system) -> None:
+    """A string system prompt is a message of its own too: a marker on the first user message
+    names message 1 (it named the system message, index 0, so it landed nowhere or in the system
+    text), whichever form the system prompt takes."""
+    req = parse_messages_request(
+        {
+            "model": "m",
+            "max_tokens": 8,
+            "system": system,
+            "messages": [
+                {"role": "user", "content": [
+                    {"type": "text", "text": "alpha beta", "cache_control": EPHEMERAL}]},
+                {"role": "assistant", "content": "ok"},
+                {"role": "user", "content": "gamma"},
+            ],
+            "cache_control": EPHEMERAL,  # request level: the last cacheable block ("gamma")
+        },
+        default_max_tokens=8,
+    )  # fmt: skip
+    assert [m["role"] for m in req.messages] == ["system", "user", "assistant", "user"]
+    assert req.cache_marks == ((1, 10), (3, 5))
+    empty = parse_messages_request(
+        {"model": "m", "max_tokens": 8, "system": "", "messages": [
+            {"role": "user", "content": [
+                {"type": "text", "text": "q", "cache_control": EPHEMERAL}]}]},
+        default_max_tokens=8,
+    )  # fmt: skip
+    assert [m["role"] for m in empty.messages] == ["user"] and empty.cache_marks == ((0, 1),)
