@@ -17,7 +17,7 @@ import torch
 
 from ninfer.artifact.media_settings import IMAGE_DEFAULTS, VIDEO_DEFAULTS
 from ninfer.artifact.reader import Artifact
-from ninfer.chat.cache_hints import prompt_checkpoints
+from ninfer.chat.cache_hints import explicit_markers, prompt_checkpoints
 from ninfer.chat.output_decoder import DeltaKind, OutputDecoder, ToolCall, ToolCallParseStats
 from ninfer.chat.template import ChatTemplate, ContentMark, load_default_template
 from ninfer.engine.build import EngineParts, assemble, build
@@ -382,7 +382,7 @@ class Engine:
             implicit=implicit,
         )
         # the client's last explicit marker: its prompt prefix is this request's cache creation
-        marked = max((t for t in offsets if t is not None and 0 < t < len(ids)), default=0)
+        marked = max(explicit_markers(offsets, len(ids)), default=0)
         ids, media, lease = self.prepare_prompt(ids, messages)
         if media is not None:  # the candidates were found in the ids before media expansion
             checkpoints = [media.expanded_offset(t) for t in checkpoints]

@@ -30,7 +30,7 @@ def prompt_checkpoints(
     requested.
     """
     n = len(ids)
-    explicit = sorted({m for m in markers if m is not None and 0 < m < n})[-MAX_MARKER_WRITES:]
+    explicit = explicit_markers(markers, n)
     out = set(explicit)
     prologue = _last_index(ids, im_start, n) if im_start is not None else None
     if implicit and len(explicit) < MAX_MARKER_WRITES and im_end is not None:
@@ -40,6 +40,12 @@ def prompt_checkpoints(
     if prologue is not None and prologue > 0:
         out.add(prologue)
     return tuple(sorted(out))
+
+
+def explicit_markers(markers: Sequence[int | None], n: int) -> list[int]:
+    """The explicit markers a prompt of `n` tokens writes at: inside it, distinct, the latest
+    MAX_MARKER_WRITES, sorted (the last one ends the request's cache creation)."""
+    return sorted({m for m in markers if m is not None and 0 < m < n})[-MAX_MARKER_WRITES:]
 
 
 def _last_index(ids: Sequence[int], token: int | None, end: int) -> int | None:
