@@ -72,6 +72,8 @@ class ChatEvent:
     tool_call: ToolCall | None = None
     finish_reason: FinishReason | None = None
     usage: ChatUsage | None = None
+    # reasoning / content: the engine's cumulative snapshot at the latest commit (hidden commits
+    # included); finished: the final one
     timings: Timings | None = None
     tool_parse: ToolCallParseStats | None = None
     num_processed: int = 0
@@ -446,6 +448,7 @@ class _ChatTracker:
         self.decoder = decoder
         self.num_reasoning = 0
         self.num_output = 0
+        self.timings: Timings | None = None  # the latest commit's snapshot, hidden ones included
 
     def on_event(self, event: EngineEvent) -> list[ChatEvent]:
         if event.kind == EventKind.ADMITTED:
@@ -471,12 +474,14 @@ class _ChatTracker:
             if self.decoder.in_reasoning:
                 self.num_reasoning += len(event.token_ids)
             self.num_output = event.num_output
+            self.timings = event.timings or self.timings
             return self._deltas(self.decoder.feed(event.text), event.token_ids, event.num_output)
         if event.kind == EventKind.ERROR:
             assert event.error is not None
             raise event.error
         if event.kind == EventKind.FINISHED:
             own_stop = event.stop_string in self.decoder.stop_strings
+            self.timings = event.timings or self.timings
             out = self._deltas(self.decoder.feed(event.text), [], self.num_output)
             out += self._deltas(self.decoder.finish(event.stop_string), [], self.num_output)
             usage = event.usage
@@ -503,15 +508,22 @@ class _ChatTracker:
             return out
         return []
 
-    @staticmethod
-    def _deltas(deltas: list[Any], token_ids: list[int], num_output: int) -> list[ChatEvent]:
+    def _deltas(self, deltas: list[Any], token_ids: list[int], num_output: int) -> list[ChatEvent]:
         out = []
         for d in deltas:
             if d.kind == DeltaKind.TOOL_CALL:
                 out.append(ChatEvent("tool_call", tool_call=d.tool_call, num_output=num_output))
             elif d.text:
                 kind = "reasoning" if d.kind == DeltaKind.REASONING else "content"
-                out.append(ChatEvent(kind, text=d.text, token_ids=token_ids, num_output=num_output))
+                out.append(
+                    ChatEvent(
+                        kind,
+                        text=d.text,
+                        token_ids=token_ids,
+                        num_output=num_output,
+                        timings=self.timings,
+                    )
+                )
         return out
 
 

@@ -227,6 +227,14 @@ def test_stream_progress_and_per_token_timings(server: ServeProcess) -> None:
     counts = [c["timings"]["predicted_n"] for c in text_chunks]
     assert counts == sorted(counts) and counts[-1] <= 3
     assert "timings" in chunks[-1] and chunks[-1]["choices"][0]["finish_reason"] == "length"
+    # every snapshot is the engine's, on the terminal timings' clock: prompt time runs from the
+    # committed admission to the first token, so it is one number for the whole stream
+    final = chunks[-1]["timings"]
+    for c in text_chunks:
+        snap = c["timings"]
+        assert (snap["cache_n"], snap["prompt_n"]) == (final["cache_n"], final["prompt_n"])
+        assert snap["prompt_ms"] == final["prompt_ms"]
+        assert snap["predicted_ms"] <= final["predicted_ms"]
     first_text = chunks.index(text_chunks[0])
     assert all("prompt_progress" not in c for c in chunks[first_text:])
 

@@ -199,6 +199,7 @@ class EngineEvent:
     num_output: int = 0  # TOKENS: committed output tokens so far, this event's included
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
+    # TOKENS: the cumulative snapshot at this commit (engine clock); FINISHED: the final one
     timings: Timings | None = None
     error: Exception | None = None
     stop_string: str | None = None  # FINISHED: the stop string that ended the output, if one did

@@ -979,6 +979,7 @@ class Scheduler:
                     commit.text,
                     num_prompt=seq.num_prompt,
                     num_output=seq.num_output,
+                    timings=timings_of(seq),
                 ),
             )
         ]
@@ -1016,6 +1017,7 @@ class Scheduler:
                     num_prompt=seq.num_prompt,
                     num_output=seq.num_output,
                     num_control=len(control_ids),
+                    timings=timings_of(seq),
                 ),
             )
         ]

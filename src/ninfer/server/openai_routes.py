@@ -180,6 +180,7 @@ class _ChatRun:
     t_first: float | None = None
     t_last: float | None = None
     t_admitted: float | None = None
+    timings: Timings | None = None  # the latest engine snapshot carried by a text event
 
     def __post_init__(self) -> None:
         self.renderer = ChatRenderer(
@@ -208,6 +209,7 @@ class _ChatRun:
                 self.num_output = event.num_output
                 self.t_first = self.t_first or now
                 self.t_last = now
+            self.timings = event.timings or self.timings
             (self.reasoning if event.kind == "reasoning" else self.content).append(event.text)
         elif event.kind == "tool_call":
             assert event.tool_call is not None
@@ -258,11 +260,15 @@ class _ChatRun:
         }
 
     def _snapshot(self) -> dict[str, Any]:
+        if self.timings is not None:  # the engine's, on the same clock as the terminal timings
+            return self.timings.to_dict()
+        # events without engine timings (a caller's own event source): this stream's clock
+        start = self.t_admitted or self.t_start
         first, last = self.t_first, self.t_last
         return Timings(
             cache_n=self.num_cached,
             prompt_n=self.num_prompt - self.num_cached,
-            prompt_ms=((first or self.t_start) - self.t_start) * 1000.0,
+            prompt_ms=((first or start) - start) * 1000.0,
             predicted_n=self.num_output,
             predicted_ms=((last or 0.0) - (first or 0.0)) * 1000.0,
         ).to_dict()

@@ -173,3 +173,26 @@ def test_host_phases_are_exclusive() -> None:
     snap = recorder.snapshot()
     assert snap.host_engine_maintenance_s > 0
     assert snap.published_at == 1.0  # the injected clock, one tick per publish
+
+
+def test_every_commit_carries_the_cumulative_timings(tokenizer: Tokenizer) -> None:
+    # The per-token timings a stream shows are these snapshots: the engine's admission and commit
+    # instants, so they agree with the terminal timings (prompt time is fixed by the first token,
+    # the decode interval grows with each commit and ends where the terminal one ends).
+    core = make_core(tokenizer, Runner())
+    try:
+        events = list(RequestHandle(core, request(21, 6)))
+    finally:
+        core.close()
+    commits = [e for e in events if e.kind == EventKind.TOKENS]
+    final = events[-1].timings
+    assert final is not None and len(commits) == 6
+    snaps = [e.timings for e in commits]
+    assert all(s is not None for s in snaps)
+    assert [s.predicted_n for s in snaps] == [e.num_output for e in commits] == list(range(1, 7))
+    assert {(s.cache_n, s.prompt_n, s.prompt_ms) for s in snaps} == {
+        (final.cache_n, final.prompt_n, final.prompt_ms)
+    }
+    assert final.prompt_ms > 0 and snaps[0].predicted_ms == 0.0
+    spans = [s.predicted_ms for s in snaps]
+    assert spans == sorted(spans) and spans[-1] == final.predicted_ms

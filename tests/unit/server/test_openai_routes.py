@@ -98,3 +98,16 @@ def test_per_token_timings_follow_the_committed_frontier() -> None:
     out = frames(run, evs)
     assert [f["timings"]["predicted_n"] for f in out] == [2, 2, 3]
     assert all(f["timings"]["prompt_n"] == 5 for f in out)
+
+
+def test_per_token_timings_are_the_engines_snapshot() -> None:
+    # The engine's snapshot (its admission and commit instants) is copied, not re-timed on the
+    # stream's own clock, so prompt_ms agrees with the terminal timings to the last digit.
+    run = run_for(stream=True, timings_per_token=True)
+    snap = Timings(cache_n=2, prompt_n=3, prompt_ms=7.25, predicted_n=2, predicted_ms=1.5)
+    evs = [
+        ChatEvent("admitted", num_prompt=5, num_cached=2),
+        ChatEvent("content", text="a", token_ids=[8], num_output=2, timings=snap),
+    ]
+    out = frames(run, evs)
+    assert out[-1]["timings"] == snap.to_dict()
