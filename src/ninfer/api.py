@@ -131,7 +131,7 @@ class Engine:
             artifact.config.get("model") or {} if artifact is not None else {}
         )
         if options.vision and artifact is not None:
-            self.media = _media_preparer(artifact, options, parts.model.dtype)
+            self.media = media_preparer(artifact, options, parts.model.dtype)
 
     @classmethod
     def load(cls, path: str | Path | None = None, **options: Any) -> Engine:
@@ -527,10 +527,9 @@ class _ChatTracker:
         return out
 
 
-def _media_preparer(
-    artifact: Artifact, options: EngineOptions, dtype: torch.dtype
-) -> MediaPreparer:
-    """[vision] The media preparer, from the artifact's preprocessing settings."""
+def media_preparer(artifact: Artifact, options: EngineOptions, dtype: torch.dtype) -> MediaPreparer:
+    """[vision] The media preparer, from the artifact's preprocessing settings (an engine's, or
+    a token counter's that expands media without loading the model)."""
     media = artifact.config.get("media")
     if not media:  # converted before artifacts carried settings: the Qwen3.5 defaults
         media = {"image": IMAGE_DEFAULTS, "video": VIDEO_DEFAULTS}

@@ -35,6 +35,46 @@ def _load_messages(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any
     return doc, tools
 
 
+def _expand_media(
+    art: Any, tokenizer: Any, ids: list[int], msgs: list[dict[str, Any]]
+) -> list[int]:
+    """The ids with each image / video placeholder expanded to its vision tokens, as the engine
+    expands them: the media is fetched, decoded and resized (its size sets the count), the
+    model is not loaded."""
+    import torch
+
+    from ninfer.api import media_preparer
+    from ninfer.engine.options import EngineOptions
+    from ninfer.media.errors import MediaError
+    from ninfer.media.layout import MediaTokens, expand_prompt
+    from ninfer.media.sources import collect_media
+
+    try:
+        sources = collect_media(msgs)
+    except MediaError as e:
+        raise UserError(e.message) from e
+    if not sources:
+        return ids
+    if "vision" not in art.components:
+        raise UserError(
+            f"{sources[0].param}: this artifact has no vision tower, so it takes no images or "
+            "videos"
+        )
+    preparer = media_preparer(art, EngineOptions(), torch.bfloat16)
+    try:
+        lease = preparer.prepare(sources)
+        try:
+            tokens = MediaTokens.from_config(art.config.get("model") or {})
+            prompt = expand_prompt(ids, lease.items, tokens, tokenizer.encode_text)
+        finally:
+            lease.release()
+    except MediaError as e:
+        raise UserError(e.message) from e
+    finally:
+        preparer.close()
+    return list(prompt.token_ids)
+
+
 def count_tokens(
     artifact: Path | None = o.artifact_argument(),
     text: str | None = o.opt(
@@ -53,7 +93,8 @@ def count_tokens(
     no_thinking: bool = o.no_thinking("Render with thinking off."),
     chat_template: Path | None = o.chat_template(),
 ) -> None:
-    """Render the chat template and print the prompt's exact token count."""
+    """Render the chat template and print the prompt's exact token count (images and videos
+    expanded to their vision tokens)."""
     from ninfer.artifact.reader import Artifact
     from ninfer.chat.template import ChatTemplate
     from ninfer.tokenizer import Tokenizer
@@ -68,12 +109,13 @@ def count_tokens(
     if tool_list is not None and not isinstance(tool_list, list):
         raise UserError("tools must be a JSON array")
     own_template = load_template(chat_template) if chat_template is not None else None
+    kwargs = {"enable_thinking": False} if no_thinking else {}
     with Artifact(resolve_artifact(artifact)) as art:
         source = own_template if own_template is not None else art.chat_template()
         tokenizer = Tokenizer.from_json(art.tokenizer_json)
-    template = ChatTemplate(source)
-    kwargs = {"enable_thinking": False} if no_thinking else {}
-    ids = template.render_ids(tokenizer, msgs, tools=tool_list, **kwargs)
+        template = ChatTemplate(source)
+        ids = template.render_ids(tokenizer, msgs, tools=tool_list, **kwargs)
+        ids = _expand_media(art, tokenizer, ids, msgs)
     if show:
         typer.echo(template.render(msgs, tools=tool_list, **kwargs), nl=False)
         typer.echo("")

@@ -89,6 +89,57 @@ def test_count_tokens_matches_the_template_path(demo: Path, tmp_path: Path) -> N
     assert int(no_think.stdout) > int(think.stdout)  # the empty think block is pre-filled
 
 
+def _png_url(width: int, height: int) -> str:
+    import base64
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (width, height), (20, 160, 90)).save(buf, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def test_count_tokens_expands_images_as_the_engine_does(demo: Path, tmp_path: Path) -> None:
+    # An image is as many prompt tokens as its size makes vision tokens, not one placeholder:
+    # the count must equal a vision engine's own count of the same conversation.
+    from ninfer import Engine
+
+    def image(w: int, h: int) -> dict:
+        return {"type": "image_url", "image_url": {"url": _png_url(w, h)}}
+
+    messages = [
+        {"role": "user", "content": [image(200, 120), {"type": "text", "text": "and"},
+                                     image(64, 300), {"type": "text", "text": "What are these?"}]},
+    ]  # fmt: skip
+    (tmp_path / "m.json").write_text(json.dumps(messages))
+    r = run("count-tokens", str(demo), "--messages", str(tmp_path / "m.json"))
+    assert r.returncode == 0, r.stderr
+    engine = Engine.load(demo, vision=True)
+    try:
+        expected = engine.count_prompt_tokens(messages)
+        text_only = len(engine.render(messages))
+    finally:
+        engine.close()
+    assert int(r.stdout) == expected > text_only + 10
+    messages[0]["content"][0]["image_url"]["url"] = "data:image/png;base64,xx"
+    (tmp_path / "bad.json").write_text(json.dumps(messages))
+    bad = run("count-tokens", str(demo), "--messages", str(tmp_path / "bad.json"))
+    assert_one_line_error(bad, "messages[0].content[0]: data URI has invalid base64")
+
+
+def test_count_tokens_of_media_needs_a_vision_tower() -> None:
+    from types import SimpleNamespace
+
+    from ninfer.cli.count_tokens_cmd import _expand_media
+    from ninfer.cli.errors import UserError
+
+    msgs = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
+    with pytest.raises(UserError, match=r"messages\[0\]\.content\[0\]: .*no vision tower"):
+        _expand_media(SimpleNamespace(components=["text"]), None, [1, 2], msgs)
+    assert _expand_media(SimpleNamespace(components=["text"]), None, [1, 2], []) == [1, 2]
+
+
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
