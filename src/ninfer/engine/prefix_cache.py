@@ -39,7 +39,8 @@ class PrefixLookup:
     """A lookup's result: the checkpoint to start from, or why there is none.
 
     `miss` is None on a hit, else `diverged@N` (the longest stored prefix stops matching at
-    token N), `evicted` (a checkpoint that matched was evicted), `no_candidate` or `disabled`.
+    token N), `evicted` (a checkpoint that matched was evicted), `no_candidate`, `disabled`, or
+    `capacity` (the scheduler passed a matching checkpoint over: with it the prompt could not fit).
     """
 
     checkpoint: Checkpoint | None

@@ -380,7 +380,15 @@ class Scheduler:
         first chunk), starting from the longest cached prefix; False (no change) if short."""
         found = self._lookup(seq)
         if not self._take(seq, found, seq.num_prompt):
-            return False
+            if found.checkpoint is None or self.running:
+                return False  # a running request frees pages when it ends: wait for it
+            # Nothing in flight will free a page and the hit does not fit: its checkpoint keeps
+            # its partial last page while the request writes a copy of it, one page beyond the
+            # prompt's own (a prompt in the pool's last page). Start cold rather than wait
+            # forever; the checkpoint may then be reclaimed.
+            found = PrefixLookup(None, "capacity")
+            if not self._take(seq, found, seq.num_prompt):
+                return False
         seq.prefix = found
         seq.first_row = True
         seq.lookup_cache = None

@@ -105,6 +105,25 @@ def test_misses_say_why(engines) -> None:
     assert e.cache.num_evicted >= 1
 
 
+def test_a_hit_that_cannot_fit_starts_cold_instead_of_waiting_forever(engines) -> None:
+    # 4 pages of 4 tokens. A checkpoint at 6 keeps a full page and a partial one; a request
+    # starting from it writes into a copy of the partial page, so a 14-token prompt (all four
+    # pages of its own) would need five. With nothing running to free one it used to wait
+    # until its deadline; it must start cold and match the cold run.
+    e = engines(pages=4, max_context=16, lanes=1)
+    stem = prompt(10)
+    e.run(req(stem, max_tokens=2, checkpoints=(6,)))
+    fits = stem[:6] + [1, 2, 3, 4, 5, 6]  # 12 tokens: 1 shared + 1 copy + 2 pages, and the hit
+    assert admitted(e.run(req(fits, max_tokens=1, checkpoints=(6,)))).prefix_cache == (
+        "hit=6; path=checkpoint"
+    )
+    tight = stem[:6] + [7] * 8  # 14 tokens
+    events = e.run(req(tight, max_tokens=2))
+    assert admitted(events).prefix_cache == "miss=capacity" and admitted(events).num_cached == 0
+    assert events[-1].usage.cached_tokens == 0
+    assert out(events) == out(engines(cache=False, pages=4, max_context=16).run(req(tight, 2)))
+
+
 def test_retained_prefixes_give_way_to_running_requests_lru(engines) -> None:
     e = engines(pages=12, lanes=1)  # 48 tokens of KV
     e.run(req(prompt(16, 100), max_tokens=1, checkpoints=(8,)))
