@@ -378,17 +378,9 @@ class Scheduler:
     def _start(self, seq: Sequence) -> bool:
         """Take seq's slot and its prompt's share of pages (checked, the rest reserved with the
         first chunk), starting from the longest cached prefix; False (no change) if short."""
-        found = self._lookup(seq)
-        if not self._take(seq, found, seq.num_prompt):
-            if found.checkpoint is None or self.running:
-                return False  # a running request frees pages when it ends: wait for it
-            # Nothing in flight will free a page and the hit does not fit: its checkpoint keeps
-            # its partial last page while the request writes a copy of it, one page beyond the
-            # prompt's own (a prompt in the pool's last page). Start cold rather than wait
-            # forever; the checkpoint may then be reclaimed.
-            found = PrefixLookup(None, "capacity")
-            if not self._take(seq, found, seq.num_prompt):
-                return False
+        found = self._take_hit_or_cold(seq, self._lookup(seq), seq.num_prompt)
+        if found is None:
+            return False
         seq.prefix = found
         seq.first_row = True
         seq.lookup_cache = None
@@ -403,6 +395,21 @@ class Scheduler:
             marked = min(seq.request.cache_marked, seq.num_prompt)
             seq.num_cache_creation = max(0, marked - seq.num_cached)
         return True
+
+    def _take_hit_or_cold(
+        self, seq: Sequence, found: PrefixLookup, num_tokens: int
+    ) -> PrefixLookup | None:
+        """`_take` from the hit `found`, else from nothing when the hit cannot fit and nothing
+        running will free a page: the hit's checkpoint keeps its partial last page while seq
+        writes a copy of it, one page beyond seq's own (seq ends in the pool's last page), so
+        waiting would be forever; the checkpoint may be reclaimed then. The lookup used, or
+        None (no change) when seq must wait."""
+        if self._take(seq, found, num_tokens):
+            return found
+        if found.checkpoint is None or self.running:
+            return None  # a running request frees pages when it ends: wait for it
+        cold = PrefixLookup(None, "capacity")
+        return cold if self._take(seq, cold, num_tokens) else None
 
     def _take(self, seq: Sequence, found: PrefixLookup, num_tokens: int) -> bool:
         """A lane slot, and free pages for `num_tokens` tokens beyond those shared with the
@@ -800,7 +807,7 @@ class Scheduler:
             found = DISABLED
             if self.cache is not None:
                 found = self.cache.lookup(seq.key(frontier), whole=True)
-            if not self._take(seq, found, self._resume_tokens(seq)):
+            if self._take_hit_or_cold(seq, found, self._resume_tokens(seq)) is None:
                 return False
             self._transition(seq, "restore_started")
             seq.replay_to = max(seq.replay_to, frontier)  # a pause inside a replay keeps its end
