@@ -43,6 +43,9 @@ from ninfer.server.stats_log import ThroughputReporter
 
 log = logging.getLogger("ninfer.server")
 TCP_USER_TIMEOUT_MS = 15000
+# the shutdown drain ends what is still in flight this long before Sanic's graceful timeout
+# (SANIC_GRACEFUL_SHUTDOWN_TIMEOUT, 15 s by default) would cut the connections
+DRAIN_MARGIN_S = 2.0
 OPEN_PATHS = frozenset({"/health"})
 KNOWN_PATHS = frozenset(
     {
@@ -172,7 +175,8 @@ def create_app(
     @app.before_server_stop
     async def stopping(app: Sanic) -> None:
         log.info("shutting down")
-        hub.start_drain()
+        # the drain ends what is left a little before Sanic's grace would cut the connections
+        hub.start_drain(float(app.config.GRACEFUL_SHUTDOWN_TIMEOUT) - DRAIN_MARGIN_S)
 
     @app.after_server_stop
     async def stopped(app: Sanic) -> None:

@@ -33,6 +33,18 @@ API_NAMES = {
     "anthropic_messages": "messages",
 }
 CLIENT_CLOSED = 499  # nginx's "client closed request": the response never fully left
+
+
+def server_stopping() -> ProtocolError:
+    """What a request still in flight at shutdown is told (in band once its stream is open)."""
+    return ProtocolError(
+        "the server is shutting down; the request was ended before it completed",
+        status=503,
+        code="server_stopping",
+        type="server_error",
+    )
+
+
 HEADER_GRACE_S = 0.25  # how long a stream's headers wait for its admission (prefix header)
 IDLE: Any = object()  # no event within the keep-alive interval
 END: Any = object()  # the engine's event stream is over
@@ -130,14 +142,28 @@ class Observability:
     def cancel_engine(self, request_id: str) -> None:
         self.engine.core.cancel(request_id)
 
-    def start_drain(self) -> None:
-        """Server stop requested: log what is still in flight."""
+    def start_drain(self, grace_s: float) -> None:
+        """Server stop requested: what is in flight may finish for `grace_s`; what is left then
+        is ended with a clean ending (a 503 `server_stopping`, in band once streaming) before
+        the HTTP server's own grace runs out and cuts its connection mid-body."""
         self.shutting_down = True
         states: dict[str, int] = {}
         for lc in self.active:
             states[lc.state] = states.get(lc.state, 0) + 1
         detail = " ".join(f"{k}={v}" for k, v in sorted(states.items())) or "none"
-        log.info("shutdown: draining %d requests in flight (%s)", len(self.active), detail)
+        log.info(
+            "shutdown: draining %d requests in flight (%s); those left in %.0f s are ended",
+            len(self.active), detail, grace_s,
+        )  # fmt: skip
+        if self.active:
+            asyncio.get_running_loop().call_later(max(0.0, grace_s), self.end_in_flight)
+
+    def end_in_flight(self) -> None:
+        """The drain's grace is over: end every request still in flight."""
+        if self.active:
+            log.info("shutdown: ending %d requests still in flight", len(self.active))
+        for lc in list(self.active):
+            lc.stop_for_shutdown()
 
     async def finish_drain(self, timeout_s: float = 10.0) -> None:
         """Cancel what is left, wait for the engine's outcomes, and log the drain's counts."""
@@ -225,6 +251,15 @@ class Lifecycle:
         except Exception as exc:  # a bug in rendering: answer 500, never lose the terminal
             await self._fail(exc, internal=True)
 
+    def stop_for_shutdown(self) -> None:
+        """Cancel the engine work; the response then ends with `server_stopping`."""
+        if self._engine_done:
+            return
+        if self.engine_request_id is not None:
+            self.hub.cancel_engine(self.engine_request_id)
+        elif self.reader is not None:
+            self.reader.cancel()  # still preparing: nothing reached the engine yet
+
     def abandon(self, delivery: str) -> None:
         """The response will not complete: cancel the engine request; the reader settles."""
         if self.delivery is None:
@@ -265,6 +300,9 @@ class Lifecycle:
                 return await self._fail(item.exc)
             if item is END:
                 raise RuntimeError("the engine stream ended without an outcome")
+            if item.kind == "finished" and self._stopped_by_shutdown(item):
+                self.response_failure = server_stopping()
+                return await self._fail(self.response_failure)
             self._note_prefix(item)
             frames = wire.feed(item)
             if self._stream is not None and frames:
@@ -272,6 +310,10 @@ class Lifecycle:
             if item.kind == "finished":
                 break
         await self._finish()
+
+    def _stopped_by_shutdown(self, item: ChatEvent) -> bool:
+        reason = item.finish_reason
+        return self.hub.shutting_down and reason is not None and reason.value == "cancelled"
 
     def _note_prefix(self, item: Any) -> None:
         """Keep the first x-ninfer-prefix-cache value an engine event carries (for headers not
@@ -402,8 +444,12 @@ class Lifecycle:
                     continue
                 self._observe(event)
                 self._queue.put_nowait(event)
-        except asyncio.CancelledError:  # the client left during preparation
-            self.failure = _ClientGone()
+        except asyncio.CancelledError:  # the client left, or the server stops, in preparation
+            if self.hub.shutting_down and self.delivery is None:
+                self.failure = server_stopping()
+                self._queue.put_nowait(_Failure(self.failure))
+            else:
+                self.failure = _ClientGone()
         except Exception as exc:
             self.failure = exc
             self.t_engine_end = time.monotonic()
