@@ -9,16 +9,19 @@ the default 15 s; the requests ask for far more tokens than the demo makes in th
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 import time
 from typing import Any
 
 import anthropic
+import jsonschema
 import openai
 import pytest
 
 from e2e.serve_process import MODEL_ID, serve
+from ninfer.server.request_log import SCHEMA_PATH
 
 pytestmark = pytest.mark.e2e
 HELLO = [{"role": "user", "content": "hello"}]
@@ -45,9 +48,13 @@ def _wait_until_waiting(server: Any, n: int, timeout_s: float = 30.0) -> None:
     raise AssertionError(f"no {n} waiting requests in {timeout_s} s")
 
 
-def test_requests_left_at_the_end_of_the_drain_end_with_server_stopping(monkeypatch) -> None:
+def test_requests_left_at_the_end_of_the_drain_end_with_server_stopping(
+    monkeypatch, tmp_path
+) -> None:
     monkeypatch.setenv("SANIC_GRACEFUL_SHUTDOWN_TIMEOUT", "4")  # the drain: 4 - 2 s
-    with serve("--max-concurrency", "2", "--max-context", "30000") as server:
+    jsonl = tmp_path / "requests.jsonl"
+    args = ("--max-concurrency", "2", "--max-context", "30000", "--request-log-jsonl", str(jsonl))
+    with serve(*args) as server:
         oa = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
         an = anthropic.Anthropic(base_url=server.base_url, api_key="x", max_retries=0)
         outcomes: dict[str, Any] = {}
@@ -108,3 +115,11 @@ def test_requests_left_at_the_end_of_the_drain_end_with_server_stopping(monkeypa
     assert "shutdown: ending 3 requests still in flight" in log
     assert log.count("code=server_stopping") == 3 and "Traceback" not in log
     assert "0 unsettled" in log
+    # each one terminal record, valid against the log's schema, naming the code it was given
+    validator = jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text()))
+    records = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    for record in records:
+        validator.validate(record)
+    done = [r for r in records if r["event"] == "request_done"]
+    assert len(done) == 3 and all(r["finish_reason"] == "cancelled" for r in done)
+    assert all(r["response_failure"] == "server_stopping" and r["status"] == 503 for r in done)
