@@ -108,8 +108,8 @@ class ResponseStore:
 
 def not_found(response_id: str, param: str = "response_id") -> ProtocolError:
     return ProtocolError(
-        f"no stored Response with id {response_id!r} (never stored, store:false, evicted or "
-        "deleted)",
+        f"no stored Response with id {response_id!r} (never stored, store:false, not finished "
+        "yet: a Response is stored when it ends, evicted or deleted)",
         status=404,
         code="response_not_found",
         param=param,
