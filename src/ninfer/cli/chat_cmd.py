@@ -111,15 +111,24 @@ def parse_command(text: str) -> Command | None:
 
 
 def image_data_uri(path: str) -> str:
-    """A local image file as a data URI (the engine decodes the bytes; the type is a label)."""
+    """A local image file as a data URI (the engine decodes the bytes again; the type is a
+    label). Decoded once here so that a file that is not an image fails at `/image`, not at
+    the next message."""
     import base64
     import mimetypes
+
+    from ninfer.media.errors import MediaError
+    from ninfer.media.image import decode_image
 
     file = Path(path).expanduser()
     try:
         data = file.read_bytes()
     except OSError as e:
         raise ChatCommandError(f"cannot read {file}: {e.strerror or e}") from None
+    try:
+        decode_image(data)
+    except MediaError as e:
+        raise ChatCommandError(f"{file}: {e.message}") from None
     mime = mimetypes.guess_type(file.name)[0] or "image/png"
     return f"data:{mime};base64,{base64.b64encode(data).decode()}"
 
@@ -132,6 +141,7 @@ class ChatSession:
     system_prompt: str = ""
     history: list[dict[str, Any]] = field(default_factory=list)
     images: list[str] = field(default_factory=list)  # attached to the next user message
+    vision: bool = True  # the engine has its vision tower: /image is refused without it
 
     def user_content(self, user_text: str) -> str | list[dict[str, str]]:
         if not self.images:
@@ -160,6 +170,10 @@ class ChatSession:
             self.images.clear()
             return "history cleared"
         if command.kind == CommandKind.IMAGE:
+            if not self.vision:
+                raise ChatCommandError(
+                    "/image needs the vision tower: start ninfer chat with --vision"
+                )
             self.images.append(image_data_uri(command.arg))
             n = len(self.images)
             return f"image attached to your next message ({n} pending)"
@@ -289,7 +303,8 @@ def chat(
 
             engine.template = ChatTemplate(template)
         _banner(console, engine, max_tokens, not no_thinking)
-        repl(engine, console, ChatSession(enable_thinking=not no_thinking), max_tokens)
+        session = ChatSession(enable_thinking=not no_thinking, vision=engine.media is not None)
+        repl(engine, console, session, max_tokens)
     finally:
         engine.close()
 

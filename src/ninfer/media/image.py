@@ -46,6 +46,11 @@ def decode_image(data: bytes, *, max_pixels: int = MAX_DECODED_PIXELS) -> Image.
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         raise MediaError(f"image is too large to decode ({e})", code=MEDIA_BUDGET_EXCEEDED) from e
+    except Image.UnidentifiedImageError as e:  # its text names a BytesIO object's address
+        raise MediaError(
+            "cannot decode image bytes: not an image format the decoder reads (PNG, JPEG, GIF, "
+            "WebP, BMP, TIFF, ...)"
+        ) from e
     except Exception as e:  # pillow raises many types for bad bytes
         raise MediaError(f"cannot decode image bytes ({type(e).__name__}: {e})") from e
 

@@ -37,6 +37,7 @@ from ninfer.cli.chat_cmd import (
 from ninfer.engine.errors import ContextLengthExceeded
 from ninfer.engine.request import FinishReason, Timings
 from ninfer.media.errors import MediaError
+from support.media_files import encode_image, noise_image
 
 
 def _reader(lines: list[str]) -> Callable[[str], str]:
@@ -413,7 +414,7 @@ def test_ctrl_c_stops_an_answer_and_keeps_the_session(pane: Pane, demo: Path) ->
 
 def test_image_command_attaches_to_the_next_message_and_stays_in_history(tmp_path: Path) -> None:
     png = tmp_path / "shot.png"
-    png.write_bytes(b"\x89PNG fake bytes")
+    png.write_bytes(encode_image(noise_image(8, 8)))
     engine = FakeEngine([_answer("", "a cat"), _answer("", "still a cat")])
     out, session = _run(engine, [f"/image {png}", "what is it?", "sure?", "/exit"])
     uri = "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode()
@@ -430,21 +431,36 @@ def test_image_command_errors_keep_the_session(tmp_path: Path) -> None:
         yield  # pragma: no cover
 
     png = tmp_path / "a.png"
-    png.write_bytes(b"x")
+    png.write_bytes(encode_image(noise_image(8, 8)))
+    (tmp_path / "notes.txt").write_text("not an image")
     engine = FakeEngine([refused, _answer("", "ok")])
-    out, session = _run(engine, ["/image", f"/image {tmp_path / 'missing.png'}", f"/image {png}",
+    out, session = _run(engine, ["/image", f"/image {tmp_path / 'missing.png'}",
+                                 f"/image {tmp_path / 'notes.txt'}", f"/image {png}",
                                  "look", "plain"])  # fmt: skip
     assert "usage: /image PATH" in out and "cannot read" in out
+    assert "notes.txt: cannot decode image bytes: not an image format" in out  # at /image
+    assert out.count("image attached") == 1
     assert "start ninfer chat with --vision" in out
     assert engine.calls[1]["messages"] == [{"role": "user", "content": "plain"}]
     assert len(session.history) == 2
+
+
+def test_image_command_without_vision_is_refused_at_once(tmp_path: Path) -> None:
+    png = tmp_path / "a.png"
+    png.write_bytes(encode_image(noise_image(8, 8)))
+    engine = FakeEngine([_answer("", "ok")])
+    out = io.StringIO()
+    session = ChatSession(enable_thinking=False, vision=False)
+    repl(engine, Console(file=out, width=200), session, max_tokens=3,  # type: ignore[arg-type]
+         read=_reader([f"/image {png}", "hello", "/exit"]))  # fmt: skip
+    assert "/image needs the vision tower: start ninfer chat with --vision" in out.getvalue()
+    assert engine.calls[0]["messages"] == [{"role": "user", "content": "hello"}]
 
 
 def test_image_turn_on_a_real_vision_engine(tmp_path: Path) -> None:
     from ninfer import Engine
     from ninfer.artifact.convert import convert
     from ninfer.testing import TinySpec, make_tiny_checkpoint
-    from support.media_files import encode_image, noise_image
 
     ckpt = make_tiny_checkpoint(tmp_path / "hf", TinySpec(with_mtp=False), seed=2)
     art = convert(ckpt, tmp_path / "v.ninfer").path

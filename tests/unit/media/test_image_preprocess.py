@@ -115,6 +115,12 @@ def test_undecodable_bytes_are_invalid_media(data: bytes) -> None:
     with pytest.raises(MediaError) as e:
         decode_image(data)
     assert e.value.code == "invalid_media"
+    assert " at 0x" not in e.value.message  # no object address reaches the client
+
+
+def test_unknown_formats_are_named_plainly() -> None:
+    with pytest.raises(MediaError, match=r"^cannot decode image bytes: not an image format"):
+        decode_image(b"%PDF-1.7 not an image at all")
 
 
 def test_decode_limit_is_a_budget_error() -> None:
