@@ -11,6 +11,7 @@ import asyncio
 import json
 import math
 import re
+import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -62,6 +63,8 @@ def decode_json(raw: bytes) -> Any:
     except ValueError as exc:  # JSONDecodeError, NaN/Infinity, over-long integer literals
         where = f" at offset {exc.pos}" if isinstance(exc, json.JSONDecodeError) else ""
         detail = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+        if "integer string conversion" in detail:  # Python's own wording names its internals
+            detail = f"an integer literal has more than {sys.get_int_max_str_digits()} digits"
         raise body_error(
             f"the request body is not valid JSON{where}: {detail}", "invalid_json"
         ) from None

@@ -57,7 +57,7 @@ def test_surrogate_pairs_and_escaped_backslashes_are_text() -> None:
         (b'{"a": NaN}', "invalid_json", "NaN"),
         (b'{"a": -Infinity}', "invalid_json", "Infinity"),
         (b'{"a": 1e999}', "invalid_json", "double"),
-        (b'{"a": ' + b"9" * 5000 + b"}", "invalid_json", "JSON"),
+        (b'{"a": ' + b"9" * 5000 + b"}", "invalid_json", "integer literal has more than 4300"),
         (b"[" * 100_000 + b"]" * 100_000, "invalid_json", "deeper"),
     ],
 )
