@@ -124,6 +124,25 @@ def test_a_hit_that_cannot_fit_starts_cold_instead_of_waiting_forever(engines) -
     assert out(events) == out(engines(cache=False, pages=4, max_context=16).run(req(tight, 2)))
 
 
+def test_a_paused_request_whose_own_checkpoint_cannot_fit_replays_cold(engines) -> None:
+    # 4 pages of 4 tokens, no host room (a pause replays). B's 12-token prompt fills three pages
+    # beside the older A's one; A's growth pauses B, which had published its checkpoint at 6 (a
+    # partial page). Resuming needs all four pages for B's 12 tokens and its next one; from the
+    # checkpoint it would need five (the checkpoint keeps its partial page). With A done and
+    # nothing running, B must replay from the start rather than never resume.
+    e = engines(pages=4, lanes=2, host_images=0, chunk=8, max_context=16)
+    a_events: list[EngineEvent] = []
+    b_events: list[EngineEvent] = []
+    e.core.submit(req(prompt(3, 500), max_tokens=6), a_events.append)
+    e.core.submit(req(prompt(12), max_tokens=3, checkpoints=(6,)), b_events.append)
+    e.wait_idle()
+    fin = b_events[-1]
+    assert fin.num_preemptions == 1 and fin.num_replay_restores == 1
+    assert fin.finish_reason == FinishReason.LENGTH and a_events[-1].is_terminal
+    cold = engines(cache=False, pages=4, max_context=16)
+    assert out(b_events) == out(cold.run(req(prompt(12), max_tokens=3)))
+
+
 def test_retained_prefixes_give_way_to_running_requests_lru(engines) -> None:
     e = engines(pages=12, lanes=1)  # 48 tokens of KV
     e.run(req(prompt(16, 100), max_tokens=1, checkpoints=(8,)))
