@@ -226,6 +226,13 @@ def stats_line(event: ChatEvent) -> str:
         parts.append(f"{usage.completion_tokens} tokens ({usage.reasoning_tokens} reasoning)")
     tps = timings.predicted_per_second if timings is not None else 0.0
     parts.append(f"{tps:.1f} tok/s" if tps else "n/a tok/s")
+    spec = event.stats.speculative if event.stats is not None else None
+    if spec and spec.get("rounds"):  # tokens committed per round: what the drafts bought
+        committed = spec["rounds"] + spec["accepted_tokens"]
+        parts.append(
+            f"{committed / spec['rounds']:.2f} tokens/round "
+            f"({spec['accepted_tokens']}/{spec['drafted_tokens']} drafts accepted)"
+        )
     if event.finish_reason is not None:
         parts.append(event.finish_reason.value)
     return " · ".join(parts)
@@ -252,6 +259,9 @@ def chat(
     dtype: str = o.dtype(),
     kv_dtype: str = o.kv_dtype(),
     decode_tiles: bool = o.decode_tiles(),
+    spec: str | None = o.spec(),
+    draft_tokens: int | None = o.draft_tokens(),
+    lm_head_draft: bool = o.lm_head_draft(),
     device: str = o.device(),
     max_model_len: int | None = o.max_model_len(),
     vision: bool = o.opt(False, "--vision", help="Load the vision tower (for /image)."),
@@ -265,6 +275,7 @@ def chat(
     max_context = o.merge_alias(ctx, "max_context", max_context, "--max-model-len", max_model_len)
     if dtype not in ("bf16", "fp32"):
         raise UserError("--dtype must be bf16 or fp32")
+    speculative = o.spec_options("chat", spec, draft_tokens, lm_head_draft)
     sampling = {
         "temperature": temperature,
         "top_p": top_p,
@@ -280,6 +291,7 @@ def chat(
         "device": parse_device(device),
         "greedy": greedy,
         "vision": vision,
+        **speculative,
         **({"decode_tiles": True} if decode_tiles else {}),
     }
     if max_context is not None:
@@ -316,9 +328,11 @@ def _banner(console: Console, engine: Engine, max_tokens: int, thinking: bool) -
             style="bold yellow",
             markup=False,
         )
+    options = engine.options
+    spec = f" · MTP, {options.num_drafts} drafts a round" if options.spec == "mtp" else ""
     console.print(
         f"ninfer chat · {engine.model_id} · thinking {'on' if thinking else 'off'} · "
-        f"max {max_tokens} tokens per answer",
+        f"max {max_tokens} tokens per answer{spec}",
         style="bold",
         markup=False,
     )

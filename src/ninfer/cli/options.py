@@ -68,6 +68,46 @@ def decode_tiles() -> Any:
     )
 
 
+def spec() -> Any:
+    return opt(
+        None,
+        "--spec",
+        help="Speculative decoding backend: mtp (the artifact's MTP head).",
+        metavar="mtp",
+    )
+
+
+def draft_tokens() -> Any:
+    return opt(
+        None,
+        "--draft-tokens",
+        help="Drafts per speculative round, 1..5 (default 3; needs --spec).",
+        metavar="N",
+    )
+
+
+def lm_head_draft() -> Any:
+    return opt(
+        False, "--lm-head-draft", help="Drafts read a 4-bit shortlist lm_head (needs --spec)."
+    )
+
+
+def spec_options(
+    command: str, spec: str | None, draft_tokens: int | None, lm_head_draft: bool
+) -> dict[str, Any]:
+    """The engine options of `--spec mtp [--draft-tokens K] [--lm-head-draft]`, checked."""
+    if spec is not None and spec != "mtp":
+        raise UserError(f"--spec {spec} is not supported yet in this version of ninfer {command}")
+    if draft_tokens is not None and spec is None:
+        raise UserError("--draft-tokens needs --spec mtp")
+    if lm_head_draft and spec is None:
+        raise UserError("--lm-head-draft needs --spec mtp")
+    return {
+        **({"spec": spec, "draft_tokens": draft_tokens} if spec is not None else {}),
+        **({"lm_head_draft": True} if lm_head_draft else {}),
+    }
+
+
 def alias(name: str, **kw: Any) -> Any:
     """Another spelling of an option (vLLM's), hidden from help; see `merge_alias`."""
     return typer.Option(None, name, hidden=True, **kw)

@@ -122,23 +122,9 @@ def serve(
         min=0,
     ),
     kv_dtype: str = o.kv_dtype(),
-    spec: str | None = opt(
-        None,
-        "--spec",
-        help="Speculative decoding backend: mtp (the artifact's MTP head).",
-        metavar="mtp",
-    ),
-    draft_tokens: int | None = opt(
-        None,
-        "--draft-tokens",
-        help="Drafts per speculative round, 1..5 (default 3; needs --spec).",
-        metavar="N",
-    ),
-    lm_head_draft: bool = opt(
-        False,
-        "--lm-head-draft",
-        help="Drafts read a 4-bit shortlist lm_head (needs --spec).",
-    ),
+    spec: str | None = o.spec(),
+    draft_tokens: int | None = o.draft_tokens(),
+    lm_head_draft: bool = o.lm_head_draft(),
     decode_tiles: bool = o.decode_tiles(),
     vision: bool = opt(False, "--vision", help="Load the vision tower; accept images/video."),
     request_log_jsonl: Path | None = opt(
@@ -190,12 +176,7 @@ def serve(
     plus token counting, /v1/models and /health (docs/serving.md).
     Flags, files, the device and the listen address are checked before the model loads.
     """
-    if spec is not None and spec != "mtp":
-        raise UserError(f"--spec {spec} is not supported yet in this version of ninfer serve")
-    if draft_tokens is not None and spec is None:
-        raise UserError("--draft-tokens needs --spec mtp")
-    if lm_head_draft and spec is None:
-        raise UserError("--lm-head-draft needs --spec mtp")
+    speculative = o.spec_options("serve", spec, draft_tokens, lm_head_draft)
     not_built = {
         "--context-cost-presets": context_cost_presets is not None,
     }
@@ -243,8 +224,7 @@ def serve(
         "media_live_mib": media_live_mib,
         "media_preprocess_threads": media_threads,
         "allow_private_media_urls": allow_private_media_urls,
-        **({"spec": spec, "draft_tokens": draft_tokens} if spec is not None else {}),
-        **({"lm_head_draft": True} if lm_head_draft else {}),
+        **speculative,
         **({"decode_tiles": True} if decode_tiles else {}),
         **{k: v for k, v in sampling.items() if v is not None},
     }

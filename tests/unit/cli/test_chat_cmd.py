@@ -35,7 +35,7 @@ from ninfer.cli.chat_cmd import (
     stats_line,
 )
 from ninfer.engine.errors import ContextLengthExceeded
-from ninfer.engine.request import FinishReason, Timings
+from ninfer.engine.request import FinishReason, RequestStats, Timings
 from ninfer.media.errors import MediaError
 from support.media_files import encode_image, noise_image
 
@@ -132,6 +132,23 @@ def test_stats_line_reports_decode_speed() -> None:
         timings=Timings(cache_n=0, prompt_n=5, prompt_ms=9.0, predicted_n=11, predicted_ms=500.0),
     )
     assert stats_line(event) == "5 prompt · 11 tokens (4 reasoning) · 20.0 tok/s · length"
+
+
+def test_stats_line_reports_tokens_per_round_under_speculation() -> None:
+    # 4 rounds committing 4 + 5 accepted drafts: 2.25 tokens a round, 5 of 12 drafts accepted
+    stats = RequestStats(
+        t_submitted=0.0,
+        speculative={"rounds": 4, "drafted_tokens": 12, "accepted_tokens": 5},
+    )
+    event = ChatEvent(
+        "finished",
+        finish_reason=FinishReason.STOP,
+        usage=ChatUsage(prompt_tokens=5, completion_tokens=10, reasoning_tokens=0),
+        stats=stats,
+    )
+    assert stats_line(event).endswith("· 2.25 tokens/round (5/12 drafts accepted) · stop")
+    plain = RequestStats(t_submitted=0.0, speculative={"rounds": 0, "accepted_tokens": 0})
+    assert "round" not in stats_line(ChatEvent("finished", stats=plain))
 
 
 # -- the loop against a fake engine -------------------------------------------------------------
@@ -473,3 +490,23 @@ def test_image_turn_on_a_real_vision_engine(tmp_path: Path) -> None:
              read=_reader([f"/image {png}", "describe", "/exit"]))  # fmt: skip
         assert "tok/s" in out.getvalue()
         assert session.history[0]["content"][0]["type"] == "image"
+
+
+def test_spec_turns_on_a_real_engine_answer_as_plain_decoding_does() -> None:
+    # `ninfer chat --spec mtp`: the demo's MTP head drafts, the target verifies; greedy answers
+    # (reasoning and content) equal the plain engine's, and the stats line reports the rounds.
+    from ninfer import Engine
+    from ninfer.artifact.demo import ensure_demo
+
+    def converse(**spec: Any) -> tuple[str, ChatSession]:
+        with Engine.load(ensure_demo(), dtype="fp32", max_context=512, greedy=True, **spec) as e:
+            out = io.StringIO()
+            session = ChatSession()
+            repl(e, Console(file=out, width=200), session, max_tokens=12,
+                 read=_reader(["hello", "and again", "/exit"]))  # fmt: skip
+            return out.getvalue(), session
+
+    spec_out, spec_session = converse(spec="mtp", draft_tokens=2)
+    plain_out, plain_session = converse()
+    assert spec_session.history == plain_session.history and len(spec_session.history) == 4
+    assert spec_out.count("tokens/round") == 2 and "tokens/round" not in plain_out

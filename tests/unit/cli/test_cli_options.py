@@ -83,6 +83,27 @@ def test_spec_mtp_reaches_the_engine_options(monkeypatch: pytest.MonkeyPatch, de
         assert needle in str(result.exception)
 
 
+def test_chat_takes_the_same_speculative_options(
+    monkeypatch: pytest.MonkeyPatch, demo: Path
+) -> None:
+    seen = _chat_options(monkeypatch)
+    invoke("chat", str(demo), "--spec", "mtp", "--draft-tokens", "2", "--lm-head-draft")
+    assert seen[0]["spec"] == "mtp" and seen[0]["draft_tokens"] == 2
+    assert seen[0]["lm_head_draft"] is True
+    invoke("chat", str(demo))
+    assert "spec" not in seen[1] and "lm_head_draft" not in seen[1]
+    for bad, needle in (
+        (["--spec", "mtp", "--draft-tokens", "6"], "--draft-tokens must be in 1..5"),
+        (["--draft-tokens", "2"], "--draft-tokens needs --spec mtp"),
+        (["--lm-head-draft"], "--lm-head-draft needs --spec mtp"),
+        (["--spec", "dflash"], "--spec dflash is not supported yet in this version of ninfer chat"),
+    ):
+        result = invoke("chat", str(demo), *bad)
+        assert isinstance(result.exception, UserError), result.output
+        assert needle in str(result.exception)
+    assert len(seen) == 2  # the refused ones never reached the engine
+
+
 def test_decode_tiles_needs_cuda_and_reaches_the_engine_options(
     monkeypatch: pytest.MonkeyPatch, demo: Path
 ) -> None:
