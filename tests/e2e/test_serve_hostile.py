@@ -377,3 +377,50 @@ def test_fuzz_every_endpoint_never_5xx(server: ServeProcess, data: st.DataObject
         check_error(path, status, headers, payload)
     else:
         _check_success(path, headers, payload)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "needle", "anthropic"),
+    [
+        ("POST", "/v1/completions", "send messages to /v1/chat/completions", False),
+        ("POST", "/v1/embeddings", "embeddings are not supported", False),
+        ("GET", "/v1/chat/completions/chatcmpl-1", "stored Chat Completions", False),
+        ("POST", "/v1/files", "file storage is not supported", False),
+        ("POST", "/v1/messages/batches", "Message Batches are not supported", True),
+        ("GET", "/v1/messages/batches/msgbatch_1", "Message Batches are not supported", True),
+        ("POST", "/v1/complete", "legacy Text Completions", True),
+    ],
+)
+def test_unbuilt_endpoints_say_what_is_missing(
+    server: ServeProcess, method: str, path: str, needle: str, anthropic: bool
+) -> None:
+    # An endpoint of the OpenAI or Anthropic API that ninfer does not build is a 404 naming it
+    # and where to go instead, in the error shape of its API family; an unknown path stays a
+    # plain "no such endpoint".
+    status, headers, payload = get_raw(server, method, path)
+    assert status == 404
+    body = json.loads(payload)
+    error = body["error"]
+    assert error["code"] == "unsupported_endpoint" and path in error["message"]
+    assert needle in error["message"]
+    if anthropic:
+        assert body["type"] == "error" and error["type"] == "not_found_error"
+        assert body["request_id"] == headers["request-id"]
+    else:
+        assert error["type"] == "invalid_request_error" and "x-request-id" in headers
+    status, _, payload = get_raw(server, "POST", "/v1/nothing-here")
+    assert status == 404 and json.loads(payload)["error"]["code"] == "not_found"
+
+
+def test_sdk_clients_see_the_unbuilt_endpoint_named(server: ServeProcess) -> None:
+    import anthropic
+    import openai
+
+    oa = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.NotFoundError, match="legacy text completions are not supported"):
+        oa.completions.create(model="m", prompt="hi", max_tokens=1)
+    with pytest.raises(openai.NotFoundError, match="embeddings are not supported"):
+        oa.embeddings.create(model="m", input="hi")
+    an = anthropic.Anthropic(base_url=server.base_url, api_key="x", max_retries=0)
+    with pytest.raises(anthropic.NotFoundError, match="Message Batches are not supported"):
+        an.messages.batches.list()

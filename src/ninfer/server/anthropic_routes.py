@@ -40,7 +40,8 @@ STATUS_BY_CODE = {"server_overloaded": 529, "request_queue_timeout": 504}
 
 
 def is_anthropic_path(path: str) -> bool:
-    return path in ANTHROPIC_PATHS
+    """Paths of Anthropic's API family, built or not: their errors take Anthropic's shape."""
+    return path in ANTHROPIC_PATHS or path.startswith("/v1/messages/") or path == "/v1/complete"
 
 
 def anthropic_error(exc: BaseException) -> ProtocolError:

@@ -60,6 +60,24 @@ KNOWN_PATHS = frozenset(
         "/v1/responses/compact",
     }
 )
+# Endpoints of the OpenAI and Anthropic APIs (and peers' extensions) that ninfer does not build:
+# a 404 naming what is missing and where to go instead, not a bare "no such endpoint".
+SERVED = "it serves /v1/chat/completions, /v1/responses and /v1/messages"
+UNBUILT_ENDPOINTS = {
+    "/v1/completions": "legacy text completions are not supported; send messages to "
+    "/v1/chat/completions (a raw prompt: the library's Engine.generate)",
+    "/v1/embeddings": "embeddings are not supported: ninfer serves a generative model",
+    "/v1/messages/batches": "Anthropic Message Batches are not supported; send each request "
+    "to /v1/messages",
+    "/v1/complete": "Anthropic's legacy Text Completions are not supported; use /v1/messages",
+    "/v1/batches": f"batch jobs are not supported; {SERVED}",
+    "/v1/files": f"file storage is not supported; {SERVED}",
+    "/v1/conversations": "Conversations are not supported; chain Responses with "
+    "previous_response_id",
+    "/v1/chat/completions/": "stored Chat Completions are not supported (store is refused)",
+    "/tokenize": "tokenize is not an endpoint here; count prompt tokens with "
+    "/v1/responses/input_tokens or /v1/messages/count_tokens",
+}
 SANIC_CODES = {
     400: "invalid_request",
     404: "not_found",
@@ -194,7 +212,7 @@ def create_app(
 def _error_response(request: Request, exc: Exception) -> HTTPResponse:
     anthropic = is_anthropic_path(request.path)
     if isinstance(exc, SanicException):
-        error = _sanic_error(exc, known_path=_is_known_path(request.path))
+        error = _sanic_error(exc, path=request.path)
     else:
         error = anthropic_error(exc) if anthropic else to_protocol_error(exc)
     if getattr(request.ctx, "outcome_logged", False):
@@ -259,10 +277,24 @@ def _is_known_path(path: str) -> bool:
     return path in KNOWN_PATHS or path.startswith("/v1/models/")
 
 
-def _sanic_error(exc: SanicException, *, known_path: bool) -> ProtocolError:
+def _unbuilt(path: str) -> str | None:
+    """Why `path` is not served, when it is an endpoint ninfer knows and does not build (a
+    trailing slash in the table names only what lies below it)."""
+    for prefix, why in UNBUILT_ENDPOINTS.items():
+        base = prefix.rstrip("/")
+        below = path.startswith(base + "/") and path != base + "/"
+        if below or (path.rstrip("/") == base and not prefix.endswith("/")):
+            return f"{path}: {why}"
+    return None
+
+
+def _sanic_error(exc: SanicException, *, path: str) -> ProtocolError:
     status = int(getattr(exc, "status_code", 500) or 500)
-    if status == 405 and not known_path:  # only the OPTIONS catch-all matched this path
+    if status == 405 and not _is_known_path(path):  # only the OPTIONS catch-all matched it
         status = 404
+    unbuilt = _unbuilt(path) if status == 404 else None
+    if unbuilt is not None:
+        return ProtocolError(unbuilt, status=404, code="unsupported_endpoint", type=INVALID_REQUEST)
     if status == 413:
         message = "the request body exceeds the server's --max-request-mib limit"
     elif status == 404:
