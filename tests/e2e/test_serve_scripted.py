@@ -58,6 +58,23 @@ def test_reasoning_content_and_content(client: openai.OpenAI) -> None:
     assert r.usage.completion_tokens > r.usage.completion_tokens_details.reasoning_tokens
 
 
+def test_ignore_eos_generates_to_max_tokens(client: openai.OpenAI) -> None:
+    # vLLM's ignore_eos (benchmark clients send it): the script ends its turn after a few
+    # tokens; with the flag the request runs on to max_tokens and finishes by length
+    ended = client.chat.completions.create(
+        model=MODEL_ID, messages=_ask("REASON please"), max_tokens=60
+    )
+    assert ended.choices[0].finish_reason == "stop" and ended.usage.completion_tokens < 60
+    through = client.chat.completions.create(
+        model=MODEL_ID,
+        messages=_ask("REASON please"),
+        max_tokens=60,
+        extra_body={"ignore_eos": True},
+    )
+    assert through.choices[0].finish_reason == "length"
+    assert through.usage.completion_tokens == 60
+
+
 def test_tool_call_round_trip(client: openai.OpenAI) -> None:
     first = client.chat.completions.create(
         model=MODEL_ID, messages=_ask("WEATHER? in Paris"), tools=[WEATHER_TOOL]

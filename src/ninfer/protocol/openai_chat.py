@@ -73,6 +73,7 @@ class ChatCompletionRequest:
     template_kwargs: dict[str, Any] = field(default_factory=dict)  # without the three above
     return_progress: bool = False
     timings_per_token: bool = False
+    ignore_eos: bool = False  # vLLM's extension: generate to max_tokens through end-of-turn
     # prompt caching: explicit breakpoints as (message index, characters of its content before
     # the boundary), and whether the automatic candidate is written (prompt_cache_options.mode)
     cache_marks: tuple[tuple[int, int], ...] = ()
@@ -141,6 +142,7 @@ def parse_chat_request(body: Any) -> ChatCompletionRequest:
         template_kwargs=kwargs,
         return_progress=opt_bool(body, "return_progress") or False,
         timings_per_token=opt_bool(body, "timings_per_token") or False,
+        ignore_eos=opt_bool(body, "ignore_eos") or False,
         cache_marks=tuple(marks),
         cache_implicit=cache_implicit(body),
     )
@@ -172,6 +174,14 @@ def check_breakpoint(param: str, part: Mapping[str, Any]) -> bool:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+VLLM_EXTRAS = (
+    ("min_tokens", (0,), "a minimum output length is not enforced by the sampler"),
+    ("best_of", (1,), "only one candidate is generated (best_of: 1)"),
+    ("use_beam_search", (False,), "beam search is not supported"),
+    ("include_stop_str_in_output", (False,), "the matched stop string is never in the output"),
+)
 
 
 def _reject_unsupported(body: Mapping[str, Any]) -> None:
@@ -222,6 +232,10 @@ def _reject_unsupported(body: Mapping[str, Any]) -> None:
     penalty = body.get("repetition_penalty")
     if penalty is not None and penalty != 1:
         raise unsupported("repetition_penalty", "only the neutral value 1 is supported")
+    # vLLM's sampling extensions: their neutral values pass, anything else would be ignored
+    for name, neutral, why in VLLM_EXTRAS:
+        if body.get(name) not in (None, *neutral):
+            raise unsupported(name, why)
     mm = body.get("mm_processor_kwargs")
     if mm is not None and (not isinstance(mm, dict) or any(v is not None for v in mm.values())):
         raise unsupported("mm_processor_kwargs", "media processing options are not supported")

@@ -117,6 +117,7 @@ class OpenAIRoutes:
             request_id=run.request_id,
             cache_marks=chat.cache_marks,
             cache_implicit=chat.cache_implicit,
+            ignore_eos=chat.ignore_eos,
             **chat.sampling,
         )
         await lifecycle.run(request, events, _ChatWire(run))

@@ -327,6 +327,10 @@ REJECTIONS: list[tuple[str, Any, str, str | None]] = [
     ("store", body(store=True), "store", None),
     ("web-search", body(web_search_options={}), "web_search_options", None),
     ("repetition", body(repetition_penalty=1.1), "repetition_penalty", None),
+    ("min-tokens", body(min_tokens=8), "min_tokens", None),
+    ("best-of", body(best_of=3), "best_of", None),
+    ("beam-search", body(use_beam_search=True), "use_beam_search", None),
+    ("stop-in-output", body(include_stop_str_in_output=True), "include_stop_str_in_output", None),
     ("functions", body(functions=[{"name": "f"}]), "functions", None),
     (
         "strict",
@@ -464,3 +468,12 @@ def test_media_parts_become_template_parts_in_order() -> None:
         body(messages=[{"role": "user", "content": [_TEXT("x"), _TEXT("y")]}])
     )
     assert plain.messages[0]["content"] == "xy"
+
+
+def test_vllm_neutral_extras_pass_and_ignore_eos_is_carried() -> None:
+    neutral = body(min_tokens=0, best_of=1, use_beam_search=False, include_stop_str_in_output=False)
+    assert parse_chat_request(neutral).ignore_eos is False
+    assert parse_chat_request(body(ignore_eos=True)).ignore_eos is True
+    with pytest.raises(ProtocolError) as e:
+        parse_chat_request(body(ignore_eos="yes"))
+    assert e.value.param == "ignore_eos"
