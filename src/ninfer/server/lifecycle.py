@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ninfer.api import ChatEvent
-from ninfer.engine.request import RequestStats
+from ninfer.engine.request import FinishReason, RequestStats
 from ninfer.protocol.errors import ProtocolError
 from ninfer.server import request_records as records
 from ninfer.server import sse
@@ -253,23 +253,22 @@ class Lifecycle:
 
     def stop_for_shutdown(self) -> None:
         """Cancel the engine work; the response then ends with `server_stopping`."""
+        self._cancel_work()
+
+    def abandon(self, delivery: str) -> None:
+        """The response will not complete: cancel the engine request; the reader settles."""
+        if self.delivery is None:
+            self.delivery = delivery
+        self._cancel_work()
+        self._maybe_settle()
+
+    def _cancel_work(self) -> None:
         if self._engine_done:
             return
         if self.engine_request_id is not None:
             self.hub.cancel_engine(self.engine_request_id)
         elif self.reader is not None:
             self.reader.cancel()  # still preparing: nothing reached the engine yet
-
-    def abandon(self, delivery: str) -> None:
-        """The response will not complete: cancel the engine request; the reader settles."""
-        if self.delivery is None:
-            self.delivery = delivery
-        if not self._engine_done:
-            if self.engine_request_id is not None:
-                self.hub.cancel_engine(self.engine_request_id)
-            elif self.reader is not None:
-                self.reader.cancel()  # still preparing: nothing reached the engine yet
-        self._maybe_settle()
 
     async def _respond(self) -> None:
         wire = self._wire
@@ -312,8 +311,7 @@ class Lifecycle:
         await self._finish()
 
     def _stopped_by_shutdown(self, item: ChatEvent) -> bool:
-        reason = item.finish_reason
-        return self.hub.shutting_down and reason is not None and reason.value == "cancelled"
+        return self.hub.shutting_down and item.finish_reason == FinishReason.CANCELLED
 
     def _note_prefix(self, item: Any) -> None:
         """Keep the first x-ninfer-prefix-cache value an engine event carries (for headers not
