@@ -13,6 +13,7 @@ import json
 import signal
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import anthropic
@@ -35,6 +36,21 @@ def _first_chunks_then(stream: Any, started: threading.Event, n: int = 3) -> int
         if seen == n:
             started.set()
     return seen
+
+
+def _client_thread(
+    outcomes: dict[str, Any], key: str, error: type[Exception], call: Callable[[], None]
+) -> threading.Thread:
+    """A thread running one client call: its outcome under `key`, "completed" or the SDK error."""
+
+    def run() -> None:
+        try:
+            call()
+            outcomes[key] = "completed"
+        except error as e:
+            outcomes[key] = e
+
+    return threading.Thread(target=run)
 
 
 def _wait_until_waiting(server: Any, n: int, timeout_s: float = 30.0) -> None:
@@ -64,35 +80,28 @@ def test_requests_left_at_the_end_of_the_drain_end_with_server_stopping(
             stream = oa.chat.completions.create(
                 model=MODEL_ID, messages=HELLO, max_tokens=LONG, stream=True
             )
-            try:
-                _first_chunks_then(stream, started[0])
-                outcomes["openai_stream"] = "completed"
-            except openai.APIError as e:
-                outcomes["openai_stream"] = e
+            _first_chunks_then(stream, started[0])
 
         def anthropic_stream() -> None:
             stream = an.messages.create(
                 model=MODEL_ID, max_tokens=LONG, messages=HELLO, stream=True
             )
-            try:
-                _first_chunks_then(stream, started[1])
-                outcomes["anthropic_stream"] = "completed"
-            except anthropic.APIStatusError as e:
-                outcomes["anthropic_stream"] = e
+            _first_chunks_then(stream, started[1])
 
         def openai_waiting() -> None:  # both lanes are busy: it waits for admission
-            try:
-                oa.chat.completions.create(model=MODEL_ID, messages=HELLO, max_tokens=LONG)
-                outcomes["openai_waiting"] = "completed"
-            except openai.APIStatusError as e:
-                outcomes["openai_waiting"] = e
+            oa.chat.completions.create(model=MODEL_ID, messages=HELLO, max_tokens=LONG)
 
-        threads = [threading.Thread(target=f) for f in (openai_stream, anthropic_stream)]
+        threads = [
+            _client_thread(outcomes, "openai_stream", openai.APIError, openai_stream),
+            _client_thread(
+                outcomes, "anthropic_stream", anthropic.APIStatusError, anthropic_stream
+            ),
+        ]
         for t in threads:
             t.start()
         for event in started:
             assert event.wait(60)
-        waiting = threading.Thread(target=openai_waiting)
+        waiting = _client_thread(outcomes, "openai_waiting", openai.APIStatusError, openai_waiting)
         waiting.start()
         _wait_until_waiting(server, 1)
         server.proc.send_signal(signal.SIGINT)
